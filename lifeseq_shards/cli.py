@@ -1,0 +1,137 @@
+"""``shardify``: a thin click layer over the library. Exit 0 success, 1 verify/plan found problems, 2 bad input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .format import ManifestError
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """Usage errors exit 2 (click's default); library errors become one line and exit 2 too."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from .convert import ConvertError
+        from .sources import SourceError
+
+        try:
+            return super().invoke(ctx)
+        except (ConvertError, SourceError, ManifestError, FileNotFoundError) as e:
+            _fail(str(e))
+
+
+@click.group(cls=_Group)
+def main() -> None:
+    """Convert life-event sequences into exact, DDP-ready tar shards; verify, inspect and plan them."""
+
+
+def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        name, _, dtype = v.partition("=")
+        if not dtype:
+            raise click.BadParameter(f"{v!r}: expected FIELD=DTYPE, e.g. abspos=int32", param_hint="--dtype")
+        out[name] = dtype
+    return out
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Dataset directory to write.")
+@click.option("--vocab", type=click.Path(), help="vocab.csv (TOKEN, CATEGORY, ID); required for parquet input.")
+@click.option("--val-fraction", type=float, default=0.05, show_default=True, help="Share of persons for val.")
+@click.option("--num-val", type=int, help="Exactly this many persons for val (instead of --val-fraction).")
+@click.option("--nodes", type=int, help="Make the shard count a multiple of nodes x gpus x workers.")
+@click.option("--gpus", type=int, help="GPUs per node.")
+@click.option("--workers", type=int, help="DataLoader workers per GPU.")
+@click.option("--shards", type=int, help="Exactly this many shards per split.")
+@click.option("--processes", type=int, default=1, show_default=True, help="Conversion processes.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Split and shuffle seed.")
+@click.option("--max-seq-len", type=int, default=512, show_default=True)
+@click.option("--time-range-start", type=int, default=None, help="Drop events with abspos below this.")
+@click.option("--time-range-end", type=int, default=16438, show_default=True, help="Drop events with abspos above.")
+@click.option("--block-persons", type=int, default=256, show_default=True, help="Persons per compressed block.")
+@click.option("--zstd-level", type=int, default=9, show_default=True)
+@click.option("--all", "with_all", is_flag=True, help="Also write an all/ split (every person) for inference.")
+@click.option("--dtype", "dtypes", multiple=True, help="Override a field's dtype, e.g. --dtype abspos=int32.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
+def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
+    """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
+    from .convert import ConvertOptions, convert_dataset
+
+    opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
+    m = convert_dataset(list(inputs), out, vocab, opts)
+    splits = ", ".join(f"{k} {v['persons']:,} in {len(v['shards'])} shards" for k, v in m["splits"].items())
+    click.echo(f"{out}: {m['totals']['persons']:,} persons ({splits}); fingerprint {m['fingerprint']}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--people", type=int, required=True, help="Number of persons to generate.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace existing files in OUT.")
+def synth(out: str, people: int, seed: int, overwrite: bool) -> None:
+    """Write a synthetic population: OUT/sequences.parquet + OUT/vocab.csv (the step-4 form)."""
+    from .sources.synth import synth_population
+
+    if people <= 0:
+        _fail(f"--people {people}: must be positive")
+    if (Path(out) / "sequences.parquet").exists() and not overwrite:
+        _fail(f"{out}: already holds sequences.parquet; pass --overwrite to replace it")
+    synth_population(out, people, seed)
+    click.echo(f"{out}: {people:,} synthetic persons (seed {seed})")
+
+
+@main.command()
+@click.argument("root", type=click.Path())
+def verify(root: str) -> None:
+    """Re-hash every shard, decode every record, check them against the manifest."""
+    from .integrity import verify_dataset
+
+    problems = verify_dataset(root)
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{root}: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{root}: OK")
+
+
+@main.command()
+@click.argument("root", type=click.Path())
+def inspect(root: str) -> None:
+    """Print a readable summary of a dataset."""
+    from .integrity import summarize
+
+    click.echo(summarize(root))
+
+
+@main.command()
+@click.argument("root", type=click.Path())
+@click.option("--nodes", type=int, default=1, show_default=True)
+@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs (ranks) per node.")
+@click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers per GPU.")
+@click.option("--batch-size", type=int, required=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
+def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:
+    """Show which rank and worker reads what; exit 1 when the shards do not divide evenly."""
+    from .format import read_manifest
+    from .plan import describe
+
+    m = read_manifest(root)
+    if split not in m["splits"]:
+        _fail(f"{root}: no split {split!r} (has {', '.join(m['splits'])})")
+    info = m["splits"][split]
+    report = describe([s["samples"] for s in info["shards"]], (info["remainder"] or {}).get("samples", 0),
+                      nodes, gpus, workers, batch_size, drop_last=drop_last)
+    click.echo(report.text)
+    sys.exit(0 if report.ok else 1)

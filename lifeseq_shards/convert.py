@@ -1,0 +1,393 @@
+"""Input files -> equal-sized, shuffled, checksummed shards + manifest.
+
+Two passes, memory bounded by a bucket, not by the input:
+1. tasks (row groups / row ranges) are encoded in a process pool; each person is narrowed to the schema's dtypes
+   (a value that does not fit is an error naming file and person), given a split hash and a bucket hash, and
+   spilled to a temp bucket file;
+2. once the totals are known (shard count, persons per shard, val threshold), the buckets are read one at a time,
+   shuffled, and cut into shards of exactly ``n`` persons; the persons that do not fill the last round go to a
+   ``remainder`` shard that training skips and inference reads. The manifest is written last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+from tqdm import tqdm
+
+from .format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    Block,
+    Field,
+    check_fits,
+    concat_blocks,
+    decode_block,
+    encode_block,
+    fingerprint,
+    make_schema,
+    narrowest_token_dtype,
+    write_manifest,
+    write_shard,
+)
+from .sources import Source, SourceError, open_sources
+
+# Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
+HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
+MIN_SHARD_PERSONS = 100
+BUCKET_PERSONS = 100_000
+SPLITS = ("train", "val")
+
+
+class ConvertError(ValueError):
+    """Bad input or a refused output directory; the message is one line."""
+
+
+@dataclass
+class ConvertOptions:
+    val_fraction: float = 0.05
+    num_val: int | None = None
+    nodes: int | None = None
+    gpus: int | None = None
+    workers: int | None = None
+    shards: int | None = None
+    processes: int = 1
+    seed: int = 0
+    max_seq_len: int = 512
+    time_range_start: int | None = None
+    time_range_end: int | None = 16438
+    block_persons: int = 256
+    zstd_level: int = 9
+    with_all: bool = False
+    overwrite: bool = False
+    dtypes: dict[str, str] = field(default_factory=dict)
+    progress: bool = True
+
+
+def shard_count(persons: int, opts: ConvertOptions) -> int:
+    """Shards for a split of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
+    largest highly composite number that keeps >= MIN_SHARD_PERSONS per shard (so < 1 % fall in the remainder)."""
+    if persons == 0:
+        return 0
+    if opts.shards:
+        if opts.shards > persons:
+            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of a split")
+        return opts.shards
+    default = max([h for h in HIGHLY_COMPOSITE if h * MIN_SHARD_PERSONS <= persons] or [1])
+    slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
+    if slots == 1:
+        return default
+    if slots > persons:
+        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of a split")
+    return slots * max(1, default // slots)
+
+
+def mix64(x: np.ndarray, salt: int) -> np.ndarray:
+    """splitmix64 of (x + salt): a seeded hash of person ids, the same on every machine."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pass 1
+
+
+def _narrow(block: Block, schema: list[Field], where: str) -> Block:
+    cols = {}
+    for f in schema:
+        col = block.columns[f.name]
+        try:
+            check_fits(f.name, col, f.dtype, where)
+        except ValueError as e:
+            bad = _offending_person(block, f, schema)
+            raise ConvertError(f"{e} (person {bad})") from None
+        cols[f.name] = col.astype(f.dtype)
+    return Block(cols)
+
+
+def _offending_person(block: Block, f: Field, schema: list[Field]) -> int:
+    info = np.iinfo(f.dtype)
+    for i in range(block.n):
+        one = block.take(np.array([i]), schema).columns[f.name]
+        if one.size and (one.min() < info.min or one.max() > info.max):
+            return int(block.columns["person_id"][i])
+    return -1
+
+
+def _task_label(task: Any) -> str:
+    if isinstance(task, tuple) and len(task) == 3:
+        return f"{task[0]} rows {task[1]}-{task[2]}"
+    if isinstance(task, tuple) and len(task) == 2:
+        return f"{task[0]} row group {task[1]}"
+    return str(task)
+
+
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> Block:
+    source, task, schema = args
+    return _narrow(source.encode(task), schema, _task_label(task))
+
+
+class _Spill:
+    """Append-only temp files, one per bucket, of length-prefixed zstd blocks."""
+
+    def __init__(self, root: Path, buckets: int, schema: list[Field]):
+        self.paths = [root / f"bucket-{b:05d}.bin" for b in range(buckets)]
+        self.files = [open(p, "wb") for p in self.paths]
+        self.schema = schema
+        self.cctx = zstandard.ZstdCompressor(level=1)
+
+    def add(self, bucket: int, block: Block) -> None:
+        data = self.cctx.compress(encode_block(block, self.schema))
+        self.files[bucket].write(struct.pack("<Q", len(data)) + data)
+
+    def close(self) -> None:
+        for fh in self.files:
+            fh.close()
+
+    def read(self, bucket: int) -> list[Block]:
+        dctx = zstandard.ZstdDecompressor()
+        out, raw = [], self.paths[bucket].read_bytes()
+        pos = 0
+        while pos < len(raw):
+            (size,) = struct.unpack_from("<Q", raw, pos)
+            out.append(decode_block(dctx.decompress(raw[pos + 8 : pos + 8 + size]), self.schema))
+            pos += 8 + size
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pass 2
+
+
+@dataclass
+class _SplitWriter:
+    """Cuts a split's person stream into shards of exactly ``per_shard`` persons; the tail is the remainder."""
+
+    name: str
+    out: Path
+    shards: int
+    per_shard: int
+    opts: ConvertOptions
+    schema: list[Field]
+    pool: ProcessPoolExecutor | None
+    pending: list[Block] = field(default_factory=list)
+    pending_n: int = 0
+    written: int = 0
+    futures: list[tuple[str, Future[dict[str, Any]] | dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, block: Block) -> None:
+        self.pending.append(block)
+        self.pending_n += block.n
+        while self.written < self.shards and self.pending_n >= self.per_shard:
+            merged = concat_blocks(self.pending, self.schema)
+            self._submit(f"shard-{self.written:06d}.tar", merged.take(np.arange(self.per_shard), self.schema))
+            rest = merged.take(np.arange(self.per_shard, merged.n), self.schema)
+            self.pending, self.pending_n = [rest], rest.n
+            self.written += 1
+
+    def finish(self) -> None:
+        if self.written != self.shards:
+            raise RuntimeError(f"{self.name}: wrote {self.written} of {self.shards} shards")
+        if self.pending_n:
+            self._submit("remainder.tar", concat_blocks(self.pending, self.schema))
+        self.pending, self.pending_n = [], 0
+
+    def _submit(self, name: str, block: Block) -> None:
+        args = (self.out / self.name / name, block, self.schema, self.opts.block_persons, self.opts.zstd_level)
+        if self.pool is None:
+            self.futures.append((name, _write_shard_job(args)))
+            return
+        _bounded(self.futures, 2 * max(1, self.opts.processes))
+        self.futures.append((name, self.pool.submit(_write_shard_job, args)))
+
+    def entries(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        done = [(n, f.result() if isinstance(f, Future) else f) for n, f in self.futures]
+        shards = [{"file": f"{self.name}/{n}", **e} for n, e in done if n != "remainder.tar"]
+        rem = [{"file": f"{self.name}/{n}", **e} for n, e in done if n == "remainder.tar"]
+        return shards, (rem[0] if rem else None)
+
+
+def _bounded(futures: list[tuple[str, Any]], limit: int) -> None:
+    live = [f for _, f in futures if isinstance(f, Future) and not f.done()]
+    if len(live) >= limit:
+        wait(live, return_when=FIRST_COMPLETED)
+
+
+def _write_shard_job(args: tuple[Path, Block, list[Field], int, int]) -> dict[str, Any]:
+    path, block, schema, per_block, level = args
+    blocks = (block.take(np.arange(s, min(s + per_block, block.n)), schema) for s in range(0, block.n, per_block))
+    return write_shard(path, blocks, schema, level)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if (out / MANIFEST).exists():
+        if not overwrite:
+            raise ConvertError(f"{out}: already holds a dataset (manifest.json); pass --overwrite to replace it")
+        (out / MANIFEST).unlink()  # from here on the directory is not a finished dataset
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"{out}: exists and is not a directory")
+    for sub in (*SPLITS, "all", ".tmp"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
+                    opts: ConvertOptions | None = None) -> dict[str, Any]:
+    """Convert ``inputs`` into a dataset directory ``out``; returns the manifest."""
+    opts = opts or ConvertOptions()
+    out = Path(out)
+    t0 = time.time()
+    try:
+        source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
+    schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
+    _prepare_out(out, opts.overwrite)
+    tmp = out / ".tmp"
+    tmp.mkdir()
+    buckets = max(1, -(-source.rows // BUCKET_PERSONS))
+    spill = _Spill(tmp, buckets, schema)
+    pool = ProcessPoolExecutor(opts.processes) if opts.processes > 1 else None
+    try:
+        ids, hist, tokens = _pass1(source, schema, spill, buckets, opts, pool)
+        manifest = _pass2(out, ids, spill, buckets, schema, opts, pool)
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    finally:
+        spill.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    manifest["totals"]["input_rows"] = source.rows
+    manifest["length_histogram"] = {"bin_width": 8, "counts": hist.tolist()}
+    manifest["params"] = {
+        "inputs": [str(Path(p).resolve()) for p in inputs],
+        "input_kind": source.kind,
+        "vocab": str(Path(vocab).resolve()) if vocab else None,
+        "vocab_size": source.vocab_size,
+        **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
+        "seconds": round(time.time() - t0, 2),
+    }
+    manifest["totals"]["tokens"] = tokens
+    write_manifest(out, manifest)
+    return manifest
+
+
+def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opts: ConvertOptions,
+           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int]:
+    jobs = ((source, t, schema) for t in source.tasks)
+    results: Iterator[Block] = pool.map(_encode_and_narrow, jobs) if pool else map(_encode_and_narrow, jobs)
+    ids: list[np.ndarray] = []
+    hist = np.zeros(1, dtype=np.int64)
+    tokens = 0
+    with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
+        for block in results:
+            bar.update(1)
+            if block.n == 0:
+                continue
+            pid = block.columns["person_id"]
+            bucket = (mix64(pid, opts.seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
+            for b in np.unique(bucket):
+                spill.add(int(b), block.take(np.nonzero(bucket == b)[0], schema))
+            ids.append(pid.astype(np.int64))
+            lengths = block.columns["length"].astype(np.int64)
+            tokens += int(lengths.sum())
+            hb = lengths // 8
+            if hb.max() >= len(hist):
+                hist = np.concatenate([hist, np.zeros(int(hb.max()) + 1 - len(hist), dtype=np.int64)])
+            np.add.at(hist, hb, 1)
+    spill.close()
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    if len(all_ids) == 0:
+        raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
+                           "(empty input, or every person filtered out)")
+    uniq, counts = np.unique(all_ids, return_counts=True)
+    if (counts > 1).any():
+        raise ConvertError(f"input: person id {int(uniq[counts > 1][0])} occurs {int(counts.max())} times")
+    return all_ids, hist, tokens
+
+
+def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:
+    """Deterministic split: a seeded hash of the person id; --num-val takes the N smallest hashes."""
+    h = mix64(ids, opts.seed * 2)
+    if opts.num_val is not None:
+        if opts.num_val >= len(ids):
+            raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({len(ids)} in all)")
+        if opts.num_val == 0:
+            return np.zeros(len(ids), dtype=bool)
+        threshold = np.partition(h, opts.num_val - 1)[opts.num_val - 1]
+        return h <= threshold
+    return h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+
+
+def _pass2(out: Path, ids: np.ndarray, spill: _Spill, buckets: int, schema: list[Field], opts: ConvertOptions,
+           pool: ProcessPoolExecutor | None) -> dict[str, Any]:
+    val_ids = np.sort(ids[_val_mask(ids, opts)])
+    counts = {"train": len(ids) - len(val_ids), "val": len(val_ids)}
+    if opts.with_all:
+        counts["all"] = len(ids)
+    writers: dict[str, _SplitWriter] = {}
+    for name, n in counts.items():
+        if n == 0:
+            continue
+        s = shard_count(n, opts)
+        (out / name).mkdir()
+        writers[name] = _SplitWriter(name, out, s, n // s, opts, schema, pool)
+    total_shards = sum(w.shards + 1 for w in writers.values())
+    with tqdm(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
+        for b in range(buckets):
+            blocks = spill.read(b)
+            if not blocks:
+                continue
+            merged = concat_blocks(blocks, schema)
+            merged = merged.take(np.random.default_rng([opts.seed, b, 7]).permutation(merged.n), schema)
+            is_val = np.isin(merged.columns["person_id"], val_ids, assume_unique=False)
+            for name, w in writers.items():
+                sel = np.nonzero(is_val if name == "val" else ~is_val if name == "train" else np.ones_like(is_val))[0]
+                before = w.written
+                w.add(merged.take(sel, schema))
+                bar.update(w.written - before)
+        for w in writers.values():
+            w.finish()
+        splits = {}
+        for name, w in writers.items():
+            shards, rem = w.entries()
+            splits[name] = {
+                "persons": counts[name],
+                "shard_persons": w.per_shard,
+                "shards": shards,
+                "remainder": rem,
+            }
+        bar.update(bar.total - bar.n)
+    every = [e for s in splits.values() for e in s["shards"] + ([s["remainder"]] if s["remainder"] else [])]
+    return {
+        "format_version": FORMAT_VERSION,
+        "schema": [f.to_json() for f in schema],
+        "block_persons": opts.block_persons,
+        "splits": splits,
+        "totals": {
+            "persons": len(ids),
+            "bytes": sum(e["bytes"] for e in every),
+            "shards": len(every),
+        },
+        "fingerprint": fingerprint(schema, [e["sha256"] for e in every]),
+    }
+
+

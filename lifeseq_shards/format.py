@@ -1,0 +1,285 @@
+"""The on-disk format: field schema, the columnar block codec, shard (tar) writing and the manifest.
+
+A shard is a plain tar file. Each member ``NNNNNN.block.zst`` holds a *block* of persons, zstd-compressed, in a
+columnar layout that ``np.frombuffer`` reads without parsing (docs/format.md gives it byte for byte). Persons are
+never one tar member each: a 512-byte tar header per person and a per-person ``np.load`` are what made the
+one-member-per-field layout slow and large (tools/bench_layouts.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+
+FORMAT_VERSION = 1
+MAGIC = b"LSB1"
+BLOCK_SUFFIX = ".block.zst"
+MANIFEST = "manifest.json"
+ALIGN = 8
+
+# kind: "scalar" = one value per person; "ragged" = `length` values per person; "targets" = `n_targets` values.
+SCALAR, RAGGED, TARGETS = "scalar", "ragged", "targets"
+COUNT_OF = {RAGGED: "length", TARGETS: "n_targets"}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    dtype: str
+    kind: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "dtype": self.dtype, "kind": self.kind}
+
+
+def make_schema(token_dtype: str, dtypes: dict[str, str] | None = None, offline_mlm: bool = False) -> list[Field]:
+    """The field list in block order: the counts (`length`, `n_targets`) come before the fields they size."""
+    d = {"abspos": "int16", "age": "uint8", "segment": "uint8", **(dtypes or {})}
+    fields = [Field("person_id", "int64", SCALAR), Field("length", "uint16", SCALAR)]
+    if offline_mlm:
+        fields += [Field("n_targets", "uint16", SCALAR), Field("target_cls", "uint8", SCALAR)]
+    fields += [
+        Field("tokens", token_dtype, RAGGED),
+        Field("abspos", d["abspos"], RAGGED),
+        Field("age", d["age"], RAGGED),
+        Field("segment", d["segment"], RAGGED),
+    ]
+    if offline_mlm:
+        fields += [
+            Field("masked_tokens", token_dtype, RAGGED),
+            Field("target_pos", "uint16", TARGETS),
+            Field("target_tokens", token_dtype, TARGETS),
+        ]
+    return fields
+
+
+def schema_from_json(items: list[dict[str, str]]) -> list[Field]:
+    return [Field(i["name"], i["dtype"], i["kind"]) for i in items]
+
+
+def narrowest_token_dtype(vocab_size: int) -> str:
+    for dt in ("uint8", "uint16", "uint32"):
+        if vocab_size - 1 <= np.iinfo(dt).max:
+            return dt
+    raise ValueError(f"vocabulary of {vocab_size} tokens does not fit uint32")
+
+
+class ValueRangeError(ValueError):
+    """A value does not fit the dtype chosen for its field (the message names the field and the person)."""
+
+
+def check_fits(name: str, values: np.ndarray, dtype: str, where: str) -> None:
+    if values.size == 0:
+        return
+    info = np.iinfo(dtype)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise ValueRangeError(
+            f"{where}: field {name!r} value {bad} does not fit {dtype} [{info.min}, {info.max}]"
+            f" (choose a wider one with --dtype {name}=int32)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocks: a group of persons, columnar.
+
+
+@dataclass
+class Block:
+    """Columns of ``n`` persons. Scalar columns have shape (n,); ragged ones are concatenated over persons."""
+
+    columns: dict[str, np.ndarray]
+
+    @property
+    def n(self) -> int:
+        return len(self.columns["person_id"])
+
+    def offsets(self, count: str = "length") -> np.ndarray:
+        """Start offsets (n+1) of each person's values in the ragged columns sized by ``count``."""
+        out = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(self.columns[count], out=out[1:])
+        return out
+
+    def take(self, index: np.ndarray, schema: list[Field]) -> Block:
+        """The persons at ``index`` (in that order) as a new block."""
+        cols: dict[str, np.ndarray] = {}
+        offs = {c: self.offsets(c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
+        gathers = {c: _ragged_gather(o, index) for c, o in offs.items()}
+        for f in schema:
+            col = self.columns[f.name]
+            cols[f.name] = col[index] if f.kind == SCALAR else col[gathers[COUNT_OF[f.kind]]]
+        return Block(cols)
+
+
+def _ragged_gather(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Flat positions of the ragged values of persons ``index`` (concatenated in that order)."""
+    starts, stops = offsets[index], offsets[index + 1]
+    lens = stops - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    # position k of the output belongs to person j: starts[j] + (k - cumlen[j])
+    cum = np.zeros(len(index), dtype=np.int64)
+    np.cumsum(lens[:-1], out=cum[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - cum, lens)
+
+
+def concat_blocks(blocks: list[Block], schema: list[Field]) -> Block:
+    return Block({f.name: np.concatenate([b.columns[f.name] for b in blocks]) for f in schema})
+
+
+def encode_block(block: Block, schema: list[Field]) -> bytes:
+    """Raw (uncompressed) block payload: MAGIC, uint32 n, uint32 0, then each field's values, 8-byte aligned."""
+    parts = [MAGIC, struct.pack("<II", block.n, 0)]
+    for f in schema:
+        raw = np.ascontiguousarray(block.columns[f.name], dtype=np.dtype(f.dtype).newbyteorder("<")).tobytes()
+        parts.append(raw)
+        if len(raw) % ALIGN:
+            parts.append(b"\0" * (ALIGN - len(raw) % ALIGN))
+    return b"".join(parts)
+
+
+def decode_block(payload: bytes | memoryview, schema: list[Field]) -> Block:
+    """Inverse of :func:`encode_block`: zero-copy views into ``payload``."""
+    if bytes(payload[:4]) != MAGIC:
+        raise ValueError("not a lifeseq block (bad magic)")
+    (n, _) = struct.unpack_from("<II", payload, 4)
+    pos = 12
+    cols: dict[str, np.ndarray] = {}
+    totals: dict[str, int] = {}
+    for f in schema:
+        dt = np.dtype(f.dtype).newbyteorder("<")
+        count = n if f.kind == SCALAR else totals[COUNT_OF[f.kind]]
+        nbytes = count * dt.itemsize
+        if pos + nbytes > len(payload):
+            raise ValueError(f"block truncated in field {f.name!r}")
+        cols[f.name] = np.frombuffer(payload, dtype=dt, count=count, offset=pos)
+        pos += nbytes + (-nbytes) % ALIGN
+        if f.name in COUNT_OF.values():
+            totals[f.name] = int(cols[f.name].sum(dtype=np.int64))
+    if pos != len(payload):
+        raise ValueError(f"block has {len(payload) - pos} trailing bytes")
+    return Block(cols)
+
+
+_DCTX = zstandard.ZstdDecompressor()
+
+
+def decompress(data: bytes) -> bytes:
+    return _DCTX.decompress(data)
+
+
+def decode_member(data: bytes, schema: list[Field]) -> Block:
+    return decode_block(decompress(data), schema)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shards: tar files of blocks, written to a temp name and renamed when complete.
+
+
+def block_member_name(i: int) -> str:
+    return f"{i:06d}{BLOCK_SUFFIX}"
+
+
+def write_shard(path: Path, blocks: Iterable[Block], schema: list[Field], level: int = 9) -> dict[str, Any]:
+    """Write a shard atomically; returns its manifest entry (without the file name)."""
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)  # decoding catches a flipped byte
+    tmp = path.with_name(path.name + ".tmp")
+    persons = tokens = 0
+    with open(tmp, "wb") as fh:
+        for i, block in enumerate(blocks):
+            fh.write(tar_member(block_member_name(i), cctx.compress(encode_block(block, schema))))
+            persons += block.n
+            tokens += int(block.columns["length"].sum(dtype=np.int64))
+        fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
+    os.replace(tmp, path)
+    return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def tar_member(name: str, data: bytes) -> bytes:
+    """One ustar member: header, data, zero padding to 512 bytes."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + data + b"\0" * (-len(data) % 512)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def iter_tar_members(stream: Any) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of each regular member of a tar stream, read sequentially (works on pipes and HTTP)."""
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for info in tar:
+            if info.isfile():
+                fh = tar.extractfile(info)
+                assert fh is not None
+                yield info.name, fh.read()
+
+
+def read_shard_blocks(path: str | os.PathLike[str], schema: list[Field]) -> Iterator[Block]:
+    """Every block of a local shard file, in order."""
+    with open(path, "rb") as fh:
+        for _name, data in iter_tar_members(fh):
+            yield decode_member(data, schema)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Manifest
+
+
+def fingerprint(schema: list[Field], shard_hashes: Iterable[str]) -> str:
+    h = hashlib.sha256(json.dumps([f.to_json() for f in schema], sort_keys=True).encode())
+    for s in shard_hashes:
+        h.update(s.encode())
+    return h.hexdigest()[:32]
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Written last, atomically: a directory without manifest.json is not a dataset."""
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=False))
+    os.replace(tmp, out / MANIFEST)
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load ``root/manifest.json`` (``root`` may be a local directory or an http(s) base URL)."""
+    root_s = str(root)
+    if root_s.startswith(("http://", "https://")):
+        import urllib.request
+
+        with urllib.request.urlopen(root_s.rstrip("/") + "/" + MANIFEST, timeout=60) as r:
+            text = r.read().decode()
+        where = root_s
+    else:
+        path = Path(root_s) / MANIFEST
+        if not path.exists():
+            raise ManifestError(f"{path}: no manifest (not a converted dataset, or its conversion did not finish)")
+        text = path.read_text()
+        where = str(path)
+    try:
+        m = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{where}: manifest is not valid JSON ({e})") from None
+    if m.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(f"{where}: format version {m.get('format_version')} (this reader reads {FORMAT_VERSION})")
+    return m

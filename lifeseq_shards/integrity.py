@@ -1,0 +1,153 @@
+"""``verify`` (re-hash and decode everything, compare with the manifest) and ``inspect`` (a readable summary)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from .format import (
+    BLOCK_SUFFIX,
+    RAGGED,
+    Block,
+    decode_member,
+    fingerprint,
+    iter_tar_members,
+    read_manifest,
+    schema_from_json,
+    sha256_file,
+)
+
+
+def shard_entries(manifest: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(split, entry) for every shard file the manifest lists, remainders included."""
+    for split, info in manifest["splits"].items():
+        for e in info["shards"]:
+            yield split, e
+        if info.get("remainder"):
+            yield split, info["remainder"]
+
+
+def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
+    """Every problem found, one line each naming the shard (and block / person); empty when all holds."""
+    root = Path(root)
+    manifest = read_manifest(root)
+    schema = schema_from_json(manifest["schema"])
+    vocab_size = manifest.get("params", {}).get("vocab_size")
+    problems: list[str] = []
+    entries = list(shard_entries(manifest))
+    seen: dict[str, set[int]] = {}
+    tokens_by_split: dict[str, int] = {}
+    for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
+        path = root / e["file"]
+        if not path.exists():
+            problems.append(f"{e['file']}: missing")
+            continue
+        if path.stat().st_size != e["bytes"]:
+            problems.append(f"{e['file']}: {path.stat().st_size} bytes, manifest says {e['bytes']}")
+        if sha256_file(path) != e["sha256"]:
+            problems.append(f"{e['file']}: sha256 differs from the manifest")
+        persons, tokens = _check_records(path, e["file"], schema, vocab_size, problems, seen.setdefault(split, set()))
+        tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
+        if persons != e["samples"]:
+            problems.append(f"{e['file']}: {persons} persons decoded, manifest says {e['samples']}")
+        if tokens != e["tokens"]:
+            problems.append(f"{e['file']}: {tokens} tokens decoded, manifest says {e['tokens']}")
+    for split, info in manifest["splits"].items():
+        n = sum(x["samples"] for x in info["shards"]) + (info["remainder"] or {}).get("samples", 0)
+        if n != info["persons"]:
+            problems.append(f"manifest: split {split} lists {n} persons in its shards, says {info['persons']}")
+        if any(x["samples"] != info["shard_persons"] for x in info["shards"]):
+            problems.append(f"manifest: split {split} has shards that do not hold {info['shard_persons']} persons")
+    if "train" in seen and "val" in seen and seen["train"] & seen["val"]:
+        problems.append(f"train and val share {len(seen['train'] & seen['val'])} persons")
+    base = [s for s in ("train", "val") if s in seen]
+    if sum(len(seen[s]) for s in base) != manifest["totals"]["persons"]:
+        problems.append(f"manifest: totals.persons {manifest['totals']['persons']} != "
+                        f"{sum(len(seen[s]) for s in base)} persons decoded in train + val")
+    if sum(tokens_by_split.get(s, 0) for s in base) != manifest["totals"]["tokens"]:
+        problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
+    if fingerprint(schema, [e["sha256"] for _, e in entries]) != manifest["fingerprint"]:
+        problems.append("manifest: fingerprint does not match its schema and shard checksums")
+    return problems
+
+
+def _check_records(path: Path, name: str, schema: list, vocab_size: int | None, problems: list[str],
+                   seen: set[int]) -> tuple[int, int]:
+    persons = tokens = 0
+    try:
+        with open(path, "rb") as fh:
+            for member, data in iter_tar_members(io.BufferedReader(fh)):
+                where = f"{name}: {member}"
+                if not member.endswith(BLOCK_SUFFIX):
+                    problems.append(f"{where}: unexpected member")
+                    continue
+                try:
+                    block = decode_member(data, schema)
+                except Exception as e:  # noqa: BLE001 - any decode failure is a finding, not a crash
+                    problems.append(f"{where}: cannot decode ({e})")
+                    continue
+                persons += block.n
+                tokens += int(block.columns["length"].sum(dtype=np.int64))
+                problems.extend(f"{where}: {p}" for p in _record_problems(block, vocab_size, seen))
+    except Exception as e:  # noqa: BLE001 - a truncated tar is a finding
+        problems.append(f"{name}: unreadable tar ({e})")
+    return persons, tokens
+
+
+def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> list[str]:
+    out = []
+    c = block.columns
+    for i, pid in enumerate(c["person_id"].tolist()):
+        if pid in seen:
+            out.append(f"person {pid} (record {i}) appears twice")
+        seen.add(pid)
+    bad = np.nonzero(c["length"] == 0)[0]
+    if len(bad):
+        out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has no tokens")
+    if vocab_size is not None and len(c["tokens"]) and int(c["tokens"].max()) >= vocab_size:
+        out.append(f"token id {int(c['tokens'].max())} outside the vocabulary of {vocab_size}")
+    if "n_targets" in c:
+        bad = np.nonzero(c["n_targets"] > c["length"])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has more targets than tokens")
+        owner = np.repeat(np.arange(block.n), c["n_targets"].astype(np.int64))
+        bad = np.nonzero(c["target_pos"] >= c["length"][owner])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][owner[bad[0]]])} has a target position past its length")
+    return out
+
+
+def summarize(root: str | Path) -> str:
+    """What `shardify inspect` prints."""
+    m = read_manifest(root)
+    t = m["totals"]
+    hist = np.array(m["length_histogram"]["counts"])
+    width = m["length_histogram"]["bin_width"]
+    cum = np.cumsum(hist) / max(1, hist.sum())
+
+    def pct(q: float) -> int:
+        return int((np.searchsorted(cum, q) + 1) * width)
+
+    lines = [
+        f"dataset      {Path(root)}",
+        f"fingerprint  {m['fingerprint']}",
+        f"persons      {t['persons']:,} converted (input rows {t.get('input_rows', '?'):,})",
+        f"tokens       {t['tokens']:,} (mean {t['tokens'] / max(1, t['persons']):.1f} per person)",
+        f"bytes        {t['bytes']:,} in {t['shards']} files ({t['bytes'] / max(1, t['persons']):.1f} per person)",
+        f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
+        "fields       " + ", ".join(f"{f['name']}:{f['dtype']}{'[L]' if f['kind'] == RAGGED else ''}"
+                                    for f in m["schema"]),
+    ]
+    for split, info in m["splits"].items():
+        rem = (info["remainder"] or {}).get("samples", 0)
+        lines.append(f"split {split:6s} {info['persons']:,} persons = {len(info['shards'])} shards x "
+                     f"{info['shard_persons']:,} + remainder {rem:,} (training skips it, inference reads it)")
+    params = m.get("params", {})
+    lines.append(f"converted    from {params.get('input_kind')} {', '.join(params.get('inputs', []))}"
+                 f" (seed {params.get('seed')}, {params.get('seconds')} s)")
+    return "\n".join(lines)

@@ -1,0 +1,351 @@
+"""The DDP reader: a webdataset pipeline whose node/worker split comes from the pure plan, not from the environment.
+
+Stages (each a small generator, composed in a ``webdataset.DataPipeline``):
+``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows)
+-> ``load_windows`` (stream the needed tar members over gopen: local, http(s), ``pipe:``; decode blocks)
+-> ``batches`` (gather each batch's persons, pad to a multiple of 8, narrow dtypes as torch tensors).
+
+Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
+``torch.distributed`` is not initialised and RANK is unset) cannot lose them. The epoch and the resume point reach
+workers through a small shared-memory tensor, so persistent workers see them too.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from . import plan
+from .format import (
+    COUNT_OF,
+    RAGGED,
+    SCALAR,
+    Block,
+    concat_blocks,
+    decode_member,
+    iter_tar_members,
+    read_manifest,
+    schema_from_json,
+)
+
+TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
+MAX_WORKERS = 256
+
+
+def default_rank_world() -> tuple[int, int]:
+    """torch.distributed when initialised, else RANK / WORLD_SIZE, else a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class DatasetChanged(RuntimeError):
+    """A resume state was saved for another dataset (its fingerprint differs)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Persons [start, stop) of one shard file."""
+
+    url: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """A run of a slot's stream loaded at once; ``order`` permutes its persons; batches cover [first, last)."""
+
+    pieces: tuple[Piece, ...]
+    order: np.ndarray
+    offset: int  # stream position of the window's first person
+
+
+class ShardedDataset(IterableDataset):
+    """Collated batches of one split, each person exactly once per epoch across all ranks and workers.
+
+    Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
+    ``len()`` is the exact number of batches this rank yields per epoch.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "train", batch_size: int = 256, *,
+                 rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
+                 mode: str = TRAIN, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
+                 pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2) -> None:
+        super().__init__()
+        if mode not in (TRAIN, INFERENCE):
+            raise ValueError(f"mode must be {TRAIN!r} or {INFERENCE!r}, not {mode!r}")
+        self.root = str(path).rstrip("/")
+        self.manifest = read_manifest(self.root)
+        if split not in self.manifest["splits"]:
+            raise ValueError(f"{self.root}: no split {split!r} (has {', '.join(self.manifest['splits'])})")
+        d_rank, d_world = default_rank_world()
+        self.rank = d_rank if rank is None else rank
+        self.world_size = d_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        if not 0 <= num_workers <= MAX_WORKERS:
+            raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
+        self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
+        self.shuffle = (mode == TRAIN) if shuffle is None else (shuffle and mode == TRAIN)
+        self.num_workers, self.drop_last = num_workers, drop_last
+        self.pad_multiple, self.pad_to = pad_multiple, pad_to
+        self.schema = schema_from_json(self.manifest["schema"])
+        if pad_to is not None and any(f.name == "masked_tokens" for f in self.schema):
+            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
+        info = self.manifest["splits"][split]
+        files = [s["file"] for s in info["shards"]]
+        sizes = [s["samples"] for s in info["shards"]]
+        if mode == INFERENCE and info.get("remainder"):
+            files.append(info["remainder"]["file"])
+            sizes.append(info["remainder"]["samples"])
+        self.urls = [f"{self.root}/{f}" for f in files]
+        self.sizes = sizes
+        self.block_persons = int(self.manifest["block_persons"])
+        self.window = max(1, window_shards * max(sizes, default=1))
+        self.fingerprint = self.manifest["fingerprint"]
+        # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
+        self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
+        self._warn_static_balance(info)
+
+    # -- the plan ---------------------------------------------------------------------------------------------
+    def _warn_static_balance(self, info: dict[str, Any]) -> None:
+        if self.mode != TRAIN or not self.sizes:
+            return
+        slots = plan.num_slots(self.world_size, self.num_workers)
+        lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode)
+        rem = (info.get("remainder") or {}).get("samples", 0)
+        if len(self.sizes) % slots:
+            warnings.warn(
+                f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
+                f"{max(1, self.num_workers)} workers); balancing statically from the manifest: {lost} persons are "
+                f"left out each epoch (a different {lost} each epoch), plus the {rem}-person remainder shard. "
+                f"`shardify plan` lists worker counts that divide exactly.",
+                stacklevel=3,
+            )
+
+    def per_worker_batches(self) -> list[int]:
+        """Batches each worker of this rank yields per epoch (the same every epoch)."""
+        k = max(1, self.num_workers)
+        segs = plan.assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, shuffle=False)
+        slots = [plan.slot_index(self.rank, w, self.num_workers) for w in range(k)]
+        return [plan.num_batches(plan.slot_persons(segs[s]), self.batch_size, self.drop_last) for s in slots]
+
+    def __len__(self) -> int:
+        return sum(self.per_worker_batches())
+
+    # -- epochs and resume ------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
+        self._ctl.zero_()
+        self._ctl[0] = epoch
+
+    def next_epoch(self) -> int:
+        """Epoch number of the next pass, as the workers will compute it."""
+        return int(self._ctl[0] + self._ctl[2])
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned."""
+        self.set_epoch(epoch)
+        self._ctl[1] = batches
+
+    def _claim_pass(self, worker: int) -> tuple[int, int]:
+        passes = int(self._ctl[2 + worker])
+        self._ctl[2 + worker] = passes + 1
+        skip_total = int(self._ctl[1]) if passes == 0 else 0
+        return int(self._ctl[0]) + passes, skip_total
+
+    # -- iteration --------------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, k = (0, 0) if info is None else (info.id, info.num_workers)
+        if k != self.num_workers:
+            raise RuntimeError(
+                f"ShardedDataset was built for num_workers={self.num_workers} but runs in a DataLoader with "
+                f"num_workers={k}: the plan would overlap or miss persons. Pass the same num_workers to both "
+                "(ShardedLoader does it for you)."
+            )
+        epoch, skip_total = self._claim_pass(worker)
+        skip = plan.worker_batches_consumed(skip_total, self.num_workers, self.per_worker_batches())[worker]
+        slot = plan.slot_index(self.rank, worker, self.num_workers)
+        pipeline = wds.DataPipeline(
+            lambda: slot_windows(self, slot, epoch, skip),
+            lambda src: load_windows(src, self.schema, self.block_persons),
+            lambda src: batches(src, self, slot, epoch, skip),
+        )
+        return iter(pipeline)
+
+
+def slot_windows(ds: ShardedDataset, slot: int, epoch: int, skip: int) -> Iterator[Window]:
+    """Stage 1: the windows of this slot's stream that hold its batches from ``skip`` on (no I/O)."""
+    segs = plan.assign(ds.sizes, ds.world_size, ds.num_workers, mode=ds.mode, seed=ds.seed, epoch=epoch,
+                       shuffle=ds.shuffle)[slot]
+    total = plan.slot_persons(segs)
+    n = plan.num_batches(total, ds.batch_size, ds.drop_last)
+    first = min(skip * ds.batch_size, total)
+    last = min(n * ds.batch_size, total)
+    starts = np.cumsum([0] + [s.size for s in segs])
+    for w in range(first // ds.window, -(-last // ds.window)):
+        lo, hi = w * ds.window, min((w + 1) * ds.window, total)
+        pieces = []
+        for s, seg in enumerate(segs):
+            a, b = max(lo, int(starts[s])), min(hi, int(starts[s + 1]))
+            if a < b:
+                pieces.append(Piece(ds.urls[seg.shard], seg.start + a - int(starts[s]), seg.start + b - int(starts[s])))
+        order = (plan.window_order(total, ds.window, ds.seed, epoch, slot, w) - lo if ds.shuffle
+                 else np.arange(hi - lo))
+        yield Window(tuple(pieces), order, lo)
+
+
+def load_windows(src: Iterator[Window], schema: list, block_persons: int) -> Iterator[tuple[Window, Block]]:
+    """Stage 2: read each window's persons (only the blocks it needs are decompressed)."""
+    for win in src:
+        parts = [read_piece(p, schema, block_persons) for p in win.pieces]
+        yield win, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
+
+
+def read_piece(piece: Piece, schema: list, block_persons: int) -> Block:
+    first, last = piece.start // block_persons, (piece.stop - 1) // block_persons
+    blocks = []
+    stream = wds.gopen(piece.url, "rb")
+    try:
+        for i, (_name, data) in enumerate(iter_tar_members(stream)):
+            if i < first:
+                continue
+            blocks.append(decode_member(data, schema))
+            if i == last:
+                break
+    finally:
+        stream.close()
+    if len(blocks) != last - first + 1:
+        raise OSError(f"{piece.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
+    block = concat_blocks(blocks, schema)
+    lo = piece.start - first * block_persons
+    return block.take(np.arange(lo, lo + piece.stop - piece.start), schema)
+
+
+def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, slot: int, epoch: int,
+            skip: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Stage 3: cut the permuted stream into batches (a batch may span two windows) and collate them."""
+    pending: list[Block] = []
+    pending_n = 0
+    b = skip
+    for win, block in src:
+        lo = max(b * ds.batch_size - win.offset, 0)  # resume may start inside the first window
+        take = block.take(win.order[lo:], ds.schema)
+        pending.append(take)
+        pending_n += take.n
+        while pending_n >= ds.batch_size:
+            merged = concat_blocks(pending, ds.schema)
+            yield collate(merged.take(np.arange(ds.batch_size), ds.schema), ds)
+            b += 1
+            rest = merged.take(np.arange(ds.batch_size, merged.n), ds.schema)
+            pending, pending_n = [rest], rest.n
+    if pending_n and not ds.drop_last:
+        yield collate(concat_blocks(pending, ds.schema), ds)
+
+
+def collate(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
+    """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes."""
+    c = block.columns
+    lengths = c["length"].astype(np.int64)
+    if ds.pad_to is not None:
+        width = ds.pad_to
+        keep = np.minimum(lengths, width)
+    else:
+        width = int(-(-max(1, int(lengths.max(initial=1))) // ds.pad_multiple) * ds.pad_multiple)
+        keep = lengths
+    out: dict[str, torch.Tensor] = {"person_id": torch.from_numpy(np.ascontiguousarray(c["person_id"])),
+                                    "lengths": torch.from_numpy(keep.astype(np.int32))}
+    masks = {"length": _prefix_mask(keep, width)}
+    src_masks = {"length": _prefix_mask(lengths, int(lengths.max(initial=0)))} if ds.pad_to is not None else None
+    if "n_targets" in c:
+        nt = c["n_targets"].astype(np.int64)
+        masks["n_targets"] = _prefix_mask(nt, int(nt.max(initial=0)))
+    for f in ds.schema:
+        if f.name in ("person_id", "length"):
+            continue
+        col = c[f.name]
+        if f.kind == SCALAR:
+            out[f.name] = torch.from_numpy(np.ascontiguousarray(col))
+            continue
+        m = masks[COUNT_OF[f.kind]]
+        arr = np.zeros(m.shape, dtype=col.dtype)
+        if f.kind == RAGGED and src_masks is not None:  # crop: drop values past pad_to
+            full = np.zeros(src_masks["length"].shape, dtype=col.dtype)
+            full[src_masks["length"]] = col
+            arr[:, : min(width, full.shape[1])] = full[:, :width]
+        else:
+            arr[m] = col
+        out[f.name] = torch.from_numpy(arr)
+    return out
+
+
+def _prefix_mask(lengths: np.ndarray, width: int) -> np.ndarray:
+    return np.arange(width)[None, :] < lengths[:, None]
+
+
+class ShardedLoader(DataLoader):
+    """A DataLoader that keeps the dataset's worker count in step, numbers the epochs and can resume exactly.
+
+    ``state_dict()`` / ``load_state_dict()`` make it a Lightning stateful loader: a run stopped after n batches and
+    resumed yields exactly the batches it had not yet yielded. A changed dataset is refused.
+    """
+
+    def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, **kwargs: Any) -> None:
+        if num_workers is not None and num_workers != dataset.num_workers:
+            raise ValueError(f"num_workers={num_workers} but the dataset was built for {dataset.num_workers}")
+        kwargs.setdefault("pin_memory", torch.cuda.is_available())
+        if dataset.num_workers:
+            kwargs.setdefault("persistent_workers", True)
+            kwargs.setdefault("prefetch_factor", 4)
+        super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
+        self._epoch = 0
+        self._yielded = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        self._epoch = ds.next_epoch()
+        self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
+        for batch in super().__iter__():
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        done = self._yielded >= len(ds)
+        return {
+            "fingerprint": ds.fingerprint,
+            "split": ds.split,
+            "epoch": self._epoch + 1 if done else self._epoch,
+            "batches": 0 if done else self._yielded,
+            "layout": self._layout(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if state["fingerprint"] != ds.fingerprint:
+            raise DatasetChanged(
+                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
+                ": the data changed since the checkpoint, so its position in the epoch means nothing here"
+            )
+        if state["layout"] != self._layout():
+            raise ValueError(f"cannot resume exactly: checkpoint layout {state['layout']} != now {self._layout()}")
+        ds.resume_at(int(state["epoch"]), int(state["batches"]))
+        self._epoch, self._yielded = int(state["epoch"]), int(state["batches"])
+
+    def _layout(self) -> dict[str, Any]:
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        return {"world_size": ds.world_size, "num_workers": ds.num_workers, "batch_size": ds.batch_size,
+                "seed": ds.seed, "mode": ds.mode, "shuffle": ds.shuffle, "drop_last": ds.drop_last}

@@ -1,0 +1,63 @@
+"""Input readers. Each kind splits its file into independent *tasks* (row groups, row ranges) that a process pool
+turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..format import Block
+from .errors import SourceError
+
+__all__ = ["Source", "SourceError", "open_sources"]
+
+
+@dataclass
+class Source:
+    kind: str  # "parquet" | "hdf5"
+    tasks: list[Any]
+    encode: Callable[[Any], Block]  # picklable: runs in worker processes
+    offline_mlm: bool
+    vocab_size: int | None  # None: unknown (HDF5 carries no vocabulary)
+    rows: int  # input rows (persons before filtering), for progress
+
+
+def open_sources(
+    inputs: list[str], vocab: str | None, max_seq_len: int, time_range: tuple[int | None, int | None]
+) -> Source:
+    """Recognise the input kind from the file name and check every file before any work starts."""
+    kinds = {_kind(p) for p in inputs}
+    if len(kinds) != 1:
+        raise SourceError(f"{inputs[0]}: inputs mix kinds {sorted(kinds)}; convert one kind at a time")
+    kind = kinds.pop()
+    for p in inputs:
+        if not Path(p).exists():
+            raise SourceError(f"{p}: no such file")
+    if kind == "hdf5":
+        from .hdf5 import encode_h5_task, h5_info, h5_tasks
+
+        infos = [h5_info(p) for p in inputs]
+        if len({i[1] for i in infos}) != 1:
+            raise SourceError(f"{inputs[0]}: inputs mix MLM and non-MLM encoded files")
+        tasks = [t for p in inputs for t in h5_tasks(p)]
+        return Source(kind, tasks, encode_h5_task, infos[0][1], None, sum(i[0] for i in infos))
+    if vocab is None:
+        raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
+    from .parquet import encode_parquet_task, parquet_rows, parquet_tasks, read_vocab
+
+    vocab_map = read_vocab(vocab)
+    tasks = [t for p in inputs for t in parquet_tasks(p)]
+    encode = partial(encode_parquet_task, vocab=vocab_map, max_seq_len=max_seq_len, time_range=time_range)
+    return Source(kind, tasks, encode, False, max(vocab_map.values()) + 1, sum(parquet_rows(p) for p in inputs))
+
+
+def _kind(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix in (".h5", ".hdf5"):
+        return "hdf5"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise SourceError(f"{path}: unknown input kind (expected .h5 or .parquet)")

@@ -1,0 +1,33 @@
+"""Shared fixtures: the researchers' sample files (../shared, as in CI) and small converted datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+
+SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lifeseq-sample"
+
+
+@pytest.fixture(scope="session")
+def sample() -> Path:
+    if not (SAMPLE / "encoded_mlm.h5").exists():
+        pytest.fail(f"{SAMPLE}: the shared sample is missing (CI lays ../shared beside the clone)")
+    return SAMPLE
+
+
+@pytest.fixture(scope="session")
+def mlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """encoded_mlm.h5 converted: 48 train shards of 115 persons + a 45-person remainder, 2 val shards."""
+    out = tmp_path_factory.mktemp("mlm")
+    convert_dataset([str(sample / "encoded_mlm.h5")], out, opts=ConvertOptions(progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def nomlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("nomlm")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, with_all=True))
+    return out

@@ -1,0 +1,164 @@
+"""The converter: exact round trips of the seed's files, shard sizing, determinism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import webdataset as wds
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
+from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
+from lifeseq_shards.integrity import shard_entries
+
+
+def persons_of(root: Path, splits: tuple[str, ...] = ("train", "val")) -> dict[int, dict[str, np.ndarray]]:
+    """Every person of the given splits (remainders included) as unpadded per-field arrays."""
+    m = read_manifest(root)
+    schema = schema_from_json(m["schema"])
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for split, e in shard_entries(m):
+        if split not in splits:
+            continue
+        for block in read_shard_blocks(root / e["file"], schema):
+            offs = {c: block.offsets(c) for c in ("length", "n_targets") if c in block.columns}
+            for i, pid in enumerate(block.columns["person_id"].tolist()):
+                assert pid not in out, f"person {pid} twice"
+                rec = {}
+                for f in schema:
+                    col = block.columns[f.name]
+                    if f.kind == "scalar":
+                        rec[f.name] = col[i]
+                    else:
+                        o = offs["length" if f.kind == "ragged" else "n_targets"]
+                        rec[f.name] = col[o[i] : o[i + 1]]
+                out[pid] = rec
+    return out
+
+
+def seed_rows(rec: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """Rebuild the seed's padded int64 rows from one stored person (what the h5 holds)."""
+    n = int(rec["length"])
+    row = {}
+    ids = np.zeros((4, width), dtype=np.int64)
+    ids[0, :n] = rec["masked_tokens"] if "masked_tokens" in rec else rec["tokens"]
+    for j, name in enumerate(("abspos", "age", "segment"), start=1):
+        ids[j, :n] = rec[name]
+    row["input_ids"] = ids
+    row["padding_mask"] = (np.arange(width) < n).astype(np.int64)
+    orig = np.zeros(width, dtype=np.int64)
+    orig[:n] = rec["tokens"]
+    row["original_sequence"] = orig
+    if "n_targets" in rec:
+        slots, k = int(np.floor(0.3 * width)), int(rec["n_targets"])
+        pos, tok = np.full(width, -1, dtype=np.int64), np.full(width, -1, dtype=np.int64)
+        pos[:slots], tok[:slots] = width - 1, 0
+        pos[:k], tok[:k] = rec["target_pos"], rec["target_tokens"]
+        row["target_pos"], row["target_tokens"] = pos, tok
+        row["target_cls"] = np.int64(rec["target_cls"])
+    return row
+
+
+@pytest.mark.parametrize("name", ["encoded_mlm.h5", "encoded_nomlm.h5"])
+def test_h5_round_trip_every_field(name: str, sample: Path, mlm_dataset: Path, nomlm_dataset: Path) -> None:
+    root = mlm_dataset if "_mlm" in name else nomlm_dataset
+    stored = persons_of(root)
+    with h5py.File(sample / name) as h:
+        ids = h["sequence_id"][:]
+        assert set(stored) == set(ids.tolist())
+        fields = [k for k in h if k != "sequence_id"]
+        data = {k: h[k][:] for k in fields}
+    width = data["input_ids"].shape[-1]
+    for row, pid in enumerate(ids.tolist()):
+        rebuilt = seed_rows(stored[pid], width)
+        for k in fields:
+            np.testing.assert_array_equal(rebuilt[k], data[k][row], err_msg=f"{name} row {row} field {k}")
+
+
+def test_narrow_dtypes_and_manifest(mlm_dataset: Path) -> None:
+    m = read_manifest(mlm_dataset)
+    dtypes = {f["name"]: f["dtype"] for f in m["schema"]}
+    assert dtypes["tokens"] == "uint16" and dtypes["age"] == "uint8" and dtypes["segment"] == "uint8"
+    assert dtypes["abspos"] == "int16"
+    train = m["splits"]["train"]
+    assert {s["samples"] for s in train["shards"]} == {train["shard_persons"]}
+    total = sum(s["samples"] for s in train["shards"]) + train["remainder"]["samples"]
+    assert total == train["persons"]
+    assert train["remainder"]["samples"] < 0.02 * train["persons"]
+    assert m["totals"]["persons"] == 5845
+    for _, e in shard_entries(m):
+        assert len(e["sha256"]) == 64 and e["bytes"] == (mlm_dataset / e["file"]).stat().st_size
+
+
+def test_shards_are_plain_tar_and_webdataset(mlm_dataset: Path) -> None:
+    shard = mlm_dataset / "train" / "shard-000000.tar"
+    listed = subprocess.run(["tar", "-tf", str(shard)], capture_output=True, text=True, check=True).stdout.split()
+    assert listed and all(x.endswith(".block.zst") for x in listed)
+    with tarfile.open(shard) as tar:
+        assert [m.name for m in tar.getmembers()] == listed
+    samples = list(wds.WebDataset(str(shard), shardshuffle=False))
+    assert len(samples) == len(listed) and all("block.zst" in s for s in samples)
+
+
+def test_bytes_per_person_at_most_half_of_gzip_h5(sample: Path, nomlm_dataset: Path) -> None:
+    m = read_manifest(nomlm_dataset)
+    ours = sum(e["bytes"] for s, e in shard_entries(m) if s in ("train", "val"))
+    assert ours <= 0.5 * (sample / "encoded_nomlm.h5").stat().st_size
+
+
+def test_all_split_holds_everyone(nomlm_dataset: Path) -> None:
+    assert set(persons_of(nomlm_dataset, ("all",))) == set(persons_of(nomlm_dataset))
+
+
+@pytest.mark.parametrize("persons", [150, 5000, 99_999, 1_000_000, 20_000_000])
+def test_default_shard_count_scales_and_keeps_remainder_small(persons: int) -> None:
+    s = shard_count(persons, ConvertOptions())
+    assert persons // s >= 100  # no 720 shards of 7 persons
+    assert (persons % s) < 0.02 * persons
+    assert s in (1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040)
+
+
+def test_shard_count_multiple_of_readers() -> None:
+    assert shard_count(5000, ConvertOptions(nodes=2, gpus=4, workers=3)) % 24 == 0
+    assert shard_count(5000, ConvertOptions(shards=7)) == 7
+
+
+def test_same_seed_same_dataset_and_processes_do_not_matter(sample: Path, tmp_path: Path) -> None:
+    src = [str(sample / "encoded_nomlm.h5")]
+    a = convert_dataset(src, tmp_path / "a", opts=ConvertOptions(progress=False, nodes=1, gpus=2, workers=2))
+    b = convert_dataset(src, tmp_path / "b", opts=ConvertOptions(progress=False, nodes=1, gpus=2, workers=2,
+                                                                  processes=2))
+    c = convert_dataset(src, tmp_path / "c", opts=ConvertOptions(progress=False, nodes=1, gpus=2, workers=2, seed=1))
+    assert a["fingerprint"] == b["fingerprint"] != c["fingerprint"]
+    assert len(a["splits"]["train"]["shards"]) % 4 == 0
+    val_a = set(persons_of(tmp_path / "a", ("val",)))
+    assert abs(len(val_a) - 0.05 * 5845) < 4 * np.sqrt(5845 * 0.05)
+    assert val_a != set(persons_of(tmp_path / "c", ("val",)))
+
+
+def test_num_val_exact(sample: Path, tmp_path: Path) -> None:
+    m = convert_dataset([str(sample / "encoded_nomlm.h5")], tmp_path / "d",
+                        opts=ConvertOptions(progress=False, num_val=500))
+    assert m["splits"]["val"]["persons"] == 500
+    assert m["splits"]["train"]["persons"] == 5845 - 500
+
+
+def test_persons_are_shuffled_across_shards(nomlm_dataset: Path, sample: Path) -> None:
+    with h5py.File(sample / "encoded_nomlm.h5") as h:
+        input_order = {pid: i for i, pid in enumerate(h["sequence_id"][:].tolist())}
+    m = read_manifest(nomlm_dataset)
+    first = next(read_shard_blocks(nomlm_dataset / m["splits"]["train"]["shards"][0]["file"],
+                                   schema_from_json(m["schema"])))
+    rows = np.array([input_order[p] for p in first.columns["person_id"].tolist()])
+    assert rows.max() - rows.min() > 0.8 * 5845  # drawn from all over the input, not one contiguous run
+
+
+def test_manifest_is_last_and_json(mlm_dataset: Path) -> None:
+    m = json.loads((mlm_dataset / "manifest.json").read_text())
+    assert m["params"]["input_kind"] == "hdf5" and m["fingerprint"]
+    assert not list(mlm_dataset.glob("**/*.tmp")) and not (mlm_dataset / ".tmp").exists()

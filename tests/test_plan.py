@@ -1,0 +1,232 @@
+"""The partition invariants DDP relies on: disjoint coverage, equal batches per rank, reproducible orders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lifeseq_shards.plan import (
+    INFERENCE,
+    TRAIN,
+    Segment,
+    assign,
+    batch_positions,
+    coverage,
+    describe,
+    epoch_shard_order,
+    left_out,
+    num_batches,
+    num_slots,
+    rank_batches,
+    slot_index,
+    slot_persons,
+    window_order,
+    window_permutation,
+    worker_batches_consumed,
+)
+
+worlds = st.integers(1, 8)
+workers = st.integers(0, 8)
+seeds = st.integers(0, 2**32 - 1)
+epochs = st.integers(0, 1000)
+batches = st.integers(1, 64)
+
+
+def read_counts(plan: list[list[Segment]], shard_sizes: list[int]) -> list[np.ndarray]:
+    """How often each (shard, person) position is read, counted position by position."""
+    counts = [np.zeros(size, dtype=np.int64) for size in shard_sizes]
+    for segments in plan:
+        for seg in segments:
+            assert 0 <= seg.start <= seg.stop <= shard_sizes[seg.shard]
+            counts[seg.shard][seg.start : seg.stop] += 1
+    return counts
+
+
+@given(worlds, workers, st.integers(1, 60), st.integers(1, 50), batches, seeds, epochs, st.booleans(), st.booleans())
+def test_train_plan_is_disjoint_and_balanced(world, k, num_shards, n, batch, seed, epoch, shuffle, drop_last):
+    sizes = [n] * num_shards
+    slots = world * max(k, 1)
+    plan = assign(sizes, world, k, mode=TRAIN, seed=seed, epoch=epoch, shuffle=shuffle)
+    assert len(plan) == slots
+    counts = read_counts(plan, sizes)
+    dropped = left_out(sizes, world, k, TRAIN)
+    assert max(c.max() for c in counts) <= 1
+    assert sum(int(c.sum()) for c in counts) == num_shards * n - dropped
+    assert 0 <= dropped < slots
+    assert coverage(plan) == (num_shards * n - dropped, num_shards * n - dropped)
+    # Whole shards dealt round-robin are read in full; only the pooled tail can lose persons.
+    order = epoch_shard_order(num_shards, seed, epoch) if shuffle else np.arange(num_shards)
+    for s in order[: num_shards - num_shards % slots]:
+        assert counts[s].min() == 1
+    budgets = {slot_persons(segments) for segments in plan}
+    assert budgets == {(num_shards * n - dropped) // slots}
+    for segments in plan:
+        assert sum(seg.size < n for seg in segments) <= 2  # a pool slice is shorter than n, so spans <= 2 shards
+    per_rank = rank_batches(sizes, world, k, batch, mode=TRAIN, drop_last=drop_last)
+    assert len(per_rank) == world and len(set(per_rank)) == 1
+    assert per_rank[0] == max(k, 1) * num_batches(budgets.pop(), batch, drop_last)
+
+
+@given(worlds, workers, st.lists(st.integers(0, 50), min_size=0, max_size=60), batches)
+def test_inference_reads_every_person_exactly_once(world, k, sizes, batch):
+    plan = assign(sizes, world, k, mode=INFERENCE, seed=7, epoch=3)
+    assert all((c == 1).all() for c in read_counts(plan, sizes))
+    assert left_out(sizes, world, k, INFERENCE) == 0
+    slots = num_slots(world, k)
+    for j, segments in enumerate(plan):
+        assert [seg.shard for seg in segments] == list(range(j, len(sizes), slots))
+    assert sum(rank_batches(sizes, world, k, batch, mode=INFERENCE)) == sum(
+        num_batches(slot_persons(segments), batch) for segments in plan
+    )
+
+
+@given(st.integers(0, 60), seeds, epochs)
+def test_epoch_order_is_a_reproducible_permutation(num_shards, seed, epoch):
+    order = epoch_shard_order(num_shards, seed, epoch)
+    assert sorted(order.tolist()) == list(range(num_shards))
+    assert np.array_equal(order, epoch_shard_order(num_shards, seed, epoch))
+    if num_shards >= 4:
+        others = [epoch_shard_order(num_shards, seed, e) for e in range(epoch + 1, epoch + 10)]
+        assert any(not np.array_equal(order, o) for o in others)
+
+
+@given(st.integers(0, 500), st.integers(1, 64), seeds, epochs, st.integers(0, 64), st.integers(0, 100))
+def test_window_permutation_stays_in_its_windows(total, window, seed, epoch, slot, extra):
+    perm = window_permutation(total, window, seed, epoch, slot)
+    assert sorted(perm.tolist()) == list(range(total))
+    for start in range(0, total, window):
+        chunk = perm[start : start + window]
+        assert sorted(chunk.tolist()) == list(range(start, min(start + window, total)))
+        assert np.array_equal(chunk, window_order(total, window, seed, epoch, slot, start // window))
+    # Full windows do not depend on how long the stream is: a resumed reader recomputes only its own window.
+    full = total // window * window
+    assert np.array_equal(window_permutation(total + extra, window, seed, epoch, slot)[:full], perm[:full])
+    assert np.array_equal(perm, window_permutation(total, window, seed, epoch, slot))
+
+
+@given(st.integers(0, 500), batches)
+def test_batch_positions_tile_the_stream(total, batch):
+    ranges = [batch_positions(b, batch, total) for b in range(num_batches(total, batch))]
+    assert [p for r in ranges for p in r] == list(range(total))
+    assert all(len(r) == batch for r in ranges[:-1])
+    assert len(batch_positions(num_batches(total, batch), batch, total)) == 0
+
+
+def round_robin(per_worker: list[int]) -> list[int]:
+    """The worker id of each batch a DataLoader returns: cycle over workers, skipping exhausted ones."""
+    left = list(per_worker)
+    out = []
+    while any(left):
+        for w, c in enumerate(left):
+            if c:
+                out.append(w)
+                left[w] -= 1
+    return out
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=8), st.data())
+def test_worker_batches_consumed_matches_round_robin(per_worker, data):
+    sequence = round_robin(per_worker)
+    n = data.draw(st.integers(0, len(sequence)))
+    expected = [sequence[:n].count(w) for w in range(len(per_worker))]
+    assert worker_batches_consumed(n, len(per_worker), per_worker) == expected
+
+
+# Hand-computed cases: (sizes, world, workers) -> per-slot segments as (shard, start, stop), with shuffle off.
+HAND_CASES = [
+    # N=2: shards 0..3 round-robin, shard 4 (10 persons) split 5/5.
+    ([10] * 5, 2, 0, [[(0, 0, 10), (2, 0, 10), (4, 0, 5)], [(1, 0, 10), (3, 0, 10), (4, 5, 10)]], 0),
+    # N=3: one whole shard each, pool = shard 3 (5 persons), q=1, 2 left out.
+    ([5] * 4, 3, 0, [[(0, 0, 5), (3, 0, 1)], [(1, 0, 5), (3, 1, 2)], [(2, 0, 5), (3, 2, 3)]], 2),
+    # N=3 from 1 rank x 3 workers: pool = shards 3,4 (10 persons), q=3, the middle slice crosses shards, 1 left out.
+    ([5] * 5, 1, 3, [[(0, 0, 5), (3, 0, 3)], [(1, 0, 5), (3, 3, 5), (4, 0, 1)], [(2, 0, 5), (4, 1, 4)]], 1),
+    # S < N: no whole shards, pool of 6 persons over 4 slots, q=1, 2 left out.
+    ([3] * 2, 4, 0, [[(0, 0, 1)], [(0, 1, 2)], [(0, 2, 3)], [(1, 0, 1)]], 2),
+    # N divides S: whole shards only.
+    ([7] * 4, 2, 2, [[(0, 0, 7)], [(1, 0, 7)], [(2, 0, 7)], [(3, 0, 7)]], 0),
+]
+
+
+@pytest.mark.parametrize(("sizes", "world", "k", "expected", "dropped"), HAND_CASES)
+def test_train_plan_by_hand(sizes, world, k, expected, dropped):
+    plan = assign(sizes, world, k, mode=TRAIN, shuffle=False)
+    assert [[(s.shard, s.start, s.stop) for s in segments] for segments in plan] == expected
+    assert left_out(sizes, world, k, TRAIN) == dropped
+
+
+def test_shuffled_plan_uses_the_epoch_order():
+    order = epoch_shard_order(5, seed=3, epoch=2).tolist()
+    plan = assign([10] * 5, 2, 0, mode=TRAIN, seed=3, epoch=2)
+    assert plan[0] == [Segment(order[0], 0, 10), Segment(order[2], 0, 10), Segment(order[4], 0, 5)]
+    assert plan[1] == [Segment(order[1], 0, 10), Segment(order[3], 0, 10), Segment(order[4], 5, 10)]
+
+
+def test_inference_plan_and_batches_by_hand():
+    plan = assign([5, 5, 5, 2], 2, 0, mode=INFERENCE, shuffle=True, seed=9)
+    assert plan == [[Segment(0, 0, 5), Segment(2, 0, 5)], [Segment(1, 0, 5), Segment(3, 0, 2)]]
+    assert rank_batches([5, 5, 5, 2], 2, 0, 4, mode=INFERENCE) == [3, 2]  # 10 persons -> 3, 7 persons -> 2
+
+
+def test_counts_by_hand():
+    assert num_slots(4, 0) == 4 and num_slots(2, 3) == 6
+    assert slot_index(1, 2, 3) == 5 and slot_index(3, 0, 0) == 3
+    assert num_batches(10, 4) == 3 and num_batches(10, 4, drop_last=True) == 2 and num_batches(0, 4) == 0
+    assert rank_batches([10] * 5, 2, 0, 4, mode=TRAIN) == [7, 7]  # 25 persons per slot
+    assert rank_batches([10] * 5, 2, 0, 4, mode=TRAIN, drop_last=True) == [6, 6]
+    assert rank_batches([6] * 4, 1, 2, 5, mode=TRAIN) == [6]  # two slots of 12 persons, 3 batches each
+    assert batch_positions(2, 4, 10) == range(8, 10) and len(batch_positions(3, 4, 10)) == 0
+    assert window_permutation(5, 1, 0, 0, 0).tolist() == [0, 1, 2, 3, 4]
+    assert window_permutation(0, 4, 0, 0, 0).size == 0
+    assert worker_batches_consumed(3, 2, [1, 3]) == [1, 2]  # w0, w1, w1
+    assert worker_batches_consumed(3, 3, [2, 0, 2]) == [2, 0, 1]  # w0, w2, w0
+    assert worker_batches_consumed(5, 0, []) == [5]
+    assert Segment(2, 3, 8).size == 5
+    assert coverage([[Segment(0, 0, 4)], [Segment(0, 2, 6), Segment(1, 0, 1)]]) == (9, 7)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: assign([3, 4], 1, 0, mode=TRAIN),
+        lambda: assign([], 1, 0, mode=TRAIN),
+        lambda: assign([3], 1, 0, mode="eval"),
+        lambda: assign([3], 0, 0, mode=TRAIN),
+        lambda: assign([3], 1, -1, mode=TRAIN),
+        lambda: slot_index(0, 2, 2),
+        lambda: num_batches(3, 0),
+        lambda: worker_batches_consumed(5, 2, [1, 3]),
+        lambda: worker_batches_consumed(1, 2, [1]),
+        lambda: window_permutation(3, 0, 0, 0, 0),
+    ],
+)
+def test_bad_arguments_raise(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_describe_exact_split():
+    report = describe([100] * 8, 37, 1, 2, 2, 32)
+    assert report.ok
+    assert "no overlap" in report.text and "all equal" in report.text
+    assert "37" in report.text  # the remainder is mentioned
+
+
+def test_describe_inexact_split_names_the_loss_and_the_fixes():
+    # 10 shards over 1 x 3 GPUs, 0 workers: N=3, 9 whole shards, pool of 100 persons, q=33, 1 left out.
+    report = describe([100] * 10, 5, 1, 3, 0, 16)
+    assert not report.ok
+    assert "1 persons per epoch are left out" in report.text
+    assert "10 % 3 = 1" in report.text
+    # K with 10 % (3K) == 0 for K in 1..16: none.
+    assert "divide exactly for 1 x 3: none" in report.text
+    # 10 shards over 2 ranks: K in {1, 5}.
+    assert "divide exactly for 1 x 2: 1, 5" in describe([100] * 10, 0, 1, 2, 2, 32).text
+
+
+def test_describe_stays_short_for_many_slots():
+    report = describe([50] * 256, 0, 2, 8, 8, 32)  # 128 slots
+    assert report.ok
+    assert len(report.text.splitlines()) < 40
+    assert "112 more slots" in report.text
