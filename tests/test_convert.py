@@ -162,3 +162,19 @@ def test_manifest_is_last_and_json(mlm_dataset: Path) -> None:
     m = json.loads((mlm_dataset / "manifest.json").read_text())
     assert m["params"]["input_kind"] == "hdf5" and m["fingerprint"]
     assert not list(mlm_dataset.glob("**/*.tmp")) and not (mlm_dataset / ".tmp").exists()
+
+
+def test_parquet_conversion_equals_seed_encoding(sample: Path, nomlm_dataset: Path, tmp_path: Path) -> None:
+    """The acceptance test: step-4 parquet + vocab through `convert` == the seed's own step-5 output."""
+    convert_dataset([str(sample / "sequences.parquet")], tmp_path / "pq", vocab=str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, processes=2))
+    ours = persons_of(tmp_path / "pq")
+    with h5py.File(sample / "encoded_nomlm.h5") as h:
+        ids, pad, inp = h["sequence_id"][:], h["padding_mask"][:], h["input_ids"][:]
+    assert set(ours) == set(ids.tolist())
+    for row, pid in enumerate(ids.tolist()):
+        n = int(pad[row].sum())
+        rec = ours[pid]
+        assert int(rec["length"]) == n
+        for j, name in enumerate(("tokens", "abspos", "age", "segment")):
+            np.testing.assert_array_equal(rec[name], inp[row, j, :n], err_msg=f"person {pid} {name}")

@@ -1,0 +1,252 @@
+"""Tokenise the seed's step-4 ``sequences.parquet`` into blocks, exactly as the seed's step 5 does.
+
+Checked against the sample's ``encoded_nomlm.h5`` (tests/test_parquet_source.py): events with abspos in the closed
+range ``time_range`` are kept; a person needs at least ``MIN_EVENTS`` of them; the sequence is
+``[CLS] origin gender birth_month birth_year [SEP]`` (0 for abspos/age/segment) followed by each event's tokens and a
+``[SEP]`` (the event's abspos/age/segment repeated); only the most recent events whose total length, prefix
+included, stays below ``max_seq_len`` are kept. Unknown tokens and missing background become ``[UNK]``.
+
+The work is vectorised per row group: the ``list<list<string>>`` column is flattened once, every string is looked up
+in the vocabulary by arrow's hash kernel, and the per-person layout is built from offsets with numpy, so no Python
+code runs per token or per event. One row group is read at a time, which bounds memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..format import Block
+from .errors import SourceError
+
+PERSON, BACKGROUND, SENTENCE = "RINPERSOON", "background", "sentence"
+PER_EVENT = ("abspos", "age", "segment")
+COLUMNS = (PERSON, BACKGROUND, SENTENCE, *PER_EVENT)
+BACKGROUND_ORDER = ("origin", "gender", "birth_month", "birth_year")  # order of the prefix after [CLS]
+SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
+MIN_EVENTS = 5
+PREFIX_LEN = 2 + len(BACKGROUND_ORDER)
+DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
+
+
+def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
+    """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous or the specials unknown."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = {"TOKEN", "ID"} - set(reader.fieldnames or ())
+            if missing:
+                raise SourceError(f"{path}: vocabulary lacks column(s) {', '.join(sorted(missing))}")
+            rows = [(r["TOKEN"], r["ID"], reader.line_num) for r in reader]
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read vocabulary ({e.strerror or e})") from None
+    vocab: dict[str, int] = {}
+    seen: dict[int, str] = {}
+    for token, raw_id, line in rows:
+        try:
+            i = int(raw_id)
+        except (TypeError, ValueError):
+            raise SourceError(f"{path}: line {line}: ID {raw_id!r} is not an integer") from None
+        if i < 0:
+            raise SourceError(f"{path}: line {line}: negative ID {i}")
+        if i in seen:
+            raise SourceError(f"{path}: line {line}: ID {i} given to both {seen[i]!r} and {token!r}")
+        if token in vocab:
+            raise SourceError(f"{path}: line {line}: token {token!r} listed twice")
+        vocab[token], seen[i] = i, token
+    absent = [s for s in SPECIALS if s not in vocab]
+    if absent:
+        raise SourceError(f"{path}: vocabulary lacks special token(s) {' '.join(absent)}")
+    return vocab
+
+
+def _open(path: str, dictionary: bool = False) -> pq.ParquetFile:
+    """Open ``path``; with ``dictionary`` its string columns are read dictionary-encoded (see :func:`_lookup`)."""
+    try:
+        pf = pq.ParquetFile(path)
+        if not dictionary:
+            return pf
+        leaves = [pf.schema.column(i) for i in range(pf.metadata.num_columns)]
+        strings = [c.path for c in leaves if c.physical_type == "BYTE_ARRAY" and c.path.split(".")[0] in COLUMNS]
+        return pq.ParquetFile(path, read_dictionary=strings)
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(f"{path}: not a readable parquet file ({_one_line(e)})") from None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def parquet_tasks(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """One (path, row group) unit of work per row group, after checking the file opens and has the needed columns."""
+    p = str(Path(path))
+    pf = _open(p)
+    names = set(pf.schema_arrow.names)
+    for col in COLUMNS:
+        if col not in names:
+            raise SourceError(f"{p}: missing column {col!r} (has {', '.join(pf.schema_arrow.names)})")
+    if pf.metadata.num_rows == 0 or pf.num_row_groups == 0:
+        raise SourceError(f"{p}: no rows")
+    return [(p, g) for g in range(pf.num_row_groups)]
+
+
+def parquet_rows(path: str | os.PathLike[str]) -> int:
+    """Input rows (persons before filtering), for progress reporting."""
+    return int(_open(str(path)).metadata.num_rows)
+
+
+def _list_offsets(arr: pa.Array) -> np.ndarray:
+    """Offsets (len+1) of a list array from its value lengths (nulls count as empty; slices are honoured)."""
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _token_index(strings: pa.Array, keys: pa.Array, ids: np.ndarray, unk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(table, index) with ``table[index]`` = the vocabulary ids of ``strings`` (nulls and unknown strings ->
+    ``unk``), found by one hash join in arrow. A dictionary-encoded array (how :func:`_open` reads the strings) is
+    looked up on its distinct strings only, and its indices are used as they are (no copy when there are no nulls)."""
+    if pa.types.is_dictionary(strings.type):
+        table = _lookup(strings.dictionary, keys, ids, unk)
+        index = strings.indices
+    else:
+        table, index = ids, pc.index_in(strings, value_set=keys)
+    table = np.append(table, unk)
+    if index.null_count:
+        index = pc.fill_null(index, len(table) - 1)
+    return table, index.to_numpy(zero_copy_only=False)
+
+
+def _lookup(strings: pa.Array, keys: pa.Array, ids: np.ndarray, unk: int) -> np.ndarray:
+    table, index = _token_index(strings, keys, ids, unk)
+    return table[index]
+
+
+def _prefix(background: pa.Array, keys: pa.Array, ids: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
+    """(n, PREFIX_LEN) prefix tokens; a null background (or field) gives [UNK]."""
+    n = len(background)
+    out = np.empty((n, PREFIX_LEN), dtype=np.int64)
+    out[:, 0], out[:, -1] = vocab["[CLS]"], vocab["[SEP]"]
+    fields = dict(zip([f.name for f in background.type], background.flatten(), strict=True))  # applies parent nulls
+    for j, name in enumerate(BACKGROUND_ORDER, start=1):
+        col = fields.get(name)
+        out[:, j] = vocab["[UNK]"] if col is None else _lookup(col, keys, ids, vocab["[UNK]"])
+    return out
+
+
+def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sums of consecutive runs of ``values`` of the given lengths."""
+    cum = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=cum[1:])
+    ends = np.cumsum(counts)
+    return cum[ends] - cum[ends - counts]
+
+
+def encode_parquet_task(
+    task: tuple[str, int],
+    vocab: dict[str, int],
+    max_seq_len: int = 512,
+    time_range: tuple[int | None, int | None] = DEFAULT_TIME_RANGE,
+) -> Block:
+    """Tokenise one row group into a block (int64 columns) of the persons that survive the filters, in file order."""
+    path, group = task
+    where = f"{path}: row group {group}"
+    try:
+        table = _open(path, dictionary=True).read_row_group(group, columns=list(COLUMNS))
+    except SourceError:
+        raise
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(f"{where}: cannot be read ({_one_line(e)})") from None
+    except KeyError as e:
+        raise SourceError(f"{where}: missing column {e}") from None
+    cols = {c: table.column(c).combine_chunks() for c in COLUMNS}
+    person = cols[PERSON].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if cols[PERSON].null_count:
+        row = int(np.flatnonzero(cols[PERSON].is_null().to_numpy(zero_copy_only=False))[0])
+        raise SourceError(f"{where}: row {row} has no person id")
+    if not pa.types.is_struct(cols[BACKGROUND].type):
+        raise SourceError(f"{where}: column {BACKGROUND!r} is {cols[BACKGROUND].type}, not a struct")
+
+    keys = pa.array(list(vocab), type=pa.string())
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    unk, sep = vocab["[UNK]"], vocab["[SEP]"]
+
+    # events: per-person offsets, per-event token offsets, per-token ids (as table[index])
+    sentence = cols[SENTENCE]
+    ev_off = _list_offsets(sentence)
+    events = sentence.flatten()
+    tok_off = _list_offsets(events)
+    tok_table, tok_index = _token_index(events.flatten(), keys, ids, unk)
+    n_events = np.diff(ev_off)
+    per_event = {}
+    for c in PER_EVENT:
+        off = _list_offsets(cols[c])
+        bad = np.flatnonzero(np.diff(off) != n_events)
+        if bad.size:
+            r = int(bad[0])
+            raise SourceError(
+                f"{where}: row {r} (person {person[r]}): {c} has {off[r + 1] - off[r]} values for {n_events[r]} events"
+            )
+        values = cols[c].flatten()
+        if values.null_count:
+            k = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            raise SourceError(f"{where}: person {person[np.searchsorted(ev_off, k, 'right') - 1]}: null {c} value")
+        per_event[c] = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+    # time slice, then the minimum number of events
+    keep = np.ones(len(tok_off) - 1, dtype=bool)
+    lo, hi = time_range
+    if lo is not None:
+        keep &= per_event["abspos"] >= lo
+    if hi is not None:
+        keep &= per_event["abspos"] <= hi
+    enough = _segment_sums(keep, n_events) >= MIN_EVENTS
+    keep &= np.repeat(enough, n_events)
+    persons = np.flatnonzero(enough)
+    ev = np.flatnonzero(keep)
+    counts = _segment_sums(keep, n_events)[persons]
+
+    # the most recent events that fit: suffix sums of event lengths (+1 for [SEP]) within each person
+    ev_len = tok_off[ev + 1] - tok_off[ev] + 1
+    cum = np.cumsum(ev_len)
+    person_end = np.repeat(cum[np.cumsum(counts) - 1], counts)  # cum at each event's person's last event
+    fits = PREFIX_LEN + person_end - cum + ev_len < max_seq_len
+    counts = _segment_sums(fits, counts)
+    ev, ev_len = ev[fits], ev_len[fits]
+
+    # units: per person its prefix (PREFIX_LEN tokens), then each kept event (its tokens, then [SEP])
+    k, m = len(persons), len(ev)
+    first_ev = np.cumsum(counts) - counts
+    prefix_unit = first_ev + np.arange(k)
+    is_event = np.ones(k + m, dtype=bool)
+    is_event[prefix_unit] = False
+    unit_len = np.full(k + m, PREFIX_LEN, dtype=np.int64)
+    unit_len[is_event] = ev_len
+    unit_event = np.zeros(k + m, dtype=np.int64)
+    unit_event[is_event] = ev
+    unit_src = np.zeros(k + m, dtype=np.int64)
+    unit_src[is_event] = tok_off[ev]
+    unit_out = np.cumsum(unit_len) - unit_len
+    total = int(unit_len.sum())
+
+    # per output position: the source token (clipped: [SEP] and prefix positions are overwritten below) and event
+    src = np.repeat(unit_src - unit_out, unit_len)
+    src += np.arange(total, dtype=np.int64)
+    tokens = tok_table[np.take(tok_index, src, mode="clip")] if len(tok_index) else np.zeros(total, np.int64)
+    tokens[unit_out[is_event] + ev_len - 1] = sep
+    prefix_at = (unit_out[prefix_unit][:, None] + np.arange(PREFIX_LEN)).ravel()
+    tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab)[persons].ravel()
+    out = {"person_id": person[persons], "length": PREFIX_LEN + _segment_sums(ev_len, counts), "tokens": tokens}
+    out_event = np.repeat(unit_event, unit_len)
+    for c in PER_EVENT:
+        values = np.take(per_event[c], out_event) if m else np.zeros(total, np.int64)
+        values[prefix_at] = 0
+        out[c] = values
+    return Block(out)
