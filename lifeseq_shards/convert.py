@@ -15,6 +15,7 @@ import os
 import shutil
 import struct
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -191,12 +192,15 @@ class _SplitWriter:
     def add(self, block: Block) -> None:
         self.pending.append(block)
         self.pending_n += block.n
-        while self.written < self.shards and self.pending_n >= self.per_shard:
-            merged = concat_blocks(self.pending, self.schema)
-            self._submit(f"shard-{self.written:06d}.tar", merged.take(np.arange(self.per_shard), self.schema))
-            rest = merged.take(np.arange(self.per_shard, merged.n), self.schema)
-            self.pending, self.pending_n = [rest], rest.n
+        if self.written >= self.shards or self.pending_n < self.per_shard:
+            return
+        merged, start = concat_blocks(self.pending, self.schema), 0
+        while self.written < self.shards and merged.n - start >= self.per_shard:
+            self._submit(f"shard-{self.written:06d}.tar", merged.slice(start, start + self.per_shard, self.schema))
+            start += self.per_shard
             self.written += 1
+        rest = merged.slice(start, merged.n, self.schema)
+        self.pending, self.pending_n = [rest], rest.n
 
     def finish(self) -> None:
         if self.written != self.shards:
@@ -228,7 +232,7 @@ def _bounded(futures: list[tuple[str, Any]], limit: int) -> None:
 
 def _write_shard_job(args: tuple[Path, Block, list[Field], int, int]) -> dict[str, Any]:
     path, block, schema, per_block, level = args
-    blocks = (block.take(np.arange(s, min(s + per_block, block.n)), schema) for s in range(0, block.n, per_block))
+    blocks = (block.slice(s, min(s + per_block, block.n), schema) for s in range(0, block.n, per_block))
     return write_shard(path, blocks, schema, level)
 
 
@@ -293,7 +297,8 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
 def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opts: ConvertOptions,
            pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int]:
     jobs = ((source, t, schema) for t in source.tasks)
-    results: Iterator[Block] = pool.map(_encode_and_narrow, jobs) if pool else map(_encode_and_narrow, jobs)
+    results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
+        _encode_and_narrow, jobs)
     ids: list[np.ndarray] = []
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
@@ -304,8 +309,10 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
                 continue
             pid = block.columns["person_id"]
             bucket = (mix64(pid, opts.seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
-            for b in np.unique(bucket):
-                spill.add(int(b), block.take(np.nonzero(bucket == b)[0], schema))
+            by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
+            bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
+            for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
+                spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
             ids.append(pid.astype(np.int64))
             lengths = block.columns["length"].astype(np.int64)
             tokens += int(lengths.sum())
@@ -322,6 +329,18 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
     if (counts > 1).any():
         raise ConvertError(f"input: person id {int(uniq[counts > 1][0])} occurs {int(counts.max())} times")
     return all_ids, hist, tokens
+
+
+def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
+    """``pool.map`` that keeps at most ``inflight`` results pending (Executor.map submits everything at once, and
+    finished blocks waiting for a slow consumer would hold the whole input in memory)."""
+    window: deque[Future[Any]] = deque()
+    for item in items:
+        window.append(pool.submit(fn, item))
+        if len(window) >= inflight:
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
 
 
 def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:

@@ -111,6 +111,19 @@ class Block:
         np.cumsum(self.columns[count], out=out[1:])
         return out
 
+    def slice(self, start: int, stop: int, schema: list[Field]) -> Block:
+        """Persons [start, stop) as views (no copy): the cheap way to cut consecutive persons."""
+        offs = {c: self.offsets(c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
+        cols = {}
+        for f in schema:
+            col = self.columns[f.name]
+            if f.kind == SCALAR:
+                cols[f.name] = col[start:stop]
+            else:
+                o = offs[COUNT_OF[f.kind]]
+                cols[f.name] = col[o[start] : o[stop]]
+        return Block(cols)
+
     def take(self, index: np.ndarray, schema: list[Field]) -> Block:
         """The persons at ``index`` (in that order) as a new block."""
         cols: dict[str, np.ndarray] = {}

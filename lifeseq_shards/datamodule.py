@@ -1,0 +1,77 @@
+"""A LightningDataModule over a converted dataset: rank and world size from the Trainer, exact per-rank lengths,
+narrow batches over the bus, the seed's batch (and dynamic MLM masks) built on the device."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning as L
+import torch
+
+from .device import seed_batch, to_device
+from .format import read_manifest
+from .masking import DynamicMasker, MaskingConfig
+from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
+
+
+class LifeSeqDataModule(L.LightningDataModule):
+    """Drop-in data for the seed's ``pretrain.py`` (docs/ddp.md lists the lines to change).
+
+    ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
+    bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id)).
+    Validation reads the val split without shuffling but with the training plan, so every rank gets the same number
+    of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
+                 seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
+                 pin_memory: bool = True, persistent_workers: bool = True, predict_split: str = "train",
+                 drop_last: bool = False) -> None:
+        super().__init__()
+        self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
+        self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
+        self.pin_memory, self.persistent_workers, self.predict_split = pin_memory, persistent_workers, predict_split
+        self.manifest = read_manifest(self.data_dir)
+        has_offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
+        if masking == "offline" and not has_offline:
+            raise ValueError(f"{self.data_dir}: masking='offline' but the dataset has no offline MLM fields")
+        self.masking = masking
+        self.masker = DynamicMasker(masking) if isinstance(masking, MaskingConfig) else None
+        self.vocab_size: int | None = self.manifest.get("params", {}).get("vocab_size")
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def _loader(self, split: str, mode: str, shuffle: bool) -> ShardedLoader:
+        rank, world = self._rank_world()
+        ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
+                            num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
+                            drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to)
+        extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
+        return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(), **extra)
+
+    def train_dataloader(self) -> ShardedLoader:
+        return self._loader("train", TRAIN, shuffle=True)
+
+    def val_dataloader(self) -> ShardedLoader:
+        return self._loader("val", TRAIN, shuffle=False)
+
+    def predict_dataloader(self) -> ShardedLoader:
+        return self._loader(self.predict_split, INFERENCE, shuffle=False)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        masker = self.masker if self.masking != "offline" else None
+        if self.masking is None:
+            batch = {k: v for k, v in batch.items() if k not in _OFFLINE}
+        return seed_batch(batch, masker, epoch=epoch)
+
+
+_OFFLINE = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")

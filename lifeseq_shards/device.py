@@ -1,0 +1,88 @@
+"""Host -> device transfer of the narrow host batch, and its widening into the seed model's batch on the device.
+
+Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus; the int64 widening, the padding mask
+and the MLM targets are built on the device: 6 bytes a token cross the bus instead of the seed batch's 48.
+torch >= 2.3 copies and casts uint16 on CPU and CUDA (copy_ dispatches the "barebones" unsigned types), so uint16
+travels as is: no int16 reinterpretation is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from unittest import mock
+
+import numpy as np
+import torch
+
+from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
+
+OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
+
+
+def to_device(
+    batch: dict[str, torch.Tensor | np.ndarray], device: torch.device | str, non_blocking: bool = True
+) -> dict[str, torch.Tensor]:
+    """Every field moved as is (same dtype). Asynchronous when the source is pinned (the DataLoader's pin_memory)."""
+    out = {}
+    for name, value in batch.items():
+        tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        out[name] = tensor.to(device, non_blocking=non_blocking)
+    return out
+
+
+def seed_batch(
+    batch: dict[str, torch.Tensor], masker: DynamicMasker | None = None, *, epoch: int = 0
+) -> dict[str, torch.Tensor]:
+    """The seed model's batch (docs/masking.md), built where ``batch`` lives, without a host sync.
+
+    With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
+    are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
+    no targets.
+    """
+    tokens = batch["tokens"].long()
+    stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
+    lengths = batch["lengths"].long()
+    L = tokens.shape[1]
+    out = {
+        "person_id": batch["person_id"],
+        "lengths": batch["lengths"],
+        "padding_mask": (torch.arange(L, device=tokens.device) < lengths[:, None]).long(),
+    }
+    shown = tokens
+    if masker is not None:
+        m = masker(tokens, *stamps, lengths, batch["person_id"], epoch)
+        shown, tokens, stamps = m["masked_tokens"], m["original"], [m["abspos"], m["age"], m["segment"]]
+        out.update(target_pos=m["target_pos"], target_tokens=m["target_tokens"], target_cls=m["target_cls"])
+    elif all(k in batch for k in OFFLINE_MLM_FIELDS):
+        shown = batch["masked_tokens"].long()
+        pos, tok = batch["target_pos"].long(), batch["target_tokens"].long()
+        slots = max(math.floor(DEFAULT_RATIO * L), pos.shape[1])
+        target_pos, target_tokens = fill_target_slots(pos, tok, batch["n_targets"].long(), L, slots)
+        out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=batch["target_cls"].long())
+    out["input_ids"] = torch.stack([shown, *stamps], 1)
+    out["original_sequence"] = tokens
+    return out
+
+
+@contextlib.contextmanager
+def host_sync_guard() -> Iterator[None]:
+    """Make host<->device syncs raise inside the block: CUDA's sync debug mode "error" when CUDA is there, and, on
+    every device, the Python-level ways to pull a value to the host (item, tolist, cpu, numpy, bool/int/float/index).
+
+    For tests and smoke runs of the per-step path; not meant to stay on in training.
+    """
+
+    def forbidden(*_args, **_kwargs):
+        raise RuntimeError("host sync inside a no-sync section")
+
+    names = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(mock.patch.object(torch.Tensor, name, forbidden))
+        if torch.cuda.is_available():
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            stack.callback(torch.cuda.set_sync_debug_mode, previous)
+        yield

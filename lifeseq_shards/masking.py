@@ -1,0 +1,248 @@
+"""The seed's MLM rules (CLS permutation task, random-token or event masking), drawn on the device per step.
+
+The seed drew masks once, offline, so every epoch saw the same masks. Here they are drawn per step, vectorised in
+torch, from random numbers that are a pure function of ``(seed, epoch, person_id, counter, stream)``: a resumed or
+re-sharded run masks a person identically whichever rank, worker, batch or padded length the person lands in, and the
+same code gives the same bits on CPU and CUDA. No ``torch.Generator`` (it would need a Python loop over persons) and
+no host sync: everything is a few elementwise kernels, a scatter, a cumsum, a sort and a searchsorted.
+
+The hash works on 32-bit words held in int64 tensors, with every product split into 16-bit halves so no intermediate
+ever exceeds 2**49: signed overflow (undefined in C++, whatever torch happens to do) and arithmetic right shifts of
+negative numbers never occur. docs/masking.md gives the rules and what was checked against the seed's own files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
+DEFAULT_RATIO = 0.30
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9  # added before each mix so that the all-zero input is not a fixed point
+_ABSENT = 1 << 40  # sort key above any 32-bit random key: pushes non-candidates behind every candidate
+
+# One stream per independent decision, so that e.g. the shuffle order and the target choice never share bits.
+_STREAM_CLS, _STREAM_SHUFFLE, _STREAM_SELECT, _STREAM_TOKEN, _STREAM_EVENT = 1, 2, 3, 4, 5
+
+
+def _mul32(x, c: int):
+    """``x * c mod 2**32`` for 0 <= x, c < 2**32 without any intermediate above 2**49 (tensor or int ``x``)."""
+    lo = (x & 0xFFFF) * c
+    hi = ((x >> 16) * (c & 0xFFFF)) & 0xFFFF
+    return (lo + (hi << 16)) & _M32
+
+
+def _mix32(x):
+    """A 32-bit bijective avalanche mixer (xorshift-multiply, "lowbias32" constants)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _absorb(h, w):
+    """Fold the 32-bit word ``w`` into the state ``h``; a bijection in ``w`` for a fixed ``h``."""
+    return _mix32(((h ^ w) + _GOLDEN) & _M32)
+
+
+def _words(v):
+    """The low and high 32-bit words of a 64-bit integer (two's complement for negatives; int or int64 tensor)."""
+    return v & _M32, (v >> 32) & _M32
+
+
+def person_keys(seed: int, epoch: int, stream: int, person_id: torch.Tensor) -> torch.Tensor:
+    """(B,) 32-bit keys, one per person, for one (seed, epoch, stream): the batch-independent part of every draw."""
+    h = 0
+    for w in (*_words(seed), *_words(epoch), stream):
+        h = _absorb(h, w)  # Python ints: computed on the host once, passed to the kernels as a scalar
+    for w in _words(person_id.long()):
+        h = _absorb(h, w)
+    return h
+
+
+def random_bits(keys: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """(B, n) uniform 32-bit integers for counters ``counter`` ((n,) or (B, n)), distinct across a person's counters."""
+    return _absorb(keys[:, None], counter)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskingConfig:
+    """The seed's defaults; ``keep`` and ``mask`` are shares of the targets, the rest get a random token."""
+
+    kind: str = "random"
+    ratio: float = DEFAULT_RATIO
+    cls_task: bool = True
+    p_reverse: float = 0.05
+    p_shuffle: float = 0.05
+    keep: float = 0.1
+    mask: float = 0.8
+    vocab_size: int
+    n_special: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("random", "event"):
+            raise ValueError(f"kind must be 'random' or 'event', not {self.kind!r}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"ratio {self.ratio} is not in [0, 1]")
+        if min(self.keep, self.mask, self.p_reverse, self.p_shuffle) < 0:
+            raise ValueError("keep, mask, p_reverse and p_shuffle must be >= 0")
+        if self.keep + self.mask > 1.0 or self.p_reverse + self.p_shuffle > 1.0:
+            raise ValueError("keep + mask and p_reverse + p_shuffle must be <= 1")
+        if not self.n_special < self.vocab_size <= self.n_special + 2**31:
+            raise ValueError(f"vocab_size {self.vocab_size} must exceed n_special {self.n_special} (and be < 2**31)")
+
+    @property
+    def random_share(self) -> float:
+        # rounded so that 1 - 0.1 - 0.8 is 0.1, not 0.0999..., which would floor 10 targets to 0 random tokens
+        return round(1.0 - self.keep - self.mask, 12)
+
+
+def fill_target_slots(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, length: int, slots: int):
+    """(B, slots) target_pos / target_tokens: the first ``n`` of ``pos``/``tok``, the rest position L-1 / token 0.
+
+    The seed fills unused slots with position 511 and token 0 for L = 512; token 0 is the loss's ignore index. A
+    target at or past ``length`` (a sequence cropped by the reader's pad_to) becomes an unused slot too.
+    """
+    if pos.shape[1] < slots:
+        pad = slots - pos.shape[1]
+        pos, tok = torch.nn.functional.pad(pos, (0, pad)), torch.nn.functional.pad(tok, (0, pad))
+    used = (torch.arange(slots, device=pos.device) < n[:, None]) & (pos[:, :slots] < length)
+    return torch.where(used, pos[:, :slots], length - 1), torch.where(used, tok[:, :slots], 0)
+
+
+def _groups(tokens: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group id per position (the number of [SEP]s strictly before it, so a [SEP] closes its own group: group 0 is
+    ``[CLS] background [SEP]``, group k the k-th event) and the (B, L+1) per-group sums of ``weight``."""
+    is_sep = (tokens == SEP).long()
+    group = torch.cumsum(is_sep, 1) - is_sep
+    size = torch.zeros(tokens.shape[0], tokens.shape[1] + 1, dtype=torch.long, device=tokens.device)
+    return group, size.scatter_add_(1, group, weight.long())
+
+
+def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
+    """``floor(share * n)`` exactly as Python computes ``int(share * n)`` (float64 product, then floor)."""
+    return (n.double() * share).floor().long()
+
+
+class DynamicMasker:
+    """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract."""
+
+    def __init__(self, cfg: MaskingConfig) -> None:
+        self.cfg = cfg
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        abspos: torch.Tensor,
+        age: torch.Tensor,
+        segment: torch.Tensor,
+        lengths: torch.Tensor,
+        person_id: torch.Tensor,
+        epoch: int,
+    ) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        tokens, lengths = tokens.long(), lengths.long()
+        stamps = [abspos.long(), age.long(), segment.long()]
+        B, L = tokens.shape
+        pos = torch.arange(L, device=tokens.device)
+        real = pos < lengths[:, None]
+
+        def keys(stream: int) -> torch.Tensor:
+            return person_keys(cfg.seed, epoch, stream, person_id)
+
+        if cfg.cls_task:
+            u = random_bits(keys(_STREAM_CLS), torch.zeros(1, dtype=torch.long, device=tokens.device))[:, 0].double()
+            rev, shuf = cfg.p_reverse * 2.0**32, (cfg.p_reverse + cfg.p_shuffle) * 2.0**32
+            target_cls = torch.where(u < rev, 1, torch.where(u < shuf, 2, 0))
+            tokens, stamps = self._permute_events(target_cls, keys(_STREAM_SHUFFLE), tokens, stamps, real, pos)
+        else:
+            target_cls = torch.zeros(B, dtype=torch.long, device=tokens.device)
+
+        candidate = real & (pos >= 1) & (tokens >= cfg.n_special)
+        slots = math.floor(cfg.ratio * L)
+        budget = _floor_share(cfg.ratio, lengths)
+        if cfg.kind == "random":
+            masked, tpos, n = self._random_targets(keys, tokens, candidate, budget, pos, slots)
+        else:
+            masked, tpos, n = self._event_targets(keys(_STREAM_EVENT), tokens, candidate, budget, pos, slots)
+        target_pos, target_tokens = fill_target_slots(tpos, tokens.gather(1, tpos), n, L, slots)
+        return {
+            "masked_tokens": masked,
+            "original": tokens,
+            "abspos": stamps[0],
+            "age": stamps[1],
+            "segment": stamps[2],
+            "target_pos": target_pos,
+            "target_tokens": target_tokens,
+            "target_cls": target_cls,
+        }
+
+    @staticmethod
+    def _permute_events(
+        target_cls: torch.Tensor,
+        keys: torch.Tensor,
+        tokens: torch.Tensor,
+        stamps: list[torch.Tensor],
+        real: torch.Tensor,
+        pos: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Reverse (cls 1) or shuffle (cls 2) the event token groups; slot i keeps event i's time stamps.
+
+        Group 0 is the prefix ``[CLS] background [SEP]`` and never moves; group k >= 1 is the k-th event with its
+        closing [SEP]. A slot whose new event is longer than its old one repeats its last stamp (the seed's stamps are
+        constant within an event, so this is the seed's "slot values repeated over the event now in it").
+        """
+        B, L = tokens.shape
+        _, size = _groups(tokens, real)
+        K = size.shape[1]
+        start = torch.cumsum(size, 1) - size
+        k = torch.arange(1, K, device=tokens.device)
+        cls = target_cls[:, None]
+        order = torch.where(cls == 1, K - k, torch.where(cls == 2, random_bits(keys, k), k))
+        order = torch.where(size[:, 1:] > 0, order, _ABSENT + k)
+        old_of_slot = torch.cat([torch.zeros_like(order[:, :1]), torch.sort(order, dim=1, stable=True).indices + 1], 1)
+        new_size = size.gather(1, old_of_slot)
+        new_end = torch.cumsum(new_size, 1)
+        slot = torch.searchsorted(new_end, pos.expand(B, L).contiguous(), right=True).clamp_max(K - 1)
+        offset = pos - (new_end - new_size).gather(1, slot)
+        src_token = start.gather(1, old_of_slot.gather(1, slot)) + offset
+        src_stamp = start.gather(1, slot) + torch.minimum(offset, size.gather(1, slot) - 1)
+        src_token, src_stamp = torch.where(real, src_token, pos), torch.where(real, src_stamp, pos)
+        return tokens.gather(1, src_token), [s.gather(1, src_stamp) for s in stamps]
+
+    def _random_targets(self, keys, tokens, candidate, budget, pos, slots):
+        """floor(ratio*length) candidates in random order: first ``keep`` share kept, last share random, rest [MASK]."""
+        cfg = self.cfg
+        bits = random_bits(keys(_STREAM_SELECT), pos)
+        order = torch.sort(torch.where(candidate, bits, _ABSENT + pos), dim=1, stable=True).indices[:, :slots]
+        n = torch.minimum(budget, candidate.sum(1))
+        n_keep, n_random = _floor_share(cfg.keep, n)[:, None], _floor_share(cfg.random_share, n)[:, None]
+        j = torch.arange(slots, device=tokens.device)
+        original = tokens.gather(1, order)
+        span = cfg.vocab_size - cfg.n_special
+        replacement = cfg.n_special + ((random_bits(keys(_STREAM_TOKEN), order) * span) >> 32)
+        value = torch.where(j < n_keep, original, torch.where(j >= n[:, None] - n_random, replacement, MASK))
+        value = torch.where(j < n[:, None], value, original)  # the positions beyond n are distinct: no-op writes
+        return tokens.scatter(1, order, value), order, n
+
+    def _event_targets(self, keys, tokens, candidate, budget, pos, slots):
+        """Whole segments ([SEP]-delimited, background included) in random order while their total stays <= budget."""
+        B, L = tokens.shape
+        segment, size = _groups(tokens, candidate)
+        K = size.shape[1]
+        k = torch.arange(K, device=tokens.device)
+        order = torch.sort(torch.where(size > 0, random_bits(keys, k), _ABSENT + k), dim=1, stable=True).indices
+        size_in_order = size.gather(1, order)
+        taken_in_order = (torch.cumsum(size_in_order, 1) <= budget[:, None]) & (size_in_order > 0)
+        taken = torch.zeros_like(taken_in_order).scatter_(1, order, taken_in_order)
+        rank = torch.empty_like(order).scatter_(1, order, k.expand(B, K).contiguous())
+        target = candidate & taken.gather(1, segment)
+        sort_key = torch.where(target, rank.gather(1, segment) * L + pos, _ABSENT + pos)
+        tpos = torch.sort(sort_key, dim=1, stable=True).indices[:, :slots]
+        return torch.where(target, MASK, tokens), tpos, target.sum(1)

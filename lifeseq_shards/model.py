@@ -1,0 +1,209 @@
+"""A reference BERT-style encoder for the seed batch, and the LightningModule that pre-trains it (MLM + CLS).
+
+It exists so the data path can be measured under a real training step (tools/train_bench.py): its shape and cost
+match the researchers' model (same hidden/ff/layers/heads sizes, token + segment + time embeddings, pre-norm layers,
+an MLM head on the masked positions and a 3-class sequence-order head on [CLS]), but it is not their code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
+N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    hidden: int
+    ff: int
+    layers: int
+    heads: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# The seed's sizes, and the same rounded for tensor cores: hidden = the next multiple of 64, heads of 64 (the
+# head dims 16 / 28 / 50 of the originals are below FlashAttention's smallest tile of 32 or not a multiple of 8),
+# and ff = the multiple of 64 that keeps the per-layer weight count closest to the original's (within 2%;
+# tests/test_train_bench.py checks it), so a "-tc" model costs the same FLOPs and differs only in shape.
+SIZES: dict[str, EncoderConfig] = {
+    "small": EncoderConfig(160, 1240, 3, 10),
+    "medium": EncoderConfig(280, 2210, 5, 10),
+    "large": EncoderConfig(500, 3940, 9, 10),
+    "small-tc": EncoderConfig(192, 896, 3, 3),
+    "medium-tc": EncoderConfig(320, 1792, 5, 5),
+    "large-tc": EncoderConfig(512, 3776, 9, 8),
+}
+
+
+def resolve_size(size: str | EncoderConfig) -> EncoderConfig:
+    return size if isinstance(size, EncoderConfig) else SIZES[size]
+
+
+def model_flops_per_token(
+    cfg: EncoderConfig, seq_len: float, vocab_size: int = 0, target_fraction: float = 0.0
+) -> float:
+    """Training FLOPs (forward + backward = 3x forward) per token, the usual 6*N + attention estimate.
+
+    N counts the matmul weights of the layers (embedding lookups are not matmuls); attention adds QK^T and PV,
+    2 * 2 * seq_len * hidden per layer forward. The MLM decoder runs only on the masked share of the tokens
+    (`target_fraction`, targets / tokens), so its h x vocab matmul is counted at that share.
+    """
+    h, layers = cfg.hidden, cfg.layers
+    layer_weights = 4 * h * h + 2 * h * cfg.ff
+    per_token = 6 * layers * layer_weights + 6 * layers * 2 * seq_len * h
+    per_token += 6 * target_fraction * (h * h + h * vocab_size)
+    return float(per_token)
+
+
+def sinusoid(x: Tensor, dim: int, max_period: float) -> Tensor:
+    """Fixed sin/cos features of a scalar (days or years), periods geometric from 1 to `max_period`."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = x.float().unsqueeze(-1) * freqs
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class Embeddings(nn.Module):
+    """token + segment embeddings + a learned projection of sinusoidal abspos (days) and age (years) features."""
+
+    def __init__(self, cfg: EncoderConfig, vocab_size: int, dropout: float) -> None:
+        super().__init__()
+        self.hidden = cfg.hidden
+        self.token = nn.Embedding(vocab_size, cfg.hidden, padding_idx=PAD_ID)
+        self.segment = nn.Embedding(N_SEGMENTS, cfg.hidden)
+        self.time = nn.Linear(2 * cfg.hidden, cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        tokens, abspos, age, segment = input_ids.unbind(1)
+        # ~45 years of days and ~120 years of age: the longest period covers the whole range of each.
+        time = torch.cat([sinusoid(abspos, self.hidden, 20_000.0), sinusoid(age, self.hidden, 150.0)], dim=-1)
+        x = self.token(tokens) + self.segment(segment) + self.time(time.to(self.time.weight.dtype))
+        return self.dropout(self.norm(x))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm transformer layer; attention through scaled_dot_product_attention so PyTorch picks the kernel."""
+
+    def __init__(self, cfg: EncoderConfig, dropout: float) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.dropout = dropout
+        self.norm1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.hidden)
+        self.norm2 = nn.LayerNorm(cfg.hidden)
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.hidden, cfg.ff), nn.GELU(), nn.Linear(cfg.ff, cfg.hidden), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
+        """`attend` (B,1,1,L) bool, True = a real key token."""
+        b, n, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0)
+        x = x + F.dropout(self.out(a.transpose(1, 2).reshape(b, n, h)), self.dropout, self.training)
+        return x + self.ff(self.norm2(x))
+
+
+class LifeSeqEncoder(nn.Module):
+    """Embeddings, `layers` pre-norm layers, final norm; MLM decoder tied to the token embedding; CLS head."""
+
+    def __init__(self, cfg: EncoderConfig, vocab_size: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg, vocab_size, dropout)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, dropout) for _ in range(cfg.layers))
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.mlm_transform = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden))
+        self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
+        self.cls_head = nn.Linear(cfg.hidden, N_CLS_CLASSES)
+
+    def encode(self, input_ids: Tensor, padding_mask: Tensor) -> Tensor:
+        attend = padding_mask.bool()[:, None, None, :]
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, attend)
+        return self.norm(x)
+
+    def forward(self, input_ids: Tensor, padding_mask: Tensor, target_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """MLM logits (B,T,vocab) at `target_pos`, and CLS logits (B,3) from position 0."""
+        x = self.encode(input_ids, padding_mask)
+        picked = torch.gather(x, 1, target_pos.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        mlm = self.mlm_transform(picked) @ self.embed.token.weight.t() + self.mlm_bias
+        return mlm, self.cls_head(x[:, 0])
+
+
+def pretrain_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy."""
+    mlm, cls = model(batch["input_ids"], batch["padding_mask"], batch["target_pos"])
+    mlm_loss = F.cross_entropy(mlm.flatten(0, 1).float(), batch["target_tokens"].flatten(), ignore_index=PAD_ID)
+    return mlm_loss, F.cross_entropy(cls.float(), batch["target_cls"])
+
+
+class LifeSeqPretrainModule(L.LightningModule):
+    """MLM + CLS pre-training; the step never waits for the device (no .item(), step-free logging).
+
+    `compile=True` compiles the encoder only (the loss and the Lightning glue stay eager).
+    """
+
+    def __init__(
+        self,
+        size: str | EncoderConfig,
+        vocab_size: int,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        dropout: float = 0.1,
+        pct_start: float = 0.1,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.cfg = resolve_size(size)
+        self.encoder = LifeSeqEncoder(self.cfg, vocab_size, dropout)
+        if compile:
+            self.encoder.compile()  # in place: parameter names and checkpoints stay those of the eager model
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        mlm_loss, cls_loss = pretrain_losses(self.encoder, batch)
+        loss = mlm_loss + cls_loss
+        # on_step=False: the values are summed on the device and read once per epoch, so no step blocks on them.
+        n = batch["input_ids"].shape[0]
+        log = {"on_step": False, "on_epoch": True, "sync_dist": False, "batch_size": n}
+        self.log("train/loss", loss.detach(), **log)
+        self.log("train/mlm_loss", mlm_loss.detach(), **log)
+        self.log("train/cls_loss", cls_loss.detach(), **log)
+        return loss
+
+    def configure_optimizers(self) -> dict:
+        """AdamW (no decay on biases and norms) + OneCycleLR over this rank's steps.
+
+        `estimated_stepping_batches` counts the optimizer steps *this rank* takes (per-rank loader length x epochs /
+        accumulation, or max_steps): sizing OneCycleLR from the unsplit dataset's length would give a schedule
+        `world_size` times too long, so a DDP run would end in its warm-up phase (docs/tuning.md).
+        """
+        decay = [p for p in self.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.hparams.lr,
+        )
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ValueError("OneCycleLR needs a finite number of steps: set max_steps or give the loader a length")
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=self.hparams.lr, total_steps=int(total), pct_start=self.hparams.pct_start
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

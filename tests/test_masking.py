@@ -1,0 +1,325 @@
+"""Dynamic masking: the seed's rules (checked against the seed's own encoded_*.h5), rates, invariants, determinism."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.masking import MASK, SEP, UNK, DynamicMasker, MaskingConfig, _mul32, person_keys, random_bits
+
+VOCAB = 2970  # vocab.csv of the sample
+FIELDS = ("tokens", "abspos", "age", "segment")
+
+
+def _load(path: Path, rows: slice) -> dict[str, np.ndarray]:
+    import h5py
+
+    with h5py.File(path) as f:
+        return {k: f[k][rows] for k in f}
+
+
+def _host_batch(ids: np.ndarray, lengths: np.ndarray, person_id: np.ndarray) -> dict[str, torch.Tensor]:
+    """A reader-like batch: narrow dtypes, L = longest rounded up to a multiple of 8."""
+    L = int(-(-lengths.max() // 8) * 8)
+    dtypes = (torch.uint16, torch.int16, torch.uint8, torch.uint8)
+    batch = {
+        k: torch.from_numpy(ids[:, r, :L].astype(np.int64)).to(dt)
+        for r, (k, dt) in enumerate(zip(FIELDS, dtypes, strict=True))
+    }
+    batch["lengths"] = torch.from_numpy(lengths.astype(np.int64))
+    batch["person_id"] = torch.from_numpy(person_id.astype(np.int64))
+    return batch
+
+
+@pytest.fixture(scope="module")
+def persons(sample: Path) -> dict[str, torch.Tensor]:
+    """The first 2048 persons of the seed's unmasked file, as a reader batch."""
+    d = _load(sample / "encoded_nomlm.h5", slice(0, 2048))
+    return _host_batch(d["input_ids"], d["padding_mask"].sum(1), d["sequence_id"])
+
+
+def _run(cfg: MaskingConfig, batch: dict[str, torch.Tensor], epoch: int = 0) -> dict[str, torch.Tensor]:
+    return DynamicMasker(cfg)(*(batch[k] for k in FIELDS), batch["lengths"], batch["person_id"], epoch)
+
+
+def _groups(tokens: list[int]) -> list[tuple[int, ...]]:
+    """Reference split into prefix + events, each closed by its [SEP] (a plain loop, independent of the module)."""
+    out, cur = [], []
+    for t in tokens:
+        cur.append(t)
+        if t == SEP:
+            out.append(tuple(cur))
+            cur = []
+    return out + ([tuple(cur)] if cur else [])
+
+
+def _tolerance(p: np.ndarray | float, n: int = 1, sds: float = 4.0) -> float:
+    """``sds`` binomial standard deviations of a count of successes with probabilities ``p`` (n trials each)."""
+    return sds * math.sqrt(float(np.sum(np.asarray(p) * (1 - np.asarray(p)))) * n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The hash
+
+
+def test_mul32_is_multiplication_mod_2_32() -> None:
+    rng = np.random.default_rng(0)
+    xs = [0, 1, 0xFFFF, 0x10000, 0xFFFFFFFF, *rng.integers(0, 2**32, 200).tolist()]
+    for c in (0x7FEB352D, 0x846CA68B, 0xFFFFFFFF, 1):
+        got = _mul32(torch.tensor(xs, dtype=torch.long), c).tolist()
+        assert got == [(x * c) % 2**32 for x in xs]
+        assert [_mul32(x, c) for x in xs] == got  # the Python-int path (seed/epoch words) is the same function
+
+
+def test_random_bits_are_distinct_and_uniform() -> None:
+    pid = torch.tensor([0, 1, -1, 2**40 + 7, -(2**62)], dtype=torch.long)
+    keys = person_keys(0, 0, 3, pid)
+    assert len(set(keys.tolist())) == len(pid)  # negative and > 32-bit ids are told apart
+    bits = random_bits(keys, torch.arange(4096))
+    assert bits.min() >= 0 and bits.max() < 2**32
+    for row in bits:
+        assert len(set(row.tolist())) == 4096  # a bijection of the counter: sort keys never tie
+    u = bits.double() / 2**32
+    n = u.numel()
+    assert abs(u.mean().item() - 0.5) < 4 * math.sqrt(1 / 12 / n)
+    for b in (0, 1, 15, 31):  # every bit balanced
+        assert abs(((bits >> b) & 1).sum().item() - n / 2) < _tolerance(0.5, n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Random-token masking: the seed's rules
+
+
+@pytest.mark.parametrize("cls_task", [False, True])
+def test_random_masking_invariants(persons: dict[str, torch.Tensor], cls_task: bool) -> None:
+    batch = {k: v[:512] for k, v in persons.items()}
+    out = _run(MaskingConfig(vocab_size=VOCAB, cls_task=cls_task), batch)
+    L = batch["tokens"].shape[1]
+    T = math.floor(0.3 * L)
+    assert out["target_pos"].shape == out["target_tokens"].shape == (512, T)
+    assert all(out[k].dtype == torch.long for k in out)
+    for i, length in enumerate(batch["lengths"].tolist()):
+        orig, masked = out["original"][i].tolist(), out["masked_tokens"][i].tolist()
+        pos, tok = out["target_pos"][i].tolist(), out["target_tokens"][i].tolist()
+        n = int(0.3 * length)
+        assert len(set(pos[:n])) == n and all(1 <= p < length for p in pos[:n])
+        assert all(orig[p] >= 5 for p in pos[:n])
+        assert tok[:n] == [orig[p] for p in pos[:n]]
+        assert pos[n:] == [L - 1] * (T - n) and tok[n:] == [0] * (T - n)
+        k = n // 10  # seed: first 10% kept, last 10% random, the rest [MASK] (exact counts in encoded_mlm.h5)
+        shown = [masked[p] for p in pos[:n]]
+        assert shown[:k] == tok[:k]
+        assert shown[k : n - k] == [MASK] * (n - 2 * k)
+        assert all(5 <= t < VOCAB for t in shown[n - k :])
+        untouched = set(range(L)) - set(pos[:n])
+        assert all(masked[p] == orig[p] for p in untouched)
+        assert masked[length:] == [0] * (L - length)
+
+
+def test_fewer_candidates_than_the_budget() -> None:
+    # 12 tokens -> budget floor(3.6) = 3, but only positions 1 and 4 hold ordinary tokens ([UNK] is never a target)
+    toks = torch.tensor([[1, 5, SEP, UNK, 6, SEP, SEP, SEP, SEP, SEP, SEP, SEP, 0, 0, 0, 0]])
+    zeros = torch.zeros_like(toks)
+    cfg = MaskingConfig(vocab_size=VOCAB, cls_task=False)
+    out = DynamicMasker(cfg)(toks, zeros, zeros, zeros, torch.tensor([12]), torch.tensor([7]), 0)
+    pos, tok = out["target_pos"][0].tolist(), out["target_tokens"][0].tolist()
+    assert len(pos) == math.floor(0.3 * 16)
+    assert sorted(pos[:2]) == [1, 4] and pos[2:] == [15] * (len(pos) - 2) and tok[2:] == [0] * (len(pos) - 2)
+    assert out["masked_tokens"][0, [1, 4]].tolist() == [MASK, MASK]  # n = 2: no keep, no random share
+
+
+def _selection_stat(orig: np.ndarray, lengths: np.ndarray, pos: np.ndarray) -> tuple[float, float, float, float]:
+    """Background positions 1..4 picked vs. expected (each candidate with probability n/#candidates), and how often
+    the first target lies before the second (0.5 when the target list is in random order)."""
+    picked = expected = var = 0.0
+    before = []
+    for o, length, p in zip(orig, lengths, pos, strict=True):
+        n = int(0.3 * length)
+        cand = int(((o[1:length] != 2) & (o[1:length] != 4)).sum())
+        q = n / cand
+        picked += float(np.isin(p[:n], [1, 2, 3, 4]).sum())
+        expected += 4 * q
+        var += 4 * q * (1 - q)
+        before.append(p[0] < p[1])
+    return picked, expected, var, float(np.mean(before))
+
+
+@pytest.mark.parametrize("source", ["seed", "ours"])
+def test_selection_is_uniform_and_in_random_order(sample: Path, persons: dict[str, torch.Tensor], source: str) -> None:
+    """The same statistics hold for the seed's offline masks and for ours: uniform choice, unsorted target list."""
+    if source == "seed":
+        d = _load(sample / "encoded_mlm.h5", slice(0, 2048))
+        orig, lengths, pos = d["original_sequence"], d["padding_mask"].sum(1), d["target_pos"]
+    else:
+        out = _run(MaskingConfig(vocab_size=VOCAB), persons)
+        orig, lengths, pos = out["original"].numpy(), persons["lengths"].numpy(), out["target_pos"].numpy()
+    picked, expected, var, before = _selection_stat(orig, lengths, pos)
+    assert abs(picked - expected) < 4 * math.sqrt(var)
+    assert abs(before - 0.5) < _tolerance(0.5, len(orig)) / len(orig)
+
+
+def test_random_tokens_are_uniform_over_ordinary_ids(persons: dict[str, torch.Tensor]) -> None:
+    out = _run(MaskingConfig(vocab_size=VOCAB, keep=0.0, mask=0.0), persons)  # every target gets a random token
+    n = (out["target_tokens"] != 0).sum(1)
+    used = torch.arange(out["target_pos"].shape[1]) < n[:, None]
+    shown = out["masked_tokens"].gather(1, out["target_pos"])[used].double()
+    assert shown.min() >= 5 and shown.max() < VOCAB
+    span = VOCAB - 5
+    mean, sd = 5 + (span - 1) / 2, math.sqrt((span**2 - 1) / 12 / shown.numel())
+    assert abs(shown.mean().item() - mean) < 4 * sd
+    low_half = (shown < 5 + span / 2).sum().item()
+    assert abs(low_half - shown.numel() / 2) < _tolerance(0.5, shown.numel())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CLS task
+
+
+def test_reversal_matches_the_seed_exactly(sample: Path) -> None:
+    """Rows the seed reversed (target_cls 1): our reversal of the unmasked row gives the same tokens and stamps."""
+    mlm, nomlm = _load(sample / "encoded_mlm.h5", slice(None)), _load(sample / "encoded_nomlm.h5", slice(None))
+    rows = np.flatnonzero(mlm["target_cls"] == 1)
+    where = {s: i for i, s in enumerate(nomlm["sequence_id"])}
+    src = np.array([where[s] for s in mlm["sequence_id"][rows]])
+    lengths = nomlm["padding_mask"][src].sum(1)
+    batch = _host_batch(nomlm["input_ids"][src], lengths, nomlm["sequence_id"][src])
+    out = _run(MaskingConfig(vocab_size=VOCAB, p_reverse=1.0, p_shuffle=0.0), batch)
+    L = batch["tokens"].shape[1]
+    assert (out["target_cls"] == 1).all()
+    assert torch.equal(out["original"], torch.from_numpy(mlm["original_sequence"][rows, :L]))
+    for r, k in enumerate(("abspos", "age", "segment"), start=1):
+        assert torch.equal(out[k], torch.from_numpy(mlm["input_ids"][rows, r, :L])), k
+
+
+@pytest.mark.parametrize("p_reverse,p_shuffle,cls", [(0.0, 1.0, 2), (1.0, 0.0, 1), (0.0, 0.0, 0)])
+def test_permutation_invariants(persons: dict[str, torch.Tensor], p_reverse: float, p_shuffle: float, cls: int) -> None:
+    batch = {k: v[:256] for k, v in persons.items()}
+    out = _run(MaskingConfig(vocab_size=VOCAB, p_reverse=p_reverse, p_shuffle=p_shuffle), batch)
+    assert (out["target_cls"] == cls).all()
+    moved = 0
+    for i, length in enumerate(batch["lengths"].tolist()):
+        before = _groups(batch["tokens"][i, :length].tolist())
+        after = _groups(out["original"][i, :length].tolist())
+        assert after[0] == before[0]  # the prefix never moves
+        assert sorted(after[1:]) == sorted(before[1:])
+        expected = {0: before[1:], 1: before[1:][::-1]}.get(cls, after[1:])
+        assert after[1:] == expected
+        moved += after != before
+        start_old = np.cumsum([0] + [len(g) for g in before])
+        start_new = np.cumsum([0] + [len(g) for g in after])
+        for k in ("abspos", "age", "segment"):
+            old, new = batch[k][i].long().tolist(), out[k][i].tolist()
+            assert new[length:] == old[length:]
+            for slot in range(len(after)):  # slot keeps its own stamp, over the length of the event now in it
+                span = new[start_new[slot] : start_new[slot + 1]]
+                assert span == [old[start_old[slot]]] * len(after[slot])
+    assert (moved > 200) == (cls != 0)
+
+
+def test_cls_rates(persons: dict[str, torch.Tensor]) -> None:
+    cfg = MaskingConfig(vocab_size=VOCAB, ratio=0.0)
+    cls = torch.cat([_run(cfg, persons, epoch=e)["target_cls"] for e in range(2)])
+    n = cls.numel()
+    for value in (1, 2):
+        assert abs((cls == value).sum().item() - 0.05 * n) < _tolerance(0.05, n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Event masking
+
+
+def test_event_masking_takes_whole_segments(persons: dict[str, torch.Tensor]) -> None:
+    batch = {k: v[:512] for k, v in persons.items()}
+    out = _run(MaskingConfig(vocab_size=VOCAB, kind="event"), batch)
+    L = batch["tokens"].shape[1]
+    shares = []
+    for i, length in enumerate(batch["lengths"].tolist()):
+        orig, masked = out["original"][i].tolist(), out["masked_tokens"][i].tolist()
+        n = sum(m == MASK for m in masked)
+        pos, tok = out["target_pos"][i].tolist(), out["target_tokens"][i].tolist()
+        assert sorted(pos[:n]) == [p for p in range(L) if masked[p] == MASK]
+        assert tok[:n] == [orig[p] for p in pos[:n]] and all(t >= 5 for t in tok[:n])
+        assert pos[n:] == [L - 1] * (len(pos) - n) and tok[n:] == [0] * (len(pos) - n)
+        assert n <= int(0.3 * length)
+        # segments: background (1..first [SEP]) and each event, without [SEP]s; all-or-nothing, listed one by one
+        seps = [p for p in range(length) if orig[p] == SEP]
+        segments = [range(a + 1, b) for a, b in zip([0, *seps], seps, strict=False)]
+        seg_of = {p: s for s, r in enumerate(segments) for p in r}
+        chosen = {seg_of[p] for p in pos[:n]}
+        assert all(all(masked[p] == MASK for p in segments[s]) for s in chosen)
+        runs = [seg_of[p] for p in pos[:n]]
+        assert len([s for j, s in enumerate(runs) if j == 0 or s != runs[j - 1]]) == len(chosen)
+        shares.append(n / length)
+    assert 0.1 < np.mean(shares) <= 0.3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reproducibility
+
+
+def _per_person(out: dict[str, torch.Tensor], lengths: torch.Tensor, i: int) -> tuple:
+    length = int(lengths[i])
+    seq = tuple(tuple(out[k][i, :length].tolist()) for k in ("masked_tokens", "original", "abspos", "age", "segment"))
+    used = out["target_tokens"][i] != 0
+    return seq, tuple(out["target_pos"][i][used].tolist()), int(out["target_cls"][i])
+
+
+@pytest.mark.parametrize("kind", ["random", "event"])
+def test_same_masks_whatever_the_batch_composition(persons: dict[str, torch.Tensor], kind: str) -> None:
+    """One batch of 64 vs. 4 batches of 16 in another order, each padded to its own length (other ranks/workers)."""
+    cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3, seed=11)
+    big = {k: v[:64] for k, v in persons.items()}
+    whole = _run(cfg, big, epoch=3)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(5))
+    padded = set()
+    for part in perm.split(16):
+        lengths = big["lengths"][part]
+        L = int(-(-lengths.max() // 8) * 8)
+        padded.add(L)
+        small = {k: (v[part, :L] if v.dim() == 2 else v[part]) for k, v in big.items()}
+        got = _run(cfg, small, epoch=3)
+        for j, i in enumerate(part.tolist()):
+            assert _per_person(got, lengths, j) == _per_person(whole, big["lengths"], i)
+    assert len(padded - {big["tokens"].shape[1]}) >= 2  # most parts were padded to another length
+
+
+def test_epoch_and_seed_change_the_draw(persons: dict[str, torch.Tensor]) -> None:
+    batch = {k: v[:128] for k, v in persons.items()}
+    base = _run(MaskingConfig(vocab_size=VOCAB), batch, epoch=0)
+    again = _run(MaskingConfig(vocab_size=VOCAB), batch, epoch=0)
+    assert all(torch.equal(base[k], again[k]) for k in base)
+    for other in (
+        _run(MaskingConfig(vocab_size=VOCAB), batch, epoch=1),
+        _run(MaskingConfig(vocab_size=VOCAB, seed=1), batch),
+    ):
+        assert not (other["target_pos"] == base["target_pos"]).all(1).any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# No host sync, and CUDA
+
+
+@pytest.mark.parametrize("kind", ["random", "event"])
+def test_no_host_sync(persons: dict[str, torch.Tensor], kind: str) -> None:
+    batch = {k: v[:32] for k, v in persons.items()}
+    masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3))
+    with host_sync_guard():
+        masker(*(batch[k] for k in FIELDS), batch["lengths"], batch["person_id"], 2)
+    with pytest.raises(RuntimeError, match="host sync"), host_sync_guard():
+        bool(batch["lengths"].max() > 0)  # the guard does catch a sync
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["random", "event"])
+def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: str) -> None:
+    cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
+    batch = {k: v[:256] for k, v in persons.items()}
+    cpu = _run(cfg, batch, epoch=4)
+    with host_sync_guard():
+        gpu = _run(cfg, {k: v.cuda() for k, v in batch.items()}, epoch=4)
+    assert all(torch.equal(cpu[k], gpu[k].cpu()) for k in cpu)

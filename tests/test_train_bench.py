@@ -1,0 +1,159 @@
+"""The reference model learns and has tensor-core-friendly rounded sizes; the training sweep runs end to end on CPU
+through the real DataModule and reports sane numbers (real tokens counted, not padding)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.model import (
+    SIZES,
+    EncoderConfig,
+    EncoderLayer,
+    LifeSeqEncoder,
+    LifeSeqPretrainModule,
+    model_flops_per_token,
+    pretrain_losses,
+)
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.sources.synth import synth_population
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("train_bench", ROOT / "tools" / "train_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["train_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _layer_weights(cfg: EncoderConfig) -> int:
+    """Matmul weights of one layer, counted on the module itself (not from the formula under test)."""
+    return sum(p.numel() for p in EncoderLayer(cfg, 0.0).parameters() if p.ndim == 2)
+
+
+@pytest.mark.parametrize("name", [n for n in SIZES if n.endswith("-tc")])
+def test_rounded_sizes_are_tensor_core_friendly_and_close(name: str) -> None:
+    cfg, orig = SIZES[name], SIZES[name.removesuffix("-tc")]
+    assert cfg.hidden % 64 == 0 and cfg.ff % 64 == 0
+    assert cfg.hidden % cfg.heads == 0 and cfg.head_dim % 8 == 0
+    assert cfg.layers == orig.layers
+    assert abs(_layer_weights(cfg) / _layer_weights(orig) - 1) < 0.02
+
+
+def test_flops_per_token_is_six_times_the_layer_weights_plus_attention() -> None:
+    cfg = SIZES["small"]
+    weights = cfg.layers * _layer_weights(cfg)
+    assert model_flops_per_token(cfg, 0) == 6 * weights
+    # attention: QK^T and PV, 2 matmuls x 2 FLOPs x L x hidden per layer, x3 for the backward
+    assert model_flops_per_token(cfg, 100) - model_flops_per_token(cfg, 0) == 3 * cfg.layers * 4 * 100 * cfg.hidden
+
+
+def _fixed_batch(vocab: int, b: int = 8, n: int = 24, t: int = 6) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(n // 2, n + 1, (b,), generator=g)
+    real = (torch.arange(n) < lengths[:, None]).long()
+    ids = torch.stack([
+        torch.randint(5, vocab, (b, n), generator=g), torch.randint(0, 16000, (b, n), generator=g),
+        torch.randint(0, 90, (b, n), generator=g), torch.randint(1, 3, (b, n), generator=g),
+    ], 1) * real[:, None]
+    pos = torch.stack([torch.randperm(int(n // 2), generator=g)[:t] + 1 for _ in range(b)])
+    return {"input_ids": ids, "padding_mask": real, "target_pos": pos, "target_tokens": ids[:, 0].gather(1, pos),
+            "target_cls": torch.randint(0, 3, (b,), generator=g)}
+
+
+def test_mlm_loss_decreases_on_a_fixed_batch() -> None:
+    torch.manual_seed(0)
+    vocab = 40
+    model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), vocab, dropout=0.0)
+    batch = _fixed_batch(vocab)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        mlm, cls = pretrain_losses(model, batch)
+        losses.append(mlm.item())
+        opt.zero_grad()
+        (mlm + cls).backward()
+        opt.step()
+    assert losses[-1] < 0.3 * losses[0]
+
+
+def test_onecycle_is_sized_from_this_ranks_steps() -> None:
+    """limit 6 batches x 2 epochs = 12 optimizer steps: the schedule must end exactly there."""
+    vocab = 40
+    module = LifeSeqPretrainModule(EncoderConfig(64, 128, 1, 1), vocab)
+    loader = torch.utils.data.DataLoader([_fixed_batch(vocab)] * 20, batch_size=None)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=6, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, loader)
+    assert trainer.lr_scheduler_configs[0].scheduler.total_steps == 12
+    assert trainer.global_step == 12
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench")
+    synth_population(root / "raw", 300, 0)
+    out = root / "shards"
+    convert_dataset([str(root / "raw" / "sequences.parquet")], out, vocab=str(root / "raw" / "vocab.csv"),
+                    opts=ConvertOptions(progress=False))
+    return out
+
+
+def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path) -> None:
+    bench = _load_bench()
+    pre = bench.PRESETS["tiny"]
+    points = pre.points()
+    assert len(points) == 2
+    rows = bench.run_sweep(points, shards, tmp_path, pre.steps, pre.warmup, pre.budget_s, seed=0, preset="tiny")
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    for name in ("results.csv", "results.md", "tokens_per_s.png", "data_wait_frac.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with (tmp_path / "results.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 2
+    for r, p in zip(table, points, strict=True):
+        assert float(r["tokens_per_s"]) > 0 and float(r["samples_per_s"]) > 0 and float(r["step_time_s"]) > 0
+        assert 0 <= float(r["data_wait_frac"]) <= 1
+        assert 0 < float(r["mfu"]) < 1 and float(r["peak_mem_mb"]) > 0
+        n = int(r["steps"])
+        assert n == pre.steps - pre.warmup
+        # The measured steps are batches warmup..steps-1 of epoch 0: replay them and sum their real lengths.
+        # Read with the reader the DataModule wraps (rank 0 of 1, shuffled with the same seed, cropped to max_len).
+        ds = ShardedDataset(shards, "train", p.batch_size, rank=0, world_size=1, seed=0, pad_to=p.max_len)
+        seen = list(zip(range(pre.steps), ShardedLoader(ds), strict=False))
+        lengths = torch.cat([b["lengths"] for _, b in seen[pre.warmup:]])
+        assert int(r["real_tokens"]) == int(lengths.sum())
+        assert int(r["padded_tokens"]) == len(lengths) * p.max_len > int(r["real_tokens"])
+        assert int(r["padded_tokens"]) == n * p.batch_size * p.max_len
+    md = (tmp_path / "results.md").read_text()
+    assert md.count("| small | 128 |") == 2
+
+
+def test_training_step_never_pulls_a_value_to_the_host() -> None:
+    """Inside training_step (forward, loss, logging) no .item()/.tolist()/bool(tensor)... (device.host_sync_guard)."""
+    vocab = 40
+    module = LifeSeqPretrainModule(EncoderConfig(64, 128, 1, 1), vocab)
+    inner = module.training_step
+
+    def guarded(batch, batch_idx):
+        with host_sync_guard():
+            return inner(batch, batch_idx)
+
+    module.training_step = guarded
+    loader = torch.utils.data.DataLoader([_fixed_batch(vocab)] * 3, batch_size=None)
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, loader)
+    assert trainer.global_step == 3
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])

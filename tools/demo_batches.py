@@ -1,0 +1,35 @@
+"""The end of `make demo`: read a few batches as rank 0 of 2 with 2 workers, then build the seed's batch with
+dynamic MLM masks (on the CPU here; on the GPU in training) and show what crosses the bus."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from lifeseq_shards import ShardedDataset, ShardedLoader
+from lifeseq_shards.device import seed_batch, to_device
+from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+
+
+def main(root: str, batches: int = 3) -> None:
+    ds = ShardedDataset(root, "train", batch_size=64, rank=0, world_size=2, num_workers=2)
+    masker = DynamicMasker(MaskingConfig(vocab_size=int(ds.manifest["params"]["vocab_size"]), seed=0))
+    print(f"rank 0 of 2, 2 workers: {len(ds)} batches per epoch")
+    for i, batch in enumerate(ShardedLoader(ds)):
+        if i == batches:
+            break
+        host = sum(t.nbytes for t in batch.values())
+        seed = seed_batch(to_device(batch, "cpu"), masker, epoch=0)
+        wide = sum(t.nbytes for t in seed.values())
+        print(f"batch {i}: persons {len(batch['person_id'])}, padded length {batch['tokens'].shape[1]}, "
+              f"host batch {host / 1024:.0f} KiB ({', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in batch.items())})")
+        print(f"   seed batch on device {wide / 1024:.0f} KiB: "
+              + ", ".join(f"{k}{tuple(v.shape)}" for k, v in seed.items() if isinstance(v, torch.Tensor)))
+        masked = (seed["input_ids"][:, 0] == 3).sum().item() / seed["padding_mask"].sum().item()
+        cls = torch.bincount(seed["target_cls"], minlength=3).tolist()
+        print(f"   [MASK] share of real tokens {masked:.3f}, target_cls counts {cls}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

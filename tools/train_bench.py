@@ -1,0 +1,418 @@
+"""Training throughput sweep: model size x max length x batch size x precision x torch.compile (x loader workers,
+pinned memory), each point a short Lightning run of lifeseq_shards.model on the real LifeSeqDataModule.
+
+Per point: real (non-padding) tokens/s, samples/s, step time, the share of the step the host spends blocked on the
+loader, peak memory, and MFU against a matmul ceiling measured on this device first. Writes results.csv,
+results.md and PNG plots into --out; docs/tuning.md reads them.
+
+    python tools/train_bench.py --preset cpu --out docs/results/cpu-DATE
+    python tools/train_bench.py --preset gpu --out results-gpu    # one H200: about 6 minutes, see PRESETS
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import platform
+import time
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import click
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from tqdm import tqdm
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.datamodule import LifeSeqDataModule
+from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
+from lifeseq_shards.sources.synth import synth_population
+
+PRECISIONS = ("32-true", "tf32", "bf16-mixed")
+CEILING_DTYPE = {"32-true": "fp32", "tf32": "tf32", "bf16-mixed": "bf16"}
+
+
+@dataclass(frozen=True)
+class Point:
+    size: str
+    max_len: int
+    batch_size: int
+    precision: str
+    compile: bool
+    workers: int
+    pin_memory: bool = True
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A union of grids (each a cross product), so costly axes (compile, workers) are only crossed where useful."""
+
+    grids: tuple[dict[str, tuple], ...]
+    steps: int
+    warmup: int
+    people: int
+    budget_s: float  # points left when this is spent are skipped with that reason
+
+    def points(self) -> list[Point]:
+        out: list[Point] = []
+        for grid in self.grids:
+            keys = list(grid)
+            for values in itertools.product(*(grid[k] for k in keys)):
+                p = Point(**dict(zip(keys, values, strict=True)))
+                if p not in out:
+                    out.append(p)
+        return out
+
+
+def _grid(sizes, lengths, batches, precisions=("32-true",), compile=(False,), workers=(2,), pin=(True,)) -> dict:
+    return {"size": sizes, "max_len": lengths, "batch_size": batches, "precision": precisions, "compile": compile,
+            "workers": workers, "pin_memory": pin}
+
+
+PRESETS: dict[str, Preset] = {
+    # tests: two points, a few steps.
+    "tiny": Preset((_grid(("small",), (128,), (2, 4), workers=(1,)),), steps=4, warmup=1, people=300, budget_s=300),
+    # a 2-core CPU: about 5 minutes (medium and large are GPU-only here: a medium step at batch 16 takes ~30 s).
+    "cpu": Preset(
+        (
+            _grid(("small", "small-tc"), (128,), (4, 16), workers=(1,)),
+            _grid(("small",), (128,), (16,), ("bf16-mixed",), workers=(1,)),
+            _grid(("small",), (128,), (16,), workers=(0, 2)),
+            _grid(("small",), (128,), (4,), compile=(True,), workers=(1,)),
+        ),
+        steps=4, warmup=1, people=1000, budget_s=360,
+    ),
+    # one H200, estimated (not yet measured): 32 eager points x ~6 s + 2 compiled x ~45 s
+    # + data synth/convert ~30 s + ceilings ~10 s = about 5.5 minutes; the 420 s budget skips what does not fit.
+    "gpu": Preset(
+        (
+            _grid(("small", "small-tc", "large", "large-tc"), (512,), (64, 256), PRECISIONS),
+            _grid(("medium", "medium-tc"), (128, 256), (256,), ("bf16-mixed",)),
+            _grid(("small-tc",), (512,), (256,), ("bf16-mixed",), workers=(1, 4, 8), pin=(True,)),
+            _grid(("small-tc",), (512,), (256,), ("bf16-mixed",), pin=(False,)),
+            _grid(("small-tc", "large-tc"), (512,), (256,), ("bf16-mixed",), compile=(True,)),
+        ),
+        steps=30, warmup=5, people=20000, budget_s=420,
+    ),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepMeter(Callback):
+    """Times steps `warmup`..max_steps-1 and the host's loader waits between them, without per-step syncs.
+
+    The window opens at the end of step `warmup - 1` and closes at the end of the last step, each after one device
+    sync. Loader wait = time from a step's on_train_batch_end to the next on_train_batch_start (Lightning fetches
+    and moves the next batch in between). Token counts stay on the device until the window closes.
+    """
+
+    def __init__(self, warmup: int) -> None:
+        if warmup < 1:
+            raise ValueError("warmup must be >= 1: the window opens at the end of a warm-up step")
+        self.warmup = warmup
+        self.t0 = self.t1 = self.last_end = math.nan
+        self.wait = 0.0
+        self.steps = self.samples = self.padded = 0
+        self.counts: torch.Tensor | None = None  # real tokens, sum of squared lengths, used MLM targets
+        self.totals: list[float] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if batch_idx < self.warmup:
+            return
+        self.wait += time.perf_counter() - self.last_end
+        lengths = batch["padding_mask"].sum(1)
+        step = torch.stack([lengths.sum(), (lengths * lengths).sum(), (batch["target_tokens"] != 0).sum()])
+        self.counts = step if self.counts is None else self.counts + step
+        self.steps += 1
+        self.samples += batch["input_ids"].shape[0]
+        self.padded += batch["padding_mask"].numel()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if batch_idx == self.warmup - 1:
+            _sync(pl_module.device)
+            self.t0 = time.perf_counter()
+        elif batch_idx == trainer.max_steps - 1 and self.counts is not None:
+            _sync(pl_module.device)
+            self.t1 = time.perf_counter()
+            self.totals = trainer.strategy.reduce(self.counts.double(), reduce_op="sum").tolist()
+        self.last_end = time.perf_counter()
+
+
+def measure_matmul_ceiling(device: torch.device, kind: str, n: int, seconds: float = 1.0) -> float:
+    """Sustained FLOP/s of an n x n matmul in `kind` (fp32 | tf32 | bf16): the MFU denominator."""
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+    try:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        a @ b
+        _sync(device)
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+            if reps % 8 == 0:
+                _sync(device)
+        _sync(device)
+        return 2 * n**3 * reps / (time.perf_counter() - t0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def measure_ceilings(device: torch.device, precisions: set[str]) -> dict[str, float]:
+    n = 8192 if device.type == "cuda" else 1024
+    kinds = {CEILING_DTYPE[p] for p in precisions if not (p == "tf32" and device.type != "cuda")}
+    return {k: measure_matmul_ceiling(device, k, n) for k in sorted(kinds)}
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (peak RSS) of this process
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def skip_reason(p: Point, device: torch.device) -> str | None:
+    """Why a point cannot run here, or None."""
+    if p.precision == "tf32" and device.type != "cuda":
+        return "tf32 is a CUDA matmul mode (on CPU it is 32-true)"
+    if p.precision == "bf16-mixed" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16"
+    if p.pin_memory is False and device.type != "cuda":
+        return "pinned memory only matters with a GPU"
+    return None
+
+
+def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int, seed: int,
+              device: torch.device, ceilings: dict[str, float]) -> dict[str, Any]:
+    """One short fit; returns the measured row (or raises, for the caller to record as a skip)."""
+    torch.set_float32_matmul_precision("high" if p.precision == "tf32" else "highest")
+    dm = LifeSeqDataModule(
+        data_dir, p.batch_size, num_workers=p.workers, seed=seed, pad_to=p.max_len,
+        masking=MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed),
+        pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
+    )
+    module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
+    meter = StepMeter(warmup)
+    n_dev = torch.cuda.device_count() if device.type == "cuda" else 1
+    trainer = L.Trainer(
+        accelerator="auto", devices="auto", strategy="ddp" if n_dev > 1 else "auto", max_steps=steps,
+        precision="32-true" if p.precision == "tf32" else p.precision, callbacks=[meter], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    _reset_peak_memory(device)
+    trainer.fit(module, datamodule=dm)
+    if not meter.totals:
+        raise RuntimeError(f"the loader ended after {meter.steps} measured steps; use more --people")
+    elapsed = meter.t1 - meter.t0
+    real, len_sq, targets = meter.totals
+    world = trainer.world_size
+    cfg = resolve_size(p.size)
+    fpt = model_flops_per_token(cfg, len_sq / real, vocab_size, targets / real)
+    ceiling = ceilings.get(CEILING_DTYPE[p.precision], math.nan) * world
+    return {
+        "world": world,
+        "steps": meter.steps,
+        "step_time_s": elapsed / meter.steps,
+        "tokens_per_s": real / elapsed,
+        "samples_per_s": meter.samples * world / elapsed,
+        "data_wait_frac": meter.wait / elapsed,
+        "peak_mem_mb": _peak_memory_mb(device),
+        "real_tokens": int(real),
+        "padded_tokens": meter.padded * world,
+        "pad_frac": 1 - real / (meter.padded * world),
+        "gflop_per_token": fpt / 1e9,
+        "mfu": real / elapsed * fpt / ceiling,
+    }
+
+
+RESULT_KEYS = ("status", "reason", "world", "steps", "step_time_s", "tokens_per_s", "samples_per_s",
+               "data_wait_frac", "peak_mem_mb", "real_tokens", "padded_tokens", "pad_frac", "gflop_per_token", "mfu")
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    cols = [f.name for f in fields(Point)] + list(RESULT_KEYS)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in cols})
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def write_markdown(rows: list[dict[str, Any]], env: dict[str, Any], path: Path) -> None:
+    cols = ["size", "max_len", "batch_size", "precision", "compile", "workers", "pin_memory", "tokens_per_s",
+            "samples_per_s", "step_time_s", "data_wait_frac", "peak_mem_mb", "mfu", "pad_frac", "status"]
+    lines = ["# train_bench results", "", "```", json.dumps(env, indent=1), "```", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [_fmt(r.get(c, "")) for c in cols]
+        if r["status"] != "ok":
+            cells[-1] = f"{r['status']}: {r['reason']}"
+        lines.append("| " + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """tokens/s and data-wait share vs batch size: one panel per (size, max_len), one line per run setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    panels = sorted({(r["size"], r["max_len"]) for r in ok})
+    written = []
+    for metric, label in (("tokens_per_s", "real tokens / s"), ("data_wait_frac", "data-wait share of step")):
+        cols = min(4, max(1, len(panels)))
+        nrows = max(1, -(-len(panels) // cols))
+        fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+        for ax, (size, max_len) in zip(axes.flat, panels, strict=False):
+            here = [r for r in ok if (r["size"], r["max_len"]) == (size, max_len)]
+            for key in sorted({(r["precision"], r["compile"], r["workers"], r["pin_memory"]) for r in here}):
+                line = sorted((r["batch_size"], r[metric]) for r in here
+                              if (r["precision"], r["compile"], r["workers"], r["pin_memory"]) == key)
+                prec, comp, work, pin = key
+                name = f"{prec}{' compiled' if comp else ''} w{work}{'' if pin else ' unpinned'}"
+                ax.plot(*zip(*line, strict=True), marker="o", label=name)
+            ax.set_title(f"{size}, L={max_len}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(label)
+            if metric == "data_wait_frac":
+                ax.set_ylim(0, 1)
+            ax.legend(fontsize=7)
+        for ax in axes.flat[len(panels):]:
+            ax.axis("off")
+        fig.tight_layout()
+        path = out / f"{metric}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def synth_dataset(root: Path, people: int, seed: int) -> Path:
+    """`shardify synth` + `shardify convert` into root/shards (kept: a second run with the same --out reuses it)."""
+    shards = root / "shards"
+    if (shards / "manifest.json").exists():
+        return shards
+    raw = root / "raw"
+    synth_population(raw, people, seed, progress=False)
+    convert_dataset([str(raw / "sequences.parquet")], shards, vocab=str(raw / "vocab.csv"),
+                    opts=ConvertOptions(seed=seed, overwrite=True, progress=False))
+    return shards
+
+
+def environment(device: torch.device, ceilings: dict[str, float], preset: str, steps: int, warmup: int) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {"device": name, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_avg_1m": round(os.getloadavg()[0], 2), "torch": torch.__version__, "lightning": L.__version__,
+            "preset": preset, "steps": steps, "warmup": warmup,
+            "matmul_ceiling_tflops": {k: round(v / 1e12, 3) for k, v in ceilings.items()},
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup: int, budget_s: float,
+              seed: int = 0, preset: str = "custom") -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    vocab_size = json.loads((data_dir / "manifest.json").read_text())["params"]["vocab_size"]
+    ceilings = measure_ceilings(device, {p.precision for p in points})
+    start = time.perf_counter()
+    rows = []
+    for p in tqdm(points, desc="train_bench", unit="point"):
+        row: dict[str, Any] = {**asdict(p), "status": "ok", "reason": ""}
+        reason = skip_reason(p, device)
+        if reason is None and time.perf_counter() - start > budget_s:
+            reason = f"time budget of {budget_s:.0f} s spent"
+        if reason is None:
+            try:
+                row.update(run_point(p, data_dir, vocab_size, steps, warmup, seed, device, ceilings))
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a point that cannot run is a row, not a crash
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if reason is not None:
+            row.update(status="skipped", reason=reason)
+        rows.append(row)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
+        write_csv(rows, out / "results.csv")
+        write_markdown(rows, environment(device, ceilings, preset, steps, warmup), out / "results.md")
+        plot(rows, out)
+    return rows
+
+
+@click.command()
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="tiny", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="results directory")
+@click.option("--data", type=click.Path(path_type=Path, exists=True), default=None,
+              help="a converted dataset (default: synthesise the preset's number of people into OUT/data)")
+@click.option("--sizes", default=None, help="comma list; with the options below, replaces the preset's grids")
+@click.option("--lengths", default=None, help="comma list of max lengths (pad_to)")
+@click.option("--batch-sizes", default=None, help="comma list")
+@click.option("--precisions", default=None, help=f"comma list of {', '.join(PRECISIONS)}")
+@click.option("--compile", "compile_", type=click.Choice(["off", "on", "both"]), default=None)
+@click.option("--workers", default=None, help="comma list of loader workers per GPU")
+@click.option("--steps", type=int, default=None)
+@click.option("--warmup", type=int, default=None)
+@click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")
+@click.option("--seed", type=int, default=0, show_default=True)
+def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: str | None, batch_sizes: str | None,
+         precisions: str | None, compile_: str | None, workers: str | None, steps: int | None, warmup: int | None,
+         budget_s: float | None, seed: int) -> None:
+    """Sweep training throughput; each option given replaces that axis in every grid of the preset."""
+    pre = PRESETS[preset]
+    overrides = {
+        "size": sizes and tuple(sizes.split(",")),
+        "max_len": lengths and tuple(int(x) for x in lengths.split(",")),
+        "batch_size": batch_sizes and tuple(int(x) for x in batch_sizes.split(",")),
+        "precision": precisions and tuple(precisions.split(",")),
+        "compile": compile_ and {"off": (False,), "on": (True,), "both": (False, True)}[compile_],
+        "workers": workers and tuple(int(x) for x in workers.split(",")),
+    }
+    grids = tuple({**g, **{k: v for k, v in overrides.items() if v}} for g in pre.grids)
+    bad = {x for g in grids for x in g["precision"]} - set(PRECISIONS)
+    if bad:
+        raise click.BadParameter(f"unknown precision {sorted(bad)}")
+    pre = Preset(grids, steps or pre.steps, warmup or pre.warmup, pre.people, budget_s or pre.budget_s)
+    data_dir = data or synth_dataset(out / "data", pre.people, seed)
+    for noise in (".*does not have many workers.*", ".*no `validation_step`.*"):
+        warnings.filterwarnings("ignore", noise)
+    rows = run_sweep(pre.points(), data_dir, out, pre.steps, pre.warmup, pre.budget_s, seed, preset)
+    ok = sum(r["status"] == "ok" for r in rows)
+    click.echo(f"{ok}/{len(rows)} points ran; results in {out}")
+
+
+if __name__ == "__main__":
+    main()
