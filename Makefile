@@ -7,7 +7,8 @@ DEMO ?= demo-data
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bench]"
+	$(PY) -m pip install -q --no-deps "litdata==0.2.76"
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,5 +1,6 @@
 """A LightningDataModule over a converted dataset: rank and world size from the Trainer, exact per-rank lengths,
-narrow batches over the bus, the seed's batch (and dynamic MLM masks) built on the device."""
+packed narrow batches over the bus (only real tokens), the seed's batch (and dynamic MLM masks) built on the
+device."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class LifeSeqDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to)
+                            drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to,
+                            packed=self.pad_to is None)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(), **extra)
 

@@ -9,8 +9,10 @@ travels as is: no int16 reinterpretation is needed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -21,15 +23,68 @@ from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slo
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
 
 
-def to_device(
-    batch: dict[str, torch.Tensor | np.ndarray], device: torch.device | str, non_blocking: bool = True
-) -> dict[str, torch.Tensor]:
-    """Every field moved as is (same dtype). Asynchronous when the source is pinned (the DataLoader's pin_memory)."""
-    out = {}
+def to_device(batch: dict[str, Any], device: torch.device | str, non_blocking: bool = True) -> dict[str, Any]:
+    """Every tensor moved as is (same dtype), asynchronously when the source is pinned (the DataLoader's
+    pin_memory); what is not a tensor (a packed batch's layout and widths) stays on the host, where the shapes are
+    decided."""
+    out: dict[str, Any] = {}
     for name, value in batch.items():
-        tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-        out[name] = tensor.to(device, non_blocking=non_blocking)
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        out[name] = value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
     return out
+
+
+def split_packed(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Named flat tensors out of a packed batch's single buffer: views, no copy, no sync."""
+    buf = batch["packed"]
+    buf = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+    out = {}
+    for name, dtype, offset, count in batch["fields"]:
+        dt = _torch_dtype(dtype)
+        out[name] = buf[offset : offset + count * dt.itemsize].view(dt)
+    out["lengths"] = out["lengths"].int()
+    return out
+
+
+@functools.cache
+def _torch_dtype(numpy_dtype: str) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
+
+
+def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated) as named tensors
+    padded to the batch width, built where the buffer lives.
+
+    The widths come from the host as ints, so the padded shapes are known without reading a device value: the
+    padding is one gather per field, no boolean indexing (which would sync to learn its size).
+    """
+    if "packed" not in batch:
+        return batch
+    out = split_packed(batch)
+    counts = {"width": out["lengths"]}
+    if "targets_width" in batch:
+        counts["targets_width"] = out["n_targets"]
+    for width_key, count in counts.items():
+        index, valid = _ragged_index(count.long(), int(batch[width_key]))
+        for name in RAGGED_FIELDS if width_key == "width" else TARGET_FIELDS:
+            if name in out:
+                flat = out[name]
+                gathered = flat[index.clamp(max=max(flat.shape[0] - 1, 0))] if flat.shape[0] else flat.new_zeros(
+                    index.shape)
+                out[name] = torch.where(valid, gathered, torch.zeros((), dtype=flat.dtype, device=flat.device))
+    return out
+
+
+RAGGED_FIELDS = ("tokens", "abspos", "age", "segment", "masked_tokens")
+TARGET_FIELDS = ("target_pos", "target_tokens")
+
+
+def _ragged_index(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, width) flat positions of each row's values in the concatenation, and which of them are real."""
+    starts = torch.cumsum(counts, 0) - counts
+    col = torch.arange(width, device=counts.device)
+    return starts[:, None] + col[None, :], col[None, :] < counts[:, None]
 
 
 def seed_batch(
@@ -39,8 +94,9 @@ def seed_batch(
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
-    no targets.
+    no targets. A packed batch is padded first (:func:`unpack`).
     """
+    batch = unpack(batch)
     tokens = batch["tokens"].long()
     stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
     lengths = batch["lengths"].long()

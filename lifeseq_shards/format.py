@@ -274,21 +274,33 @@ class ManifestError(ValueError):
     pass
 
 
-def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load ``root/manifest.json`` (``root`` may be a local directory or an http(s) base URL)."""
-    root_s = str(root)
-    if root_s.startswith(("http://", "https://")):
-        import urllib.request
+def dataset_url(root: str, relative: str) -> str:
+    """Where a dataset file lives: ``root/relative`` for a directory or http(s) base, or, for a ``pipe:`` root, the
+    command with ``{}`` replaced (``pipe:aws s3 cp s3://bucket/ds/{} -`` streams any file of the dataset)."""
+    if root.startswith("pipe:"):
+        if "{}" not in root:
+            raise ManifestError(f"{root}: a pipe: dataset root needs a {{}} where the file name goes")
+        return root.replace("{}", relative)
+    return f"{root.rstrip('/')}/{relative}"
 
-        with urllib.request.urlopen(root_s.rstrip("/") + "/" + MANIFEST, timeout=60) as r:
-            text = r.read().decode()
-        where = root_s
+
+def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load the manifest of a dataset root: a local directory, an http(s) base URL or a ``pipe:`` command."""
+    root_s = str(root)
+    where = dataset_url(root_s, MANIFEST)
+    if root_s.startswith(("http://", "https://", "pipe:")):
+        import webdataset as wds
+
+        try:
+            with wds.gopen(where, "rb") as stream:
+                text = stream.read().decode()
+        except Exception as e:  # noqa: BLE001 - any transport failure is the same one-line error
+            raise ManifestError(f"{where}: cannot read the manifest ({e})") from None
     else:
-        path = Path(root_s) / MANIFEST
+        path = Path(where)
         if not path.exists():
             raise ManifestError(f"{path}: no manifest (not a converted dataset, or its conversion did not finish)")
         text = path.read_text()
-        where = str(path)
     try:
         m = json.loads(text)
     except json.JSONDecodeError as e:

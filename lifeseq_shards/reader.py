@@ -2,7 +2,8 @@
 
 Stages (each a small generator, composed in a ``webdataset.DataPipeline``):
 ``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows)
--> ``load_windows`` (stream the needed tar members over gopen: local, http(s), ``pipe:``; decode blocks)
+-> ``load_windows`` (stream the needed tar members over webdataset's gopen: a local or shared filesystem, http(s),
+or a ``pipe:`` command; decode only the blocks needed)
 -> ``batches`` (gather each batch's persons, pad to a multiple of 8, narrow dtypes as torch tensors).
 
 Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
@@ -30,6 +31,7 @@ from .format import (
     SCALAR,
     Block,
     concat_blocks,
+    dataset_url,
     decode_member,
     iter_tar_members,
     read_manifest,
@@ -79,11 +81,13 @@ class ShardedDataset(IterableDataset):
     def __init__(self, path: str | os.PathLike[str], split: str = "train", batch_size: int = 256, *,
                  rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
                  mode: str = TRAIN, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
-                 pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2) -> None:
+                 pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
+                 window_persons: int = 4096,
+                 packed: bool = False) -> None:
         super().__init__()
         if mode not in (TRAIN, INFERENCE):
             raise ValueError(f"mode must be {TRAIN!r} or {INFERENCE!r}, not {mode!r}")
-        self.root = str(path).rstrip("/")
+        self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         self.manifest = read_manifest(self.root)
         if split not in self.manifest["splits"]:
             raise ValueError(f"{self.root}: no split {split!r} (has {', '.join(self.manifest['splits'])})")
@@ -97,7 +101,9 @@ class ShardedDataset(IterableDataset):
         self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
         self.shuffle = (mode == TRAIN) if shuffle is None else (shuffle and mode == TRAIN)
         self.num_workers, self.drop_last = num_workers, drop_last
-        self.pad_multiple, self.pad_to = pad_multiple, pad_to
+        self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed
+        if packed and pad_to is not None:
+            raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
         self.schema = schema_from_json(self.manifest["schema"])
         if pad_to is not None and any(f.name == "masked_tokens" for f in self.schema):
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
@@ -107,10 +113,11 @@ class ShardedDataset(IterableDataset):
         if mode == INFERENCE and info.get("remainder"):
             files.append(info["remainder"]["file"])
             sizes.append(info["remainder"]["samples"])
-        self.urls = [f"{self.root}/{f}" for f in files]
+        self.urls = [dataset_url(self.root, f) for f in files]
         self.sizes = sizes
         self.block_persons = int(self.manifest["block_persons"])
-        self.window = max(1, window_shards * max(sizes, default=1))
+        # the shuffle window: a few shards, and never so few persons that the shuffle stays local
+        self.window = max(window_persons, window_shards * max(sizes, default=1))
         self.fingerprint = self.manifest["fingerprint"]
         # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
@@ -174,14 +181,26 @@ class ShardedDataset(IterableDataset):
                 "(ShardedLoader does it for you)."
             )
         epoch, skip_total = self._claim_pass(worker)
-        skip = plan.worker_batches_consumed(skip_total, self.num_workers, self.per_worker_batches())[worker]
-        slot = plan.slot_index(self.rank, worker, self.num_workers)
+        per_worker = self.per_worker_batches()
+        consumed = plan.worker_batches_consumed(skip_total, self.num_workers, per_worker)
+        # A fresh DataLoader asks worker 0 first, but the batch due next may be another worker's: resume rotates the
+        # workers' roles so that the worker asked first plays the one whose batch is due (this pass only).
+        role = (worker + _first_due(consumed, per_worker)) % len(per_worker)
+        skip = consumed[role]
+        slot = plan.slot_index(self.rank, role, self.num_workers)
         pipeline = wds.DataPipeline(
             lambda: slot_windows(self, slot, epoch, skip),
             lambda src: load_windows(src, self.schema, self.block_persons),
             lambda src: batches(src, self, slot, epoch, skip),
         )
         return iter(pipeline)
+
+
+def _first_due(consumed: list[int], per_worker: list[int]) -> int:
+    """The worker whose batch an in-order DataLoader returns after ``consumed``: the unfinished one with the fewest
+    batches returned, the lowest id among equals (round-robin that skips exhausted workers)."""
+    due = [(c, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
+    return min(due)[1] if due else 0
 
 
 def slot_windows(ds: ShardedDataset, slot: int, epoch: int, skip: int) -> Iterator[Window]:
@@ -196,10 +215,13 @@ def slot_windows(ds: ShardedDataset, slot: int, epoch: int, skip: int) -> Iterat
     for w in range(first // ds.window, -(-last // ds.window)):
         lo, hi = w * ds.window, min((w + 1) * ds.window, total)
         pieces = []
-        for s, seg in enumerate(segs):
+        s = int(np.searchsorted(starts, lo, side="right")) - 1  # the segment holding position lo
+        while s < len(segs) and starts[s] < hi:
             a, b = max(lo, int(starts[s])), min(hi, int(starts[s + 1]))
             if a < b:
+                seg = segs[s]
                 pieces.append(Piece(ds.urls[seg.shard], seg.start + a - int(starts[s]), seg.start + b - int(starts[s])))
+            s += 1
         order = (plan.window_order(total, ds.window, ds.seed, epoch, slot, w) - lo if ds.shuffle
                  else np.arange(hi - lo))
         yield Window(tuple(pieces), order, lo)
@@ -227,33 +249,68 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> Block:
         stream.close()
     if len(blocks) != last - first + 1:
         raise OSError(f"{piece.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
-    block = concat_blocks(blocks, schema)
     lo = piece.start - first * block_persons
-    return block.take(np.arange(lo, lo + piece.stop - piece.start), schema)
+    return concat_blocks(blocks, schema).slice(lo, lo + piece.stop - piece.start, schema)
 
 
 def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, slot: int, epoch: int,
-            skip: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Stage 3: cut the permuted stream into batches (a batch may span two windows) and collate them."""
-    pending: list[Block] = []
-    pending_n = 0
+            skip: int) -> Iterator[dict[str, torch.Tensor | int]]:
+    """Stage 3: cut the permuted stream into batches and collate them: one gather per batch from its window (a
+    batch that spans two windows joins its two parts), so the cost is linear in the persons read."""
+    carry: Block | None = None
     b = skip
     for win, block in src:
-        lo = max(b * ds.batch_size - win.offset, 0)  # resume may start inside the first window
-        take = block.take(win.order[lo:], ds.schema)
-        pending.append(take)
-        pending_n += take.n
-        while pending_n >= ds.batch_size:
-            merged = concat_blocks(pending, ds.schema)
-            yield collate(merged.take(np.arange(ds.batch_size), ds.schema), ds)
-            b += 1
-            rest = merged.take(np.arange(ds.batch_size, merged.n), ds.schema)
-            pending, pending_n = [rest], rest.n
-    if pending_n and not ds.drop_last:
-        yield collate(concat_blocks(pending, ds.schema), ds)
+        order = win.order[max(b * ds.batch_size - win.offset, 0):]  # resume may start inside the first window
+        i = 0
+        if carry is not None:
+            i = min(ds.batch_size - carry.n, len(order))
+            carry = concat_blocks([carry, block.take(order[:i], ds.schema)], ds.schema)
+            if carry.n < ds.batch_size:
+                continue
+            yield collate(carry, ds)
+            b, carry = b + 1, None
+        while i + ds.batch_size <= len(order):
+            yield collate(block.take(order[i : i + ds.batch_size], ds.schema), ds)
+            b, i = b + 1, i + ds.batch_size
+        if i < len(order):
+            carry = block.take(order[i:], ds.schema)
+    if carry is not None and not ds.drop_last:
+        yield collate(carry, ds)
 
 
-def collate(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
+def collate(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor | int]:
+    """The batch as tensors: padded (below), or packed when ``ds.packed``."""
+    return collate_packed(block, ds) if ds.packed else collate_padded(block, ds)
+
+
+def collate_packed(block: Block, ds: ShardedDataset) -> dict[str, np.ndarray | int | tuple]:
+    """The whole batch in ONE uint8 array: each field's values (ragged ones concatenated: only real tokens cross
+    the bus) 8-byte aligned, described by ``fields`` = ((name, dtype, offset, count), ...), plus the padded widths
+    as ints. A numpy array, not a tensor, on purpose: a DataLoader worker pickles it through its pipe (two memcpys)
+    where a tensor would go through a fresh shared-memory segment (about 4 ms for 400 KB here, more than the whole
+    batch costs to make). :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack``
+    into named, padded tensors on the device."""
+    c = block.columns
+    arrays = [(f.name if f.name != "length" else "lengths", c[f.name]) for f in ds.schema]
+    fields, offset = [], 0
+    for name, arr in arrays:
+        fields.append((name, arr.dtype.str, offset, len(arr)))
+        offset += -(-arr.nbytes // 8) * 8
+    buf = np.empty(offset, dtype=np.uint8)
+    for (_, dtype, off, count), (_, arr) in zip(fields, arrays, strict=True):
+        buf[off : off + arr.nbytes].view(dtype)[:count] = arr
+    lengths = c["length"]
+    out: dict[str, np.ndarray | int | tuple] = {
+        "packed": buf,
+        "fields": tuple(fields),
+        "width": int(-(-max(1, int(lengths.max(initial=1))) // ds.pad_multiple) * ds.pad_multiple),
+    }
+    if "n_targets" in c:
+        out["targets_width"] = int(c["n_targets"].max(initial=0))
+    return out
+
+
+def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
     """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes."""
     c = block.columns
     lengths = c["length"].astype(np.int64)
@@ -293,6 +350,10 @@ def _prefix_mask(lengths: np.ndarray, width: int) -> np.ndarray:
     return np.arange(width)[None, :] < lengths[:, None]
 
 
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
 class ShardedLoader(DataLoader):
     """A DataLoader that keeps the dataset's worker count in step, numbers the epochs and can resume exactly.
 
@@ -307,6 +368,8 @@ class ShardedLoader(DataLoader):
         if dataset.num_workers:
             kwargs.setdefault("persistent_workers", True)
             kwargs.setdefault("prefetch_factor", 4)
+        # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
+        kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
         self._epoch = 0
         self._yielded = 0
@@ -320,6 +383,9 @@ class ShardedLoader(DataLoader):
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
         for batch in super().__iter__():
             self._yielded += 1
+            if "packed" in batch and isinstance(batch["packed"], np.ndarray):
+                buf = torch.from_numpy(batch["packed"])
+                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
             yield batch
 
     def state_dict(self) -> dict[str, Any]:

@@ -146,3 +146,30 @@ def test_cuda_transfer_and_widening() -> None:
         gpu = seed_batch(moved, masker, epoch=2)
     cpu = seed_batch(host, masker, epoch=2)
     assert all(torch.equal(gpu[k].cpu(), cpu[k]) for k in cpu)
+
+
+@pytest.mark.parametrize("fixture", ["mlm_dataset", "nomlm_dataset"])
+def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.FixtureRequest) -> None:
+    """Only real tokens cross the bus; the device pads them back, equal to the host-padded batch, without a sync."""
+    from lifeseq_shards.device import split_packed, unpack
+    from lifeseq_shards.reader import ShardedDataset
+
+    root = request.getfixturevalue(fixture)
+    padded = ShardedDataset(root, "train", batch_size=48, seed=5)
+    packed = ShardedDataset(root, "train", batch_size=48, seed=5, packed=True)
+    n = 0
+    for host, compact in zip(padded, packed, strict=True):
+        buffers = [v for v in compact.values() if isinstance(v, (np.ndarray, torch.Tensor))]
+        assert len(buffers) == 1 and buffers[0].nbytes < sum(v.nbytes for v in host.values())
+        assert split_packed(compact)["tokens"].shape == (int(host["lengths"].sum()),)
+        moved = to_device(compact, "cpu")
+        with host_sync_guard():
+            wide = unpack(moved)
+            seed_from_packed = seed_batch(moved)
+        assert set(wide) == set(host)
+        for k, v in host.items():
+            assert wide[k].dtype == v.dtype and torch.equal(wide[k], v), k
+        for k, v in seed_batch(host).items():
+            assert torch.equal(seed_from_packed[k], v), k
+        n += 1
+    assert n == len(padded)

@@ -1,0 +1,49 @@
+"""Run under torchrun: read the train split for some epochs with ShardedDataset + ShardedLoader and report, per rank,
+the person ids of every batch, len(loader), and the loader's state_dict taken after ``--snapshot-at`` batches of the
+first epoch. ``--resume FILE`` restarts from the snapshots in an earlier run's output (each rank its own)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch.distributed as dist
+from gather import gather_to_json
+
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("data")
+    p.add_argument("out")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--snapshot-at", type=int, default=0)
+    p.add_argument("--resume")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # rank and world size are deliberately not passed: the dataset must take them from torch.distributed
+    loader = ShardedLoader(ShardedDataset(args.data, "train", args.batch_size, num_workers=args.workers))
+    if args.resume:
+        with open(args.resume) as fh:
+            loader.load_state_dict(json.load(fh)["ranks"][rank]["snapshot"])
+    epochs, snapshot = [], None
+    for e in range(args.epochs):
+        batches = []
+        for batch in loader:
+            batches.append(batch["person_id"].tolist())
+            if e == 0 and len(batches) == args.snapshot_at:
+                snapshot = loader.state_dict()
+        epochs.append(batches)
+    ds = loader.dataset
+    gather_to_json({"rank": ds.rank, "world_size": ds.world_size, "len": len(loader), "epochs": epochs,
+                    "snapshot": snapshot}, args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Quick benchmark check: every contender of tools/bench_loader.py runs on a tiny dataset and yields the same persons.
+
+The expectation is built independently of the shards: the parquet source encoded directly (int64, unnarrowed),
+widened to the seed's (4, 512) layout. Our reader, the seed's h5 pattern and every other contender must match it
+person for person (keyed by person id: the reader's order is its plan's, not the file's), so the benchmark compares
+loaders that deliver the same tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import bench_loader  # noqa: E402
+
+from lifeseq_shards.sources import open_sources  # noqa: E402
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
+PEOPLE, MANY = 700, 24
+SEQ = bench_loader.SEQ
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    w = tmp_path_factory.mktemp("bench")
+    bench_loader.prepare(w, PEOPLE, MANY)
+    return w
+
+
+def source_rows(raw: Path) -> dict[int, np.ndarray]:
+    """person id -> (4, 512) int64 straight from the parquet source (the converter's defaults: 512, end 16438)."""
+    src = open_sources([str(raw / "sequences.parquet")], str(raw / "vocab.csv"), 512, (None, 16438))
+    out = {}
+    for task in src.tasks:
+        block = src.encode(task)
+        offs = block.offsets()
+        for i, pid in enumerate(block.columns["person_id"].tolist()):
+            row = np.zeros((4, SEQ), dtype=np.int64)
+            for k, f in enumerate(("tokens", "abspos", "age", "segment")):
+                row[k, : offs[i + 1] - offs[i]] = block.columns[f][offs[i]:offs[i + 1]]
+            out[pid] = row
+    return out
+
+
+def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Any contender's batches as the seed batch per person: (input_ids (4,512) int64, padding_mask (512,) int64)."""
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for b in batches:
+        if "input_ids" in b:
+            assert b["input_ids"].dtype == torch.int64 and b["input_ids"].shape[1:] == (4, SEQ)
+            assert torch.equal(b["original_sequence"], b["input_ids"][:, 0])
+            rows = zip(b["sequence_id"].tolist(), b["input_ids"], b["padding_mask"], strict=True)
+        else:
+            width = b["tokens"].shape[1]
+            assert width % 8 == 0 and width >= int(b["lengths"].max())
+            assert b["tokens"].dtype == torch.uint16 and b["age"].dtype == torch.uint8
+            ids = torch.zeros((len(b["person_id"]), 4, SEQ), dtype=torch.int64)
+            for k, f in enumerate(("tokens", "abspos", "age", "segment")):
+                ids[:, k, :width] = b[f].long()
+            mask = (torch.arange(SEQ)[None, :] < b["lengths"].long()[:, None]).long()
+            rows = zip(b["person_id"].tolist(), ids, mask, strict=True)
+        for pid, ids_row, mask_row in rows:
+            assert pid not in out, f"person {pid} yielded twice"
+            out[pid] = (ids_row, mask_row)
+    return out
+
+
+def test_every_contender_yields_the_source_persons(work: Path) -> None:
+    expected = source_rows(work / "raw")
+    train_ids = set(bench_loader.persons(work).columns["person_id"].tolist())
+    assert len(train_ids) > PEOPLE * 0.9 and train_ids <= set(expected)
+    for name, (_, make, _) in bench_loader.CONTENDERS.items():
+        if name == "ours-10k-shards":
+            continue
+        got = list(make(work))
+        if isinstance(got[0], tuple):  # the limits yield (persons, tokens) per block
+            assert sum(p for p, _ in got) == len(train_ids), name
+            continue
+        view = seed_view(got)
+        assert set(view) == train_ids, name
+        for pid, (ids, mask) in view.items():
+            want = torch.from_numpy(expected[pid])
+            assert torch.equal(ids, want), f"{name}: person {pid} differs from the source"
+            assert torch.equal(mask, (want[0] != 0).long()), f"{name}: person {pid} padding mask"
+
+
+def test_reader_matches_seed_pattern_and_ships_less(work: Path) -> None:
+    ours = list(bench_loader.CONTENDERS["ours-w0"][1](work))
+    seed = list(bench_loader.CONTENDERS["seed-h5"][1](work))
+    a, b = seed_view(ours), seed_view(seed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a)
+    ours_bytes = sum(bench_loader.batch_stats(x)[2] or 0 for x in ours)
+    seed_bytes = sum(bench_loader.batch_stats(x)[2] or 0 for x in seed)
+    assert ours_bytes < seed_bytes / 4  # narrow dtypes, no original_sequence: far fewer bytes per person
+
+
+def test_many_shards_first_batch(work: Path) -> None:
+    row = bench_loader.measure("ours-10k-shards", work, max_seconds=5, first_only=True)
+    assert row["persons"] > 0 and row["first_batch_s"] < 5
+
+
+def test_bars_report_pass_and_fail() -> None:
+    rows = {"ours-w0": {"disk_bytes_per_person": 40.0, "h2d_bytes_per_person": 300.0},
+            "ours-w1": {"persons_per_s": 1000.0}, "ours-w2": {"persons_per_s": 1400.0},
+            "seed-h5": {"persons_per_s": 100.0, "disk_bytes_per_person": 100.0, "h2d_bytes_per_person": 1000.0},
+            "webdataset": {"persons_per_s": 400.0}, "zstd-limit": {"persons_per_s": 2000.0},
+            "ours-10k-shards": {"first_batch_s": 0.5}}
+    verdicts = [ok for _, _, _, ok in bench_loader.bars(rows)]
+    # 1000/400 = 2.5 < 3; 1000/2000 = 0.5; 40/100 = 0.4; 300/1000 = 0.3 > 0.1; 0.5 s; 1400/1000 = 1.4 < 1.5
+    assert verdicts == [False, True, True, False, True, False]

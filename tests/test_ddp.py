@@ -1,0 +1,290 @@
+"""Real multi-process DDP tests: torchrun (one node and two simulated nodes) over ShardedLoader, and Lightning's ddp
+and ddp_spawn over LifeSeqDataModule, all on CPU with gloo.
+
+The worker scripts (tests/ddp_scripts/) report every batch's person ids per rank; the expected persons are read here
+straight from the shard files, not through the reader. Every launch runs in its own process group under a deadline,
+so a hang (e.g. ranks with unequal batch counts stuck in a collective) kills the group and fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
+
+SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
+REPO = SCRIPTS.parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+WORKERS = 2  # DataLoader workers per rank in every launch
+CKPT_STEP = 7  # odd, so the checkpoint falls between the two workers' turns
+SNAPSHOT_AT = 5
+# the launches' own deadlines; each test's pytest timeout adds room for the fixtures it builds
+TORCHRUN_S, LIGHTNING_S = 60, 90
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def launch(cmds: list[list[str]], logs: Path, timeout: float) -> None:
+    """Run the commands side by side and wait for all; on the deadline kill their process groups and fail.
+
+    Like ``subprocess.run(cmd, timeout=...)``, but the kill reaches the whole group (torchrun's ranks, Lightning's
+    re-launched rank, DataLoader workers), and output goes to files, so a chatty process cannot block on a full pipe.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT", "NODE_RANK", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    logs.mkdir(parents=True, exist_ok=True)
+    procs, files = [], []
+    for i, cmd in enumerate(cmds):
+        files.append(logs / f"launch-{i}.log")
+        with open(files[-1], "w") as out:
+            procs.append(subprocess.Popen(cmd, cwd=SCRIPTS, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        pytest.fail(f"hung: killed after {timeout} s: {cmds}\n{_tails(files)}")
+    failed = [(cmd, p.returncode) for cmd, p in zip(cmds, procs, strict=True) if p.returncode]
+    assert not failed, f"{failed}\n{_tails(files)}"
+
+
+def _tails(files: list[Path]) -> str:
+    return "\n".join(f"--- {f.name}\n{f.read_text()[-6000:]}" for f in files)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_ranks(path: Path) -> list[dict[str, Any]]:
+    ranks = json.loads(path.read_text())["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(len(ranks)))
+    return ranks
+
+
+def shard_ids(root: Path, split: str) -> tuple[list[set[int]], set[int]]:
+    """Person ids of each shard of a split and of its remainder shard, read from the files, not through the reader."""
+    manifest = read_manifest(root)
+    schema = schema_from_json(manifest["schema"])
+    info = manifest["splits"][split]
+
+    def ids(file: str) -> set[int]:
+        return {int(i) for block in read_shard_blocks(root / file, schema) for i in block.columns["person_id"]}
+
+    return [ids(s["file"]) for s in info["shards"]], ids(info["remainder"]["file"]) if info.get("remainder") else set()
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def assert_exactly_once(per_rank: list[list[list[int]]], expected: set[int]) -> None:
+    """Every expected person in exactly one batch of one rank, and nothing else."""
+    seen = [i for batches in per_rank for i in flat(batches)]
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} persons read twice"
+    assert set(seen) == expected, f"missing {len(expected - set(seen))}, unexpected {len(set(seen) - expected)}"
+
+
+def assert_equal_batches(per_rank: list[list[list[int]]], lengths: list[int]) -> None:
+    """Each rank yielded as many batches as its loader's len() said, and all ranks the same number."""
+    counts = [len(batches) for batches in per_rank]
+    assert counts == lengths, f"batches per rank {counts}, len() said {lengths}"
+    assert len(set(counts)) == 1 and counts[0] > 0, f"batches per rank {counts}: the all-reduce would hang"
+
+
+def lightning(data: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(data), str(out), "--workers", str(WORKERS), *extra]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# datasets and shared runs
+
+
+def _convert(sample: Path, out: Path, shards: int) -> Path:
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, shards=shards))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 train shards of 695 + a 5-person remainder, 8 val shards of 35: divides 2 ranks x 2 workers and 4 x 2."""
+    return _convert(sample, tmp_path_factory.mktemp("ds8"), 8)
+
+
+@pytest.fixture(scope="module")
+def ds7(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """7 train shards, 7 val shards: does not divide 2 ranks x 2 workers."""
+    return _convert(sample, tmp_path_factory.mktemp("ds7"), 7)
+
+
+@pytest.fixture(scope="module")
+def torchrun_two(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torchrun --standalone, 2 ranks x 2 workers, 2 epochs, a state_dict snapshot after SNAPSHOT_AT batches."""
+    out = tmp_path_factory.mktemp("torchrun") / "result.json"
+    launch([[*TORCHRUN, "--standalone", "--nproc_per_node=2", "torchrun_reader.py", str(ds8), str(out), "--workers",
+             str(WORKERS), "--epochs", "2", "--snapshot-at", str(SNAPSHOT_AT)]], out.parent, TORCHRUN_S)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lightning_ddp(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One epoch under strategy="ddp", with a checkpoint every CKPT_STEP steps in <dir>/ckpt."""
+    out = tmp_path_factory.mktemp("ddp") / "result.json"
+    launch([lightning(ds8, out, "--ckpt-every", str(CKPT_STEP), "--ckpt-dir", str(out.parent / "ckpt"))],
+           out.parent, LIGHTNING_S)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the truth the tests compare with
+
+
+def test_shard_files_hold_every_input_person_once(ds8: Path, sample: Path) -> None:
+    with h5py.File(sample / "encoded_nomlm.h5") as h5:
+        inputs = np.asarray(h5["sequence_id"][:]).tolist()
+    parts = []
+    for split in ("train", "val"):
+        shards, remainder = shard_ids(ds8, split)
+        parts += [*shards, remainder]
+    assert sum(map(len, parts)) == len(inputs), "a person in two files, or one missing"
+    assert set().union(*parts) == set(inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torchrun
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TORCHRUN_S + 30)
+def test_torchrun_two_ranks_read_each_person_once_per_epoch(torchrun_two: Path, ds8: Path) -> None:
+    ranks = read_ranks(torchrun_two)
+    assert [r["world_size"] for r in ranks] == [2, 2]  # taken from torch.distributed, not passed in
+    shards, remainder = shard_ids(ds8, "train")
+    assert len(remainder) == 5
+    for epoch in range(2):
+        per_rank = [r["epochs"][epoch] for r in ranks]
+        assert_exactly_once(per_rank, set().union(*shards))  # the remainder shard is inference-only
+        assert_equal_batches(per_rank, [r["len"] for r in ranks])
+    for r in ranks:
+        first, second = (flat(e) for e in r["epochs"])
+        assert first != second, "epoch 1 repeated epoch 0's order"
+        assert set(first) != set(second), "the shards must be dealt anew each epoch"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TORCHRUN_S + 30)
+def test_torchrun_resume_mid_epoch_equals_uninterrupted(torchrun_two: Path, ds8: Path, tmp_path: Path) -> None:
+    """A fresh run loading each rank's state_dict taken after SNAPSHOT_AT batches yields exactly the rest."""
+    out = tmp_path / "resumed.json"
+    launch([[*TORCHRUN, "--standalone", "--nproc_per_node=2", "torchrun_reader.py", str(ds8), str(out), "--workers",
+             str(WORKERS), "--epochs", "2", "--resume", str(torchrun_two)]], tmp_path, TORCHRUN_S)
+    for full, resumed in zip(read_ranks(torchrun_two), read_ranks(out), strict=True):
+        assert full["snapshot"]["batches"] == SNAPSHOT_AT
+        assert resumed["epochs"][0] == full["epochs"][0][SNAPSHOT_AT:]
+        assert resumed["epochs"][1] == full["epochs"][1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TORCHRUN_S + 30)
+def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -> None:
+    """Two torchrun agents on localhost as node 0 and node 1 (static rendezvous), 2 ranks each."""
+    out, port = tmp_path / "result.json", free_port()
+    launch([[*TORCHRUN, "--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}", "--master_addr=127.0.0.1",
+             f"--master_port={port}", "torchrun_reader.py", str(ds8), str(out), "--workers", str(WORKERS)]
+            for node in (0, 1)], tmp_path, TORCHRUN_S)
+    ranks = read_ranks(out)
+    assert [r["world_size"] for r in ranks] == [4] * 4
+    per_rank = [r["epochs"][0] for r in ranks]
+    assert_exactly_once(per_rank, set().union(*shard_ids(ds8, "train")[0]))
+    assert_equal_batches(per_rank, [r["len"] for r in ranks])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lightning
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 30)
+def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) -> None:
+    ranks = read_ranks(lightning_ddp)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
+    assert_exactly_once([r["train"] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+    # validation: no shuffle, same plan: every val person once, equal batches (val_loss is logged with sync_dist)
+    assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
+    assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds8, "val")[0]))
+    for r in ranks:  # the seed batch, built on the device by the datamodule
+        seed = r["seed_batch"]
+        (ids_dtype, (b, rows, width)), (mask_dtype, mask_shape) = seed["input_ids"], seed["padding_mask"]
+        assert (ids_dtype, mask_dtype, rows, mask_shape) == ("torch.int64", "torch.int64", 4, [b, width])
+        assert b == 64 and width % 8 == 0
+        assert seed["real_tokens"] == seed["lengths"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 30)
+def test_lightning_ddp_resumes_mid_epoch_checkpoint_exactly(lightning_ddp: Path, ds8: Path, tmp_path: Path) -> None:
+    """fit(ckpt_path=<checkpoint of step CKPT_STEP>) trains on exactly the batches the full run had left, per rank."""
+    ckpt = lightning_ddp.parent / "ckpt" / f"step={CKPT_STEP}.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in ckpt.parent.iterdir())
+    out = tmp_path / "resumed.json"
+    launch([lightning(ds8, out, "--resume", str(ckpt), "--no-val")], tmp_path, LIGHTNING_S)
+    full, resumed = read_ranks(lightning_ddp), read_ranks(out)
+    for f, r in zip(full, resumed, strict=True):
+        assert r["train"] == f["train"][CKPT_STEP:]
+    seen_before = [f["train"][:CKPT_STEP] for f in full]
+    assert_exactly_once(seen_before + [r["train"] for r in resumed], set().union(*shard_ids(ds8, "train")[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 60)
+def test_lightning_ddp_spawn_reads_each_person_once(ds8: Path, tmp_path: Path) -> None:
+    """Spawned ranks and spawned DataLoader workers (no RANK/WORLD_SIZE there) must still split the data."""
+    out = tmp_path / "result.json"
+    launch([lightning(ds8, out, "--strategy", "ddp_spawn", "--no-val")], tmp_path, LIGHTNING_S + 30)
+    ranks = read_ranks(out)
+    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
+    assert_exactly_once([r["train"] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 30)
+def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, tmp_path: Path) -> None:
+    """7 shards over 2 ranks x 2 workers: the pooled tail is sliced; fewer than 4 persons are left out this epoch."""
+    out = tmp_path / "result.json"
+    launch([lightning(ds7, out)], tmp_path, LIGHTNING_S)
+    ranks = read_ranks(out)
+    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
+    assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
+    shards, _ = shard_ids(ds7, "train")
+    train = set().union(*shards)
+    slots, n = 2 * WORKERS, len(shards[0])
+    pooled = len(shards) % slots * n  # persons of the shards that do not go round whole
+    assert pooled % slots, "the fixture should leave someone out, or this test checks less than it says"
+    seen = flat([b for r in ranks for b in r["train"]])
+    assert len(seen) == len(set(seen)) and set(seen) <= train
+    assert len(train) - len(seen) == pooled % slots
+    assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds7, "val")[0]))

@@ -1,0 +1,463 @@
+"""The reader: DDP/worker partition, epochs, exact resume, batch contents, remote shards, rank capture.
+
+Expectations come from the files, not from the reader's code path: person ids are decoded by hand from the shard
+tars (the documented block layout), values are compared with the seed's h5 rows, counts are worked out from the
+fixture's layout (48 train shards x 115 persons + a 45-person remainder).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import pickle
+import struct
+import tarfile
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import zstandard
+from torch.utils.data import DataLoader
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.format import ManifestError, schema_from_json
+from lifeseq_shards.reader import DatasetChanged, Piece, ShardedDataset, ShardedLoader, read_piece
+
+Batch = dict[str, torch.Tensor]
+SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
+SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target slots
+
+
+# -- independent views of the files -------------------------------------------------------------------------------
+def shard_ids(path: Path) -> np.ndarray:
+    """Person ids of one shard, decoded by hand: tar members of zstd blocks, 'LSB1', uint32 n, then n int64 ids."""
+    ids = []
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            fh = tar.extractfile(member)
+            assert fh is not None
+            raw = zstandard.ZstdDecompressor().decompress(fh.read())
+            assert raw[:4] == b"LSB1"
+            (n,) = struct.unpack_from("<I", raw, 4)
+            ids.append(np.frombuffer(raw, dtype="<i8", count=n, offset=12))
+    return np.concatenate(ids)
+
+
+def split_ids(root: Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """(ids of each shard in manifest order, ids of the remainder shard)."""
+    info = json.loads((root / "manifest.json").read_text())["splits"][split]
+    rem = info["remainder"]
+    return [shard_ids(root / s["file"]) for s in info["shards"]], (
+        shard_ids(root / rem["file"]) if rem else np.zeros(0, dtype=np.int64))
+
+
+class SeedRows:
+    """The seed's h5 file, addressed by person id."""
+
+    def __init__(self, path: Path) -> None:
+        with h5py.File(path, "r") as f:
+            self.cols = {k: f[k][()] for k in f}
+        self.row = {int(p): i for i, p in enumerate(self.cols["sequence_id"])}
+        self.length = self.cols["padding_mask"].sum(axis=1)
+
+    def rows(self, person_ids: torch.Tensor) -> np.ndarray:
+        return np.array([self.row[int(p)] for p in person_ids])
+
+
+@pytest.fixture(scope="module")
+def nomlm_rows(sample: Path) -> SeedRows:
+    return SeedRows(sample / "encoded_nomlm.h5")
+
+
+@pytest.fixture(scope="module")
+def mlm_rows(sample: Path) -> SeedRows:
+    return SeedRows(sample / "encoded_mlm.h5")
+
+
+@pytest.fixture(scope="module")
+def other_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """encoded_nomlm.h5 converted with another seed (other content, other fingerprint) and 16-person blocks."""
+    out = tmp_path_factory.mktemp("other")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, seed=1,
+                                                                                 block_persons=16))
+    return out
+
+
+# -- reading helpers ----------------------------------------------------------------------------------------------
+def ids_of(batches: Iterable[Batch]) -> np.ndarray:
+    return np.concatenate([b["person_id"].numpy() for b in batches])
+
+
+def rank_pass(root: Path | str, world: int, rank: int, workers: int, epoch: int = 0, split: str = "train",
+              **kw: Any) -> tuple[list[Batch], int]:
+    """One epoch of one rank as a DDP rank reads it (through its own DataLoader workers when workers > 0)."""
+    ds = ShardedDataset(root, split, rank=rank, world_size=world, num_workers=workers, **kw)
+    ds.set_epoch(epoch)
+    source: Iterable[Batch] = ShardedLoader(ds, persistent_workers=False) if workers else ds
+    return list(source), len(ds)
+
+
+def all_ranks(root: Path, world: int, workers: int, epoch: int = 0, **kw: Any) -> list[list[Batch]]:
+    """Every rank's epoch; checks the DDP invariant that each rank yields exactly len(ds), the same on all ranks."""
+    passes = [rank_pass(root, world, r, workers, epoch, **kw) for r in range(world)]
+    lens = {n for _, n in passes}
+    assert len(lens) == 1, f"ranks disagree on len(): {lens}"
+    for r, (got, n) in enumerate(passes):
+        assert len(got) == n, f"rank {r} yielded {len(got)} batches, len() says {n}"
+    return [got for got, _ in passes]
+
+
+def loader(root: Path | str, **kw: Any) -> ShardedLoader:
+    return ShardedLoader(ShardedDataset(root, **kw))
+
+
+def assert_same_batches(got: list[Batch], want: list[Batch]) -> None:
+    assert len(got) == len(want), f"{len(got)} batches, expected {len(want)}"
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.keys() == b.keys(), i
+        for k in a:
+            assert a[k].dtype == b[k].dtype, f"batch {i} field {k}: {a[k].dtype} != {b[k].dtype}"
+            # numpy: torch.equal is very slow on uint16 tensors
+            assert np.array_equal(a[k].numpy(), b[k].numpy()), f"batch {i} field {k} differs"
+
+
+# -- 1. train partition over ranks and workers -------------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_train_ranks_read_every_shard_person_once(mlm_dataset: Path, world: int, workers: int) -> None:
+    shards, rem = split_ids(mlm_dataset, "train")
+    bs = 128
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 48 shards divide world x workers here: no warning
+        ranks = all_ranks(mlm_dataset, world, workers, batch_size=bs)
+    got = ids_of(b for r in ranks for b in r)
+    assert len(got) == len(np.unique(got)) == TRAIN_READ
+    assert set(got.tolist()) == set(np.concatenate(shards).tolist())
+    assert not set(got.tolist()) & set(rem.tolist()), "training read the remainder shard"
+    slots = world * max(1, workers)
+    assert len(ranks[0]) == max(1, workers) * -(-TRAIN_READ // slots // bs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("world", "workers"), [(7, 0), (5, 2)])
+def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
+    slots = world * max(1, workers)
+    lost = SHARDS % slots * PER_SHARD % slots  # the pooled tail shards' persons that do not divide into the slots
+    shards, _ = split_ids(mlm_dataset, "train")
+    with pytest.warns(UserWarning, match=rf"\b{lost} persons are left out.*45-person remainder"):
+        ShardedDataset(mlm_dataset, rank=0, world_size=world, num_workers=workers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ranks = all_ranks(mlm_dataset, world, workers, batch_size=64)
+    got = ids_of(b for r in ranks for b in r)
+    assert len(got) == len(np.unique(got)) == TRAIN_READ - lost
+    assert set(got.tolist()) <= set(np.concatenate(shards).tolist())
+
+
+def test_left_out_persons_change_with_the_epoch(mlm_dataset: Path) -> None:
+    world, lost = 7, 48 % 7 * 115 % 7
+    assert lost == 4
+    everyone = set(np.concatenate(split_ids(mlm_dataset, "train")[0]).tolist())
+    left = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for epoch in (0, 1):
+            got = ids_of(b for r in all_ranks(mlm_dataset, world, 0, epoch, batch_size=256) for b in r)
+            assert len(got) == len(set(got.tolist())) == TRAIN_READ - lost
+            left.append(everyone - set(got.tolist()))
+    assert len(left[0]) == len(left[1]) == lost
+    assert left[0] != left[1]
+
+
+# -- 2. epochs ----------------------------------------------------------------------------------------------------
+def test_epochs_reshuffle_and_reproduce(mlm_dataset: Path) -> None:
+    def fresh(epoch: int, seed: int = 0) -> list[Batch]:
+        ds = ShardedDataset(mlm_dataset, batch_size=256, rank=0, world_size=1, seed=seed)
+        ds.set_epoch(epoch)
+        return list(ds)
+
+    ds = ShardedDataset(mlm_dataset, batch_size=256, rank=0, world_size=1)
+    e0, e1 = list(ds), list(ds)
+    assert sorted(ids_of(e0)) == sorted(ids_of(e1))
+    assert not np.array_equal(ids_of(e0), ids_of(e1)), "epoch 1 repeats epoch 0's order"
+    assert_same_batches(fresh(0), e0)
+    assert_same_batches(fresh(1), e1)
+    ds.set_epoch(5)
+    e5 = list(ds)
+    assert_same_batches(fresh(5), e5)
+    assert_same_batches(list(ds), fresh(6))
+    assert not np.array_equal(ids_of(fresh(0, seed=1)), ids_of(e0)), "the seed does not change the order"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_see_each_epoch(mlm_dataset: Path, context: str) -> None:
+    """spawn (and forkserver, Python 3.14's default) pickle the dataset: the epoch must reach workers anyway."""
+    def fresh(epoch: int) -> list[Batch]:
+        return rank_pass(mlm_dataset, 1, 0, 2, epoch, batch_size=256)[0]
+
+    ld = ShardedLoader(ShardedDataset(mlm_dataset, batch_size=256, num_workers=2), multiprocessing_context=context)
+    assert ld.persistent_workers
+    p0, p1 = list(ld), list(ld)
+    ld.set_epoch(5)
+    p5 = list(ld)
+    del ld
+    assert not np.array_equal(ids_of(p0), ids_of(p1)), "persistent workers repeated epoch 0"
+    for epoch, got in ((0, p0), (1, p1), (5, p5)):
+        assert_same_batches(got, fresh(epoch))
+
+
+# -- 3. inference -------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path) -> None:
+    world, workers, bs = 3, 2, 100
+    shards, rem = split_ids(mlm_dataset, "train")
+    files = [*shards, rem]
+    slots = world * workers
+    everyone: list[np.ndarray] = []
+    for rank in range(world):
+        # each slot reads whole files j, j + slots, ... in file order; its DataLoader alternates its workers
+        streams = [np.concatenate(files[rank * workers + w :: slots]) for w in range(workers)]
+        chunks = [[s[i : i + bs] for i in range(0, len(s), bs)] for s in streams]
+        want = [c[i] for i in range(max(map(len, chunks))) for c in chunks if i < len(c)]
+        for epoch, shuffle in ((0, None), (1, True)):  # inference never shuffles, even when asked
+            got, n = rank_pass(mlm_dataset, world, rank, workers, epoch, mode="inference", batch_size=bs,
+                               shuffle=shuffle)
+            assert len(got) == n == len(want)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g["person_id"].numpy(), w)
+        everyone.append(ids_of(got))
+    got_all = np.concatenate(everyone)
+    assert len(got_all) == TRAIN_READ + len(rem) == len(np.unique(got_all))
+    assert set(got_all.tolist()) == set(np.concatenate(files).tolist())
+
+
+# -- 4. exact resume ----------------------------------------------------------------------------------------------
+def take(it: Iterator[Batch], n: int) -> list[Batch]:
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("world", "rank", "workers", "mode", "bs", "mid"),
+    [
+        (1, 0, 0, "train", 100, 5),
+        (1, 0, 2, "train", 100, 5),  # odd: the batch due next is worker 1's
+        (7, 3, 0, "train", 100, 5),  # pooled slices: reads start inside shards
+        (3, 0, 2, "inference", 115, 13),  # workers with unequal batch counts (9 and 8)
+    ],
+)
+def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: int, mode: str, bs: int,
+                         mid: int) -> None:
+    def make() -> ShardedLoader:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return loader(nomlm_dataset, batch_size=bs, rank=rank, world_size=world, num_workers=workers, mode=mode)
+
+    ref = make()
+    e0 = list(ref)
+    end_state = ref.state_dict()
+    e1 = list(ref)
+    del ref
+    assert mid + 2 < len(e0)
+
+    def resume(state: dict[str, Any]) -> ShardedLoader:
+        ld = make()
+        ld.load_state_dict(pickle.loads(pickle.dumps(state)))  # as a checkpoint stores it
+        return ld
+
+    # mid-epoch 0, preempted again 2 batches after resuming; the pass after the resumed one is epoch 1 in full
+    ld = make()
+    head = take(iter(ld), mid)
+    ld = resume(ld.state_dict())
+    head += take(iter(ld), 2)
+    ld = resume(ld.state_dict())
+    assert_same_batches(head + list(ld), e0)
+    assert_same_batches(list(ld), e1)
+    # n = 0: a state saved before anything was read
+    assert_same_batches(list(resume(make().state_dict())), e0)
+    # at the exact end of epoch 0: the next pass is epoch 1
+    assert_same_batches(list(resume(end_state)), e1)
+    # mid-epoch 1
+    ld = make()
+    list(ld)
+    head = take(iter(ld), 3)
+    assert_same_batches(head + list(resume(ld.state_dict())), e1)
+
+
+def test_resume_refuses_another_dataset(nomlm_dataset: Path, other_dataset: Path) -> None:
+    ld = loader(nomlm_dataset, batch_size=100)
+    take(iter(ld), 2)
+    state = ld.state_dict()
+    other = loader(other_dataset, batch_size=100)
+    assert other.dataset.fingerprint != ld.dataset.fingerprint
+    with pytest.raises(DatasetChanged, match="fingerprint") as err:
+        other.load_state_dict(state)
+    assert ld.dataset.fingerprint in str(err.value) and other.dataset.fingerprint in str(err.value)
+
+
+def test_resume_refuses_another_worker_count(nomlm_dataset: Path) -> None:
+    ld = loader(nomlm_dataset, batch_size=100)
+    take(iter(ld), 2)
+    with pytest.raises(ValueError, match="num_workers"):
+        loader(nomlm_dataset, batch_size=100, num_workers=2).load_state_dict(ld.state_dict())
+
+
+# -- 5. batch contents --------------------------------------------------------------------------------------------
+def check_batch(b: Batch, seed: SeedRows, width: int | None = None) -> np.ndarray:
+    """Compare a batch with the seed's rows of the same persons; returns those rows."""
+    rows = seed.rows(b["person_id"])
+    length = seed.length[rows]
+    want_width = width or -(-int(length.max()) // 8) * 8
+    assert b["tokens"].shape == (len(rows), want_width)
+    np.testing.assert_array_equal(b["lengths"].numpy(), np.minimum(length, want_width))
+    c = seed.cols
+    np.testing.assert_array_equal(b["tokens"].numpy(), c["original_sequence"][rows, :want_width])
+    for j, name in enumerate(("abspos", "age", "segment"), start=1):
+        np.testing.assert_array_equal(b[name].numpy(), c["input_ids"][rows, j, :want_width], err_msg=name)
+    assert b["person_id"].dtype == torch.int64 and b["lengths"].dtype in (torch.int32, torch.int64)
+    assert (b["tokens"].dtype, b["abspos"].dtype, b["age"].dtype, b["segment"].dtype) == (
+        torch.uint16, torch.int16, torch.uint8, torch.uint8)
+    return rows
+
+
+def test_batches_hold_the_seed_rows_padded_to_multiples_of_8(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
+    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1))
+    assert {b["tokens"].shape[1] % 8 for b in batches} == {0}
+    assert len({b["tokens"].shape[1] for b in batches}) > 1, "every batch has the same width: not padded per batch"
+    for b in batches:
+        check_batch(b, nomlm_rows)
+        assert "masked_tokens" not in b
+
+
+def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
+    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1, pad_to=128))
+    for b in batches:
+        check_batch(b, nomlm_rows, width=128)
+    assert (nomlm_rows.length[nomlm_rows.rows(torch.cat([b["person_id"] for b in batches]))] > 128).any()
+
+
+def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
+    c = mlm_rows.cols
+    with pytest.raises(ValueError, match="pad_to"):
+        ShardedDataset(mlm_dataset, pad_to=128, rank=0, world_size=1)
+    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1)
+    for b in ds:
+        rows = check_batch(b, mlm_rows)
+        width = b["tokens"].shape[1]
+        np.testing.assert_array_equal(b["masked_tokens"].numpy(), c["input_ids"][rows, 0, :width])
+        n = (c["target_pos"][rows, :SEED_SLOTS] != SEED_WIDTH - 1).sum(axis=1)  # the seed fills unused slots with 511
+        np.testing.assert_array_equal(b["n_targets"].numpy(), n)
+        assert b["target_pos"].shape == b["target_tokens"].shape == (len(rows), n.max())
+        used = np.arange(n.max())[None, :] < n[:, None]
+        for name in ("target_pos", "target_tokens"):
+            np.testing.assert_array_equal(b[name].numpy(), np.where(used, c[name][rows, : n.max()], 0), name)
+        np.testing.assert_array_equal(b["target_cls"].numpy(), c["target_cls"][rows])
+        assert (b["target_pos"].dtype, b["target_tokens"].dtype, b["target_cls"].dtype) == (
+            torch.uint16, torch.uint16, torch.uint8)
+
+
+def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows) -> None:
+    """16-person blocks and pooled slices: reads start and stop inside shards, past their first block."""
+    shards, _ = split_ids(other_dataset, "train")
+    assert len(shards) == SHARDS
+    world = 5  # 3 pooled shards cut into 69-person slices
+    got = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ranks = all_ranks(other_dataset, world, 0, batch_size=100)
+    for b in (b for r in ranks for b in r):
+        check_batch(b, nomlm_rows)
+        got.append(b["person_id"].numpy())
+    ids = np.concatenate(got)
+    assert len(ids) == len(np.unique(ids)) == TRAIN_READ
+    assert set(ids.tolist()) == set(np.concatenate(shards).tolist())
+
+
+# -- 6. worker count mismatch -------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("built_for", "runs_with"), [(2, 1), (2, 0)])
+def test_dataloader_with_other_worker_count_fails(nomlm_dataset: Path, built_for: int, runs_with: int) -> None:
+    """In a worker (2 -> 1) or in the main process (2 -> 0). One mismatched worker only: torch waits 5 s for each
+    worker of a DataLoader whose workers failed before it lets them go (gc.collect charges that here)."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1, num_workers=built_for)
+    with pytest.raises(RuntimeError, match=f"built for num_workers={built_for}.*num_workers={runs_with}"):
+        list(DataLoader(ds, batch_size=None, num_workers=runs_with))
+    gc.collect()
+    with pytest.raises(ValueError, match="num_workers"):
+        ShardedLoader(ds, num_workers=runs_with)
+
+
+# -- 7. remote shards ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def http_root(nomlm_dataset: Path) -> Iterator[str]:
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(nomlm_dataset)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("world", "rank"), [(1, 0), (7, 2)])
+def test_http_shards_read_like_local_ones(nomlm_dataset: Path, http_root: str, world: int, rank: int) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        remote = rank_pass(http_root, world, rank, 0, batch_size=200)
+        local = rank_pass(nomlm_dataset, world, rank, 0, batch_size=200)
+    assert remote[1] == local[1]
+    assert_same_batches(remote[0], local[0])
+
+
+def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:
+    """`pipe:` works per shard (the manifest itself is read only from a directory or http(s))."""
+    m = json.loads((nomlm_dataset / "manifest.json").read_text())
+    schema = schema_from_json(m["schema"])
+    path = nomlm_dataset / m["splits"]["train"]["shards"][3]["file"]
+    want = shard_ids(path)
+    for start, stop in ((0, PER_SHARD), (20, 60)):
+        block = read_piece(Piece(f"pipe:cat {path}", start, stop), schema, m["block_persons"])
+        np.testing.assert_array_equal(block.columns["person_id"], want[start:stop])
+
+
+def test_pipe_dataset_root(nomlm_dataset: Path) -> None:
+    """A `pipe:` root streams every file, manifest included, through one command with {} for the file name."""
+    root = f"pipe:cat {nomlm_dataset}/{{}}"
+    remote = rank_pass(root, 2, 1, 0, batch_size=200)
+    local = rank_pass(nomlm_dataset, 2, 1, 0, batch_size=200)
+    assert remote[1] == local[1]
+    assert_same_batches(remote[0], local[0])
+    with pytest.raises(ManifestError, match="needs a {}"):
+        ShardedDataset(f"pipe:cat {nomlm_dataset}/manifest.json")
+
+
+# -- 8. rank and world from the environment -----------------------------------------------------------------------
+def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = ShardedDataset(nomlm_dataset, batch_size=200)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    copy = pickle.loads(pickle.dumps(ds))
+    want = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=1, world_size=2))
+    other = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=2))
+    assert not set(ids_of(want).tolist()) & set(ids_of(other).tolist())
+    for d in (ds, copy):
+        assert (d.rank, d.world_size) == (1, 2)
+        assert_same_batches(list(d), want)

@@ -1,0 +1,481 @@
+"""Loader benchmark (issue 5): our reader against the seed's h5 pattern, webdataset and LitData, on the same persons.
+
+One command, one run: a synthetic population is converted once per format, then every contender iterates the train
+persons into padded batches of 256 in a fresh subprocess (so its peak RSS is its own). Machines are shared and
+noisy, so the verdicts are ratios measured in this run, never absolute numbers.
+
+Data: ``shardify synth`` persons -> ``convert_dataset`` (no val split) -> the train shards are read back (the
+remainder shard excluded: training skips it) and written in every other format, so all contenders see the same
+persons.
+
+Usage: python tools/bench_loader.py [--people 200000] [--quick] [--work bench-data] [--out docs/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from tqdm import tqdm
+
+# the repo root first: run as a script, this must read the working tree even where an editable install is stale
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from bench_layouts import npy_members, person_arrays, write_tar  # noqa: E402
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset  # noqa: E402
+from lifeseq_shards.format import (  # noqa: E402
+    Block,
+    Field,
+    concat_blocks,
+    decode_block,
+    decompress,
+    iter_tar_members,
+    make_schema,
+    read_manifest,
+    schema_from_json,
+)
+from lifeseq_shards.sources.synth import synth_population  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 256
+SEQ = 512
+SEED_KEYS = ("input_ids", "padding_mask", "original_sequence", "sequence_id")
+NARROW = {"tokens": np.uint16, "abspos": np.int16, "age": np.uint8, "segment": np.uint8}
+WDS_SHARD_PERSONS = 10_000
+MANY_SHARDS = 10_000
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data: one population, every format.
+
+
+def train_shards(ours: Path) -> list[Path]:
+    m = read_manifest(ours)
+    return [ours / e["file"] for e in m["splits"]["train"]["shards"]]
+
+
+def read_persons(ours: Path) -> Block:
+    """The train persons our reader yields in train mode (remainder excluded), in shard order."""
+    schema = schema_from_json(read_manifest(ours)["schema"])
+    blocks = []
+    for path in train_shards(ours):
+        with open(path, "rb") as fh:
+            blocks += [decode_block(decompress(data), schema) for _, data in iter_tar_members(fh)]
+    return concat_blocks(blocks, schema)
+
+
+def seed_rows(block: Block, start: int, stop: int) -> dict[str, np.ndarray]:
+    """Persons [start, stop) in the seed's encoded.h5 layout: int64, padded to 512, original_sequence included."""
+    n = stop - start
+    ids = np.zeros((n, 4, SEQ), dtype=np.int64)
+    offs = block.offsets()
+    for r, i in enumerate(range(start, stop)):
+        a, b = offs[i], offs[i + 1]
+        for row, f in enumerate(NARROW):
+            ids[r, row, : b - a] = block.columns[f][a:b]
+    mask = (np.arange(SEQ) < block.columns["length"][start:stop, None]).astype(np.int64)
+    return {"input_ids": ids, "padding_mask": mask, "original_sequence": ids[:, 0].copy(),
+            "sequence_id": block.columns["person_id"][start:stop].astype(np.int64)}
+
+
+def write_seed_h5(path: Path, block: Block, gzip: bool) -> None:
+    """The seed's encoded.h5 (gzip level 4, chunks of 64 rows), or the same uncompressed (its in-memory variant)."""
+    tmp = path.with_name(path.name + ".tmp")
+    n = block.n
+    with h5py.File(tmp, "w") as f:
+        shapes = {"input_ids": (n, 4, SEQ), "padding_mask": (n, SEQ), "original_sequence": (n, SEQ),
+                  "sequence_id": (n,)}
+        dsets = {k: f.create_dataset(k, shape=s, dtype="int64", chunks=(min(64, n), *s[1:]),
+                                     compression="gzip" if gzip else None, compression_opts=4 if gzip else None)
+                 for k, s in shapes.items()}
+        for start in range(0, n, 4096):
+            stop = min(start + 4096, n)
+            for k, v in seed_rows(block, start, stop).items():
+                dsets[k][start:stop] = v
+    tmp.rename(path)
+
+
+def write_wds(out: Path, block: Block) -> None:
+    out.mkdir()
+    for i, start in enumerate(range(0, block.n, WDS_SHARD_PERSONS)):
+        part = block.take(np.arange(start, min(start + WDS_SHARD_PERSONS, block.n)), schema_of(block))
+        write_tar(out / f"shard-{i:06d}.tar", npy_members(part))
+
+
+def schema_of(block: Block) -> list[Field]:
+    return make_schema(str(block.columns["tokens"].dtype), {f: str(block.columns[f].dtype) for f in NARROW})
+
+
+@functools.lru_cache(maxsize=1)
+def _persons_npz(path: str) -> Block:
+    with np.load(path) as z:
+        return Block({k: z[k] for k in z.files})
+
+
+def _litdata_items(task: tuple[str, int, int]) -> Iterator[dict[str, Any]]:
+    """litdata.optimize's fn: persons [start, stop) of the saved population, one dict each."""
+    path, start, stop = task
+    part = _persons_npz(path).take(np.arange(start, stop), schema_of(_persons_npz(path)))
+    for pid, arrays in person_arrays(part):
+        yield {"person_id": pid, **arrays}
+
+
+def write_litdata(out: Path, npz: Path, n: int) -> None:
+    import litdata
+
+    tasks = [(str(npz), s, min(s + 2000, n)) for s in range(0, n, 2000)]
+    litdata.optimize(fn=_litdata_items, inputs=tasks, output_dir=str(out), chunk_bytes="32MB", compression="zstd",
+                     num_workers=2, mode="overwrite")
+
+
+def prepare(work: Path, people: int, many_shards: int) -> None:
+    """Build every format once (each step skipped when its output exists: reruns reuse the data)."""
+    work.mkdir(parents=True, exist_ok=True)
+    raw, ours = work / "raw", work / "ours"
+    steps: list[tuple[Path, Callable[[], None]]] = [
+        (raw / "vocab.csv", lambda: synth_population(raw, people, seed=0)),
+        (ours / "manifest.json", lambda: convert_dataset(
+            [str(raw / "sequences.parquet")], ours, str(raw / "vocab.csv"),
+            ConvertOptions(num_val=0, processes=2, overwrite=True))),
+        (work / "persons.npz", lambda: np.savez(work / "persons.npz", **read_persons(ours).columns)),
+        (work / "seed_gzip.h5", lambda: write_seed_h5(work / "seed_gzip.h5", persons(work), gzip=True)),
+        (work / "seed_raw.h5", lambda: write_seed_h5(work / "seed_raw.h5", persons(work), gzip=False)),
+        (work / "wds", lambda: write_wds(work / "wds", persons(work))),
+        (work / "litdata", lambda: write_litdata(work / "litdata", work / "persons.npz", persons(work).n)),
+        (work / "many" / "manifest.json", lambda: make_many(work, many_shards)),
+    ]
+    for out, make in tqdm(steps, desc="prepare formats", unit="format"):
+        if not out.exists():
+            make()
+
+
+def make_many(work: Path, shards: int) -> None:
+    """A dataset of ``shards`` tiny shards (one person each): time to first batch must not grow with the count."""
+    raw = work / "many-raw"
+    synth_population(raw, shards + shards // 5 + 20, seed=1, progress=False)  # synth drops ~3 % (too few events)
+    convert_dataset([str(raw / "sequences.parquet")], work / "many", str(raw / "vocab.csv"),
+                    ConvertOptions(num_val=0, shards=shards, overwrite=True, progress=False))
+
+
+def persons(work: Path) -> Block:
+    return _persons_npz(str(work / "persons.npz"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batching shared by the contenders that yield single persons (webdataset, LitData): our host batch layout.
+
+
+def pad_collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Persons -> padded narrow batch, L = longest rounded up to a multiple of 8 (what our reader yields)."""
+    lengths = np.array([len(s["tokens"]) for s in samples], dtype=np.int64)
+    width = int(-(-lengths.max() // 8) * 8)
+    out = {"person_id": torch.tensor([int(s["person_id"]) for s in samples], dtype=torch.int64),
+           "lengths": torch.from_numpy(lengths)}
+    for f, dt in NARROW.items():
+        arr = np.zeros((len(samples), width), dtype=dt)
+        for r, s in enumerate(samples):
+            arr[r, : lengths[r]] = s[f]
+        out[f] = torch.from_numpy(arr)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Contenders: each returns an iterable of batches (dicts of tensors), or of (persons, tokens) for the limits.
+
+
+def ours(work: Path, workers: int, root: str = "ours") -> Iterable[Any]:
+    from lifeseq_shards import ShardedDataset, ShardedLoader
+
+    ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="train",
+                        shuffle=True, seed=0)
+    return ShardedLoader(ds)
+
+
+class SeedH5Rows(IterableDataset):  # type: ignore[type-arg]
+    """The seed's pattern: open the h5 file and yield one row at a time (DataLoader batches them)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        with h5py.File(self.path, "r") as f:
+            dsets = [(k, f[k]) for k in SEED_KEYS]
+            for i in range(len(f["sequence_id"])):
+                yield {k: torch.from_numpy(np.asarray(d[i])) for k, d in dsets}
+
+
+class SeedInMemory(Dataset):  # type: ignore[type-arg]
+    """The seed's in-memory dataset: every array loaded whole, rows indexed."""
+
+    def __init__(self, path: Path):
+        with h5py.File(path, "r") as f:
+            self.arrays = {k: torch.from_numpy(f[k][:]) for k in SEED_KEYS}
+
+    def __len__(self) -> int:
+        return len(self.arrays["sequence_id"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.arrays.items()}
+
+
+def seed_h5(work: Path) -> Iterable[Any]:
+    return DataLoader(SeedH5Rows(work / "seed_gzip.h5"), batch_size=BATCH)
+
+
+def seed_memory(work: Path) -> Iterable[Any]:
+    return DataLoader(SeedInMemory(work / "seed_raw.h5"), batch_size=BATCH, shuffle=False)
+
+
+def _wds_sample(s: dict[str, Any]) -> dict[str, Any]:
+    return {"person_id": int(s["__key__"]), **{f: s[f"{f}.npy"] for f in NARROW}}
+
+
+def webdataset(work: Path) -> Iterable[Any]:
+    import webdataset as wds
+
+    urls = [str(p) for p in sorted((work / "wds").glob("*.tar"))]
+    return (wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().map(_wds_sample)
+            .batched(BATCH, collation_fn=pad_collate, partial=True))
+
+
+def litdata(work: Path) -> Iterable[Any]:
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(str(work / "litdata"), shuffle=False)
+    return StreamingDataLoader(ds, batch_size=BATCH, collate_fn=pad_collate, num_workers=0)
+
+
+def _members(work: Path) -> list[tuple[bytes, int, int]]:
+    """Our train shards' compressed blocks in RAM, with their (persons, tokens)."""
+    schema = schema_from_json(read_manifest(work / "ours")["schema"])
+    out = []
+    for path in train_shards(work / "ours"):
+        with open(path, "rb") as fh:
+            for _, data in iter_tar_members(fh):
+                b = decode_block(decompress(data), schema)
+                out.append((data, b.n, int(b.offsets()[-1])))
+    return out
+
+
+def zstd_limit(work: Path) -> Iterator[tuple[int, int]]:
+    members = _members(work)
+    yield 0, 0  # the first "batch": loading the members into RAM is not part of the limit
+    for data, n, t in members:
+        decompress(data)
+        yield n, t
+
+
+def memcpy_limit(work: Path) -> Iterator[tuple[int, int]]:
+    members = [(decompress(d), n, t) for d, n, t in _members(work)]
+    yield 0, 0
+    for raw, n, t in members:
+        bytearray(raw)
+        yield n, t
+
+
+CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
+    "ours-w0": ("our reader, num_workers=0", lambda w: ours(w, 0), "ours"),
+    "ours-w1": ("our reader, num_workers=1", lambda w: ours(w, 1), "ours"),
+    "ours-w2": ("our reader, num_workers=2", lambda w: ours(w, 2), "ours"),
+    "seed-h5": ("seed h5 gzip, per-row IterableDataset", seed_h5, "seed_gzip.h5"),
+    "seed-mem": ("seed h5 uncompressed, in memory", seed_memory, "seed_raw.h5"),
+    "webdataset": ("webdataset, .npy per field per person", webdataset, "wds"),
+    "litdata": ("LitData StreamingDataset, zstd", litdata, "litdata"),
+    "zstd-limit": ("limit: zstd decompress of our blocks", zstd_limit, "ours"),
+    "memcpy-limit": ("limit: memcpy of the raw blocks", memcpy_limit, "ours"),
+    "ours-10k-shards": ("our reader on many 1-person shards (first batch only)",
+                        lambda w: ours(w, 0, "many"), "many"),
+}
+OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
+RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
+
+
+def batch_stats(batch: Any) -> tuple[int, int, int | None]:
+    """(persons, real tokens, bytes shipped to the device) of one batch, whatever its layout."""
+    if isinstance(batch, tuple):
+        return batch[0], batch[1], None
+    nbytes = sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+    if "padding_mask" in batch:
+        return len(batch["sequence_id"]), int(batch["padding_mask"].sum()), nbytes
+    return len(batch["person_id"]), int(batch["lengths"].sum()), nbytes
+
+
+def disk_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    if (path / "manifest.json").exists():  # our dataset: the train shards the reader reads
+        return sum(p.stat().st_size for p in train_shards(path))
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def peak_rss_mb() -> int:
+    """This process's own peak RSS: VmHWM restarts at exec (ru_maxrss keeps the forking parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def measure(name: str, work: Path, max_seconds: float, first_only: bool = False) -> dict[str, Any]:
+    """Iterate one contender; rates are steady state (after the first batch), first-batch time is separate."""
+    label, make, data = CONTENDERS[name]
+    t0 = time.perf_counter()
+    it = iter(make(work))
+    first = next(it)
+    t1 = time.perf_counter()
+    persons = tokens = h2d = 0
+    p0, _, b0 = batch_stats(first)
+    for batch in () if first_only else it:
+        p, t, b = batch_stats(batch)
+        persons, tokens = persons + p, tokens + t
+        h2d += b or 0
+        if time.perf_counter() - t1 > max_seconds:
+            break
+    secs = max(time.perf_counter() - t1, 1e-9)
+    everyone = persons + p0
+    return {
+        "contender": name, "label": label, "persons": everyone, "complete": everyone == persons_total(work, name),
+        "persons_per_s": round(persons / secs) if persons else None,
+        "tokens_per_s": round(tokens / secs) if persons else None,
+        "disk_bytes_per_person": round(disk_bytes(work / data) / persons_total(work, name), 1),
+        "h2d_bytes_per_person": round((h2d + (b0 or 0)) / everyone, 1) if b0 else None,
+        "first_batch_s": round(t1 - t0, 3),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def persons_total(work: Path, name: str) -> int:
+    m = read_manifest(work / ("many" if name == "ours-10k-shards" else "ours"))
+    return sum(e["samples"] for e in m["splits"]["train"]["shards"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run: one subprocess per contender, then the table, the bars, the CSV and the chart.
+
+
+def run_child(name: str, work: Path, max_seconds: float) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", name, "--work", str(work), "--max-seconds", str(max_seconds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"contender": name, "label": CONTENDERS[name][0], "error": tail[0]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bars(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None, str, bool | None]]:
+    """(claim, measured ratio, threshold, pass) for each bar of issue 5."""
+    def get(name: str, col: str) -> float | None:
+        v = rows.get(name, {}).get(col)
+        return float(v) if v is not None else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    rival = max((get(n, "persons_per_s") or 0.0 for n in RIVALS), default=0.0) or None
+    w1 = get("ours-w1", "persons_per_s")
+    first = get("ours-10k-shards", "first_batch_s")
+    checks = [
+        ("our reader (1 worker) vs fastest of contenders 2-5, persons/s", ratio(w1, rival), ">= 3", 3.0, True),
+        ("our reader (1 worker) vs zstd-decompress limit", ratio(w1, get("zstd-limit", "persons_per_s")), ">= 0.3",
+         0.3, True),
+        ("bytes on disk/person vs seed gzip h5", ratio(get("ours-w0", "disk_bytes_per_person"),
+                                                       get("seed-h5", "disk_bytes_per_person")), "<= 0.5", 0.5, False),
+        ("host->device bytes/person vs seed batch", ratio(get("ours-w0", "h2d_bytes_per_person"),
+                                                         get("seed-h5", "h2d_bytes_per_person")), "<= 0.1", 0.1, False),
+        ("time to first batch (s), dataset of many shards", first, "< 2", 2.0, False),
+        ("our reader 2 workers vs 1 worker, persons/s", ratio(get("ours-w2", "persons_per_s"), w1), ">= 1.5", 1.5,
+         True),
+    ]
+    return [(c, v, t, None if v is None else (v >= lim if higher else v <= lim)) for c, v, t, lim, higher in checks]
+
+
+def report(rows: list[dict[str, Any]], out: Path | None, people: int) -> None:
+    cols = ["persons_per_s", "tokens_per_s", "disk_bytes_per_person", "h2d_bytes_per_person", "first_batch_s",
+            "peak_rss_mb", "persons"]
+    print(f"\n{people} synthetic persons, batches of {BATCH}, one subprocess per contender\n")
+    print("| contender | " + " | ".join(cols) + " |")
+    print("| --- |" + " ---: |" * len(cols))
+    for r in rows:
+        cells = [r.get("error", "")] if "error" in r else [_fmt(r.get(c)) for c in cols]
+        print(f"| {r['label']} | " + " | ".join(cells) + " |")
+    by_name = {r["contender"]: r for r in rows if "error" not in r}
+    print("\n| bar | measured | needed | verdict |\n| --- | ---: | --- | --- |")
+    for claim, value, need, ok in bars(by_name):
+        verdict = "n/a (contender missing)" if ok is None else "PASS" if ok else "FAIL"
+        print(f"| {claim} | {_fmt(None if value is None else round(value, 3))} | {need} | {verdict} |")
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "loader.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["contender", "label", *cols, "complete", "error"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    chart(rows, out / "loader.png", people)
+    print(f"wrote {out / 'loader.csv'} and {out / 'loader.png'}")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def chart(rows: list[dict[str, Any]], path: Path, people: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.get("persons_per_s")]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(shown) + 1.2))
+    colors = ["tab:blue" if r["contender"] in OURS else "tab:gray" if "limit" in r["contender"] else "tab:orange"
+              for r in shown]
+    ax.barh([r["label"] for r in shown], [r["persons_per_s"] for r in shown], color=colors)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("persons/s (log scale, steady state, one run)")
+    ax.set_title(f"Padded batches of {BATCH}, {people:,} synthetic persons")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--people", type=int, default=200_000)
+    ap.add_argument("--quick", action="store_true", help="3,000 persons, 200 tiny shards, 10 s per contender")
+    ap.add_argument("--work", type=Path, default=ROOT / "bench-data", help="formats are built here and reused")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results", help="loader.csv and loader.png")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="stop a contender after this (rates stay valid)")
+    ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), help="run these contenders only")
+    ap.add_argument("--child", choices=list(CONTENDERS), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, args.work, args.max_seconds, args.child == "ours-10k-shards")))
+        return
+    if importlib.util.find_spec("streaming") is None:
+        print("note: MosaicML Streaming is not importable here; it is not a contender in this run")
+    people, many, secs = (3000, 200, 10.0) if args.quick else (args.people, MANY_SHARDS, args.max_seconds)
+    work = args.work / f"p{people}"
+    prepare(work, people, many)
+    names = args.only or list(CONTENDERS)
+    rows = [run_child(n, work, secs) for n in tqdm(names, desc="contenders", unit="run")]
+    report(rows, args.out, people)
+
+
+if __name__ == "__main__":
+    main()
