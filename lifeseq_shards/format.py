@@ -14,7 +14,7 @@ import os
 import struct
 import tarfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,16 +100,24 @@ class Block:
     """Columns of ``n`` persons. Scalar columns have shape (n,); ragged ones are concatenated over persons."""
 
     columns: dict[str, np.ndarray]
+    _offsets: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n(self) -> int:
         return len(self.columns["person_id"])
 
     def offsets(self, count: str = "length") -> np.ndarray:
-        """Start offsets (n+1) of each person's values in the ragged columns sized by ``count``."""
-        out = np.zeros(self.n + 1, dtype=np.int64)
-        np.cumsum(self.columns[count], out=out[1:])
-        return out
+        """Start offsets (n+1) of each person's values in the ragged columns sized by ``count`` (computed once: a
+        reader gathers many batches from one block)."""
+        if count not in self._offsets:
+            out = np.zeros(self.n + 1, dtype=np.int64)
+            np.cumsum(self.columns[count], out=out[1:])
+            self._offsets[count] = out
+        return self._offsets[count]
+
+    def gather_index(self, index: np.ndarray, count: str = "length") -> np.ndarray:
+        """Flat positions of the ragged values (sized by ``count``) of persons ``index``, in that order."""
+        return _ragged_gather(self.offsets(count), index)
 
     def slice(self, start: int, stop: int, schema: list[Field]) -> Block:
         """Persons [start, stop) as views (no copy): the cheap way to cut consecutive persons."""
@@ -127,8 +135,7 @@ class Block:
     def take(self, index: np.ndarray, schema: list[Field]) -> Block:
         """The persons at ``index`` (in that order) as a new block."""
         cols: dict[str, np.ndarray] = {}
-        offs = {c: self.offsets(c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
-        gathers = {c: _ragged_gather(o, index) for c, o in offs.items()}
+        gathers = {c: self.gather_index(index, c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
         for f in schema:
             col = self.columns[f.name]
             cols[f.name] = col[index] if f.kind == SCALAR else col[gathers[COUNT_OF[f.kind]]]

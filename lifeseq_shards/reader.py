@@ -270,7 +270,7 @@ def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, slot: int, 
             yield collate(carry, ds)
             b, carry = b + 1, None
         while i + ds.batch_size <= len(order):
-            yield collate(block.take(order[i : i + ds.batch_size], ds.schema), ds)
+            yield collate(block, ds, order[i : i + ds.batch_size])
             b, i = b + 1, i + ds.batch_size
         if i < len(order):
             carry = block.take(order[i:], ds.schema)
@@ -278,35 +278,40 @@ def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, slot: int, 
         yield collate(carry, ds)
 
 
-def collate(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor | int]:
-    """The batch as tensors: padded (below), or packed when ``ds.packed``."""
-    return collate_packed(block, ds) if ds.packed else collate_padded(block, ds)
+def collate(block: Block, ds: ShardedDataset, index: np.ndarray | None = None) -> dict[str, Any]:
+    """Persons ``index`` of ``block`` (all of it when None) as a batch: packed when ``ds.packed``, else padded."""
+    if ds.packed:
+        return collate_packed(block, ds, np.arange(block.n) if index is None else index)
+    return collate_padded(block if index is None else block.take(index, ds.schema), ds)
 
 
-def collate_packed(block: Block, ds: ShardedDataset) -> dict[str, np.ndarray | int | tuple]:
+def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[str, Any]:
     """The whole batch in ONE uint8 array: each field's values (ragged ones concatenated: only real tokens cross
     the bus) 8-byte aligned, described by ``fields`` = ((name, dtype, offset, count), ...), plus the padded widths
-    as ints. A numpy array, not a tensor, on purpose: a DataLoader worker pickles it through its pipe (two memcpys)
-    where a tensor would go through a fresh shared-memory segment (about 4 ms for 400 KB here, more than the whole
-    batch costs to make). :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack``
-    into named, padded tensors on the device."""
+    as ints. Values are gathered straight from the window's block into the buffer (one copy). A numpy array, not a
+    tensor, on purpose: a DataLoader worker pickles it through its pipe (two memcpys) where a tensor would go
+    through a fresh shared-memory segment (about 4 ms for 400 KB here, more than the whole batch costs to make).
+    :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack`` into named, padded
+    tensors on the device."""
     c = block.columns
-    arrays = [(f.name if f.name != "length" else "lengths", c[f.name]) for f in ds.schema]
+    flat = {k: block.gather_index(index, k) for k in {COUNT_OF[f.kind] for f in ds.schema if f.kind != SCALAR}}
+    sources = [(f, index if f.kind == SCALAR else flat[COUNT_OF[f.kind]]) for f in ds.schema]
     fields, offset = [], 0
-    for name, arr in arrays:
-        fields.append((name, arr.dtype.str, offset, len(arr)))
-        offset += -(-arr.nbytes // 8) * 8
+    for f, idx in sources:
+        dtype = c[f.name].dtype
+        fields.append((f.name if f.name != "length" else "lengths", dtype.str, offset, len(idx)))
+        offset += -(-len(idx) * dtype.itemsize // 8) * 8
     buf = np.empty(offset, dtype=np.uint8)
-    for (_, dtype, off, count), (_, arr) in zip(fields, arrays, strict=True):
-        buf[off : off + arr.nbytes].view(dtype)[:count] = arr
-    lengths = c["length"]
-    out: dict[str, np.ndarray | int | tuple] = {
+    for (_, dtype, off, count), (f, idx) in zip(fields, sources, strict=True):
+        np.take(c[f.name], idx, out=buf[off : off + count * np.dtype(dtype).itemsize].view(dtype))
+    lengths = c["length"][index]
+    out: dict[str, Any] = {
         "packed": buf,
         "fields": tuple(fields),
         "width": int(-(-max(1, int(lengths.max(initial=1))) // ds.pad_multiple) * ds.pad_multiple),
     }
     if "n_targets" in c:
-        out["targets_width"] = int(c["n_targets"].max(initial=0))
+        out["targets_width"] = int(c["n_targets"][index].max(initial=0))
     return out
 
 

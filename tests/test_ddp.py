@@ -60,13 +60,25 @@ def launch(cmds: list[list[str]], logs: Path, timeout: float) -> None:
         for p in procs:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        stacks = [_stacks(p.pid) for p in procs if p.poll() is None]
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        pytest.fail(f"hung: killed after {timeout} s: {cmds}\n{_tails(files)}")
+        pytest.fail(f"hung: killed after {timeout} s: {cmds}\n{_tails(files)}\n{''.join(stacks)}")
     failed = [(cmd, p.returncode) for cmd, p in zip(cmds, procs, strict=True) if p.returncode]
     assert not failed, f"{failed}\n{_tails(files)}"
+
+
+def _stacks(group: int) -> str:
+    """Where every process of a hung launch stands (py-spy dump), so a hang in CI says what waited for what."""
+    pids = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True).stdout.split()
+    out = []
+    for pid in pids:
+        dump = subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", pid],
+                              capture_output=True, text=True, timeout=30)
+        out.append(f"--- stacks of {pid}\n{dump.stdout[-3000:]}{dump.stderr[-500:]}")
+    return "\n".join(out)
 
 
 def _tails(files: list[Path]) -> str:
