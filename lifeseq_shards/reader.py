@@ -64,7 +64,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Window:
-    """A run of a slot's stream loaded at once; ``order`` permutes its persons; batches cover [first, last)."""
+    """A run of a slot's stream loaded at once; ``order`` permutes its persons."""
 
     pieces: tuple[Piece, ...]
     order: np.ndarray
@@ -131,10 +131,12 @@ class ShardedDataset(IterableDataset):
         lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode)
         rem = (info.get("remainder") or {}).get("samples", 0)
         if len(self.sizes) % slots:
+            lost_text = (f"{lost} persons are left out this epoch (a different {lost} each epoch)" if lost
+                         else "no person is left out, but some shards are split between readers")
             warnings.warn(
                 f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
-                f"{max(1, self.num_workers)} workers); balancing statically from the manifest: {lost} persons are "
-                f"left out each epoch (a different {lost} each epoch), plus the {rem}-person remainder shard. "
+                f"{max(1, self.num_workers)} workers); balancing statically from the manifest: {lost_text}; "
+                f"training also skips the {rem}-person remainder shard. "
                 f"`shardify plan` lists worker counts that divide exactly.",
                 stacklevel=3,
             )
@@ -191,7 +193,7 @@ class ShardedDataset(IterableDataset):
         pipeline = wds.DataPipeline(
             lambda: slot_windows(self, slot, epoch, skip),
             lambda src: load_windows(src, self.schema, self.block_persons),
-            lambda src: batches(src, self, slot, epoch, skip),
+            lambda src: batches(src, self, skip),
         )
         return iter(pipeline)
 
@@ -253,8 +255,7 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> Block:
     return concat_blocks(blocks, schema).slice(lo, lo + piece.stop - piece.start, schema)
 
 
-def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, slot: int, epoch: int,
-            skip: int) -> Iterator[dict[str, torch.Tensor | int]]:
+def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, skip: int) -> Iterator[dict[str, Any]]:
     """Stage 3: cut the permuted stream into batches and collate them: one gather per batch from its window (a
     batch that spans two windows joins its two parts), so the cost is linear in the persons read."""
     carry: Block | None = None

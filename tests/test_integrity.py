@@ -183,3 +183,31 @@ def test_killed_half_way_leaves_no_dataset_and_rerun_works(sample: Path, tmp_pat
 def test_library_error_type(tmp_path: Path) -> None:
     with pytest.raises(ConvertError, match="unknown input kind"):
         convert_dataset([str(tmp_path / "x.csv")], tmp_path / "o")
+
+
+def test_truncated_parquet(sample: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "cut.parquet"
+    bad.write_bytes((sample / "sequences.parquet").read_bytes()[:500_000])
+    assert_refused([str(bad), "--vocab", str(sample / "vocab.csv")], "cut.parquet: not a readable parquet file",
+                   tmp_path / "o")
+
+
+def test_parquet_missing_column(sample: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "nosentence.parquet"
+    pq.write_table(pq.read_table(sample / "sequences.parquet").drop_columns(["sentence"]), bad)
+    assert_refused([str(bad), "--vocab", str(sample / "vocab.csv")], "missing column 'sentence'", tmp_path / "o")
+
+
+def test_parquet_empty(sample: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(sample / "sequences.parquet").slice(0, 0), empty)
+    assert_refused([str(empty), "--vocab", str(sample / "vocab.csv")], "empty.parquet: no rows", tmp_path / "o")
+
+
+def test_everyone_filtered_out_is_an_error(sample: Path, tmp_path: Path) -> None:
+    assert_refused([str(sample / "sequences.parquet"), "--vocab", str(sample / "vocab.csv"), "--time-range-end", "0"],
+                   "no person left to convert", tmp_path / "o")
