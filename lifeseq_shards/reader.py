@@ -13,6 +13,8 @@ workers through a small shared-memory tensor, so persistent workers see them too
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import os
 import warnings
 from collections.abc import Iterator
@@ -360,6 +362,17 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Workers start from a clean forkserver process, not forked from a training process whose thread pools, gloo
+    threads or pin-memory thread may hold a lock at the moment of the fork (a rare, random deadlock of the new
+    worker: pytorch/pytorch#130610). The server imports torch and this module once, so a worker starts in a
+    fraction of a second. Like spawn, it needs the training script's ``if __name__ == "__main__":`` guard; pass
+    ``multiprocessing_context="fork"`` to ShardedLoader to choose otherwise."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "webdataset", __name__])
+    return ctx
+
+
 class ShardedLoader(DataLoader):
     """A DataLoader that keeps the dataset's worker count in step, numbers the epochs and can resume exactly.
 
@@ -374,6 +387,7 @@ class ShardedLoader(DataLoader):
         if dataset.num_workers:
             kwargs.setdefault("persistent_workers", True)
             kwargs.setdefault("prefetch_factor", 4)
+            kwargs.setdefault("multiprocessing_context", _worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
