@@ -48,6 +48,7 @@ HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840
 MIN_SHARD_PERSONS = 100
 BUCKET_PERSONS = 100_000
 SPLITS = ("train", "val")
+INCOMPLETE = ".conversion-incomplete"  # present from the start of a conversion until its manifest is written
 
 
 class ConvertError(ValueError):
@@ -240,15 +241,19 @@ def _write_shard_job(args: tuple[Path, Block, list[Field], int, int]) -> dict[st
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
+    """Refuse a finished dataset (unless overwrite) or a directory that is not ours; clear an unfinished one."""
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"{out}: exists and is not a directory")
     if (out / MANIFEST).exists():
         if not overwrite:
             raise ConvertError(f"{out}: already holds a dataset (manifest.json); pass --overwrite to replace it")
-        (out / MANIFEST).unlink()  # from here on the directory is not a finished dataset
-    if out.exists() and not out.is_dir():
-        raise ConvertError(f"{out}: exists and is not a directory")
+    elif out.exists() and any(out.iterdir()) and not (out / INCOMPLETE).exists():
+        raise ConvertError(f"{out}: exists, is not empty and is not a dataset; choose an empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / INCOMPLETE).touch()  # from here on the directory is not a finished dataset, and is ours to clear
+    (out / MANIFEST).unlink(missing_ok=True)
     for sub in (*SPLITS, "all", ".tmp"):
         shutil.rmtree(out / sub, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
@@ -291,6 +296,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     }
     manifest["totals"]["tokens"] = tokens
     write_manifest(out, manifest)
+    (out / INCOMPLETE).unlink()
     return manifest
 
 

@@ -211,3 +211,11 @@ def test_parquet_empty(sample: Path, tmp_path: Path) -> None:
 def test_everyone_filtered_out_is_an_error(sample: Path, tmp_path: Path) -> None:
     assert_refused([str(sample / "sequences.parquet"), "--vocab", str(sample / "vocab.csv"), "--time-range-end", "0"],
                    "no person left to convert", tmp_path / "o")
+
+
+def test_refuses_a_foreign_non_empty_directory(sample: Path, tmp_path: Path) -> None:
+    out = tmp_path / "home"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "notes.txt").write_text("mine")
+    assert_refused([str(sample / "encoded_nomlm.h5")], "is not empty and is not a dataset", out)
+    assert (out / "train" / "notes.txt").read_text() == "mine"
