@@ -469,7 +469,7 @@ def chart(rows: list[dict[str, Any]], path: Path, people: int) -> None:
     ax.set_xscale("log")
     ax.invert_yaxis()
     ax.set_xlabel("persons/s (log scale, steady state, one run)")
-    ax.set_title(f"Padded batches of {BATCH}, {people:,} synthetic persons")
+    ax.set_title(f"Batches of {BATCH}, {people:,} synthetic persons (ours packed)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
