@@ -22,18 +22,21 @@ class LifeSeqDataModule(L.LightningDataModule):
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id)).
     Validation reads the val split without shuffling but with the training plan, so every rank gets the same number
-    of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once.
+    of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once
+(train and val with their remainders, unless ``predict_split`` names others).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
                  seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
-                 pin_memory: bool = True, persistent_workers: bool = True, predict_split: str = "train",
-                 drop_last: bool = False) -> None:
+                 pin_memory: bool = True, persistent_workers: bool = True,
+                 predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False) -> None:
         super().__init__()
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
-        self.pin_memory, self.persistent_workers, self.predict_split = pin_memory, persistent_workers, predict_split
+        self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
         self.manifest = read_manifest(self.data_dir)
+        # predict embeds every person by default: train and val together, remainders included
+        self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
         has_offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
         if masking == "offline" and not has_offline:
             raise ValueError(f"{self.data_dir}: masking='offline' but the dataset has no offline MLM fields")

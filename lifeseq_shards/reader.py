@@ -17,7 +17,7 @@ import multiprocessing
 import multiprocessing.context
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,11 +76,13 @@ class Window:
 class ShardedDataset(IterableDataset):
     """Collated batches of one split, each person exactly once per epoch across all ranks and workers.
 
+    ``split`` may name several splits in ``mode="inference"`` (e.g. ``("train", "val")`` to embed everyone).
+
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
     """
 
-    def __init__(self, path: str | os.PathLike[str], split: str = "train", batch_size: int = 256, *,
+    def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
                  rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
                  mode: str = TRAIN, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
                  pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
@@ -91,8 +93,13 @@ class ShardedDataset(IterableDataset):
             raise ValueError(f"mode must be {TRAIN!r} or {INFERENCE!r}, not {mode!r}")
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         self.manifest = read_manifest(self.root)
-        if split not in self.manifest["splits"]:
-            raise ValueError(f"{self.root}: no split {split!r} (has {', '.join(self.manifest['splits'])})")
+        splits = [split] if isinstance(split, str) else list(split)
+        missing = [s for s in splits if s not in self.manifest["splits"]]
+        if missing or not splits:
+            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest['splits'])})")
+        if len(splits) > 1 and mode != INFERENCE:
+            raise ValueError("several splits are read together only in mode='inference' (training shards of "
+                             "different splits differ in size)")
         d_rank, d_world = default_rank_world()
         self.rank = d_rank if rank is None else rank
         self.world_size = d_world if world_size is None else world_size
@@ -109,12 +116,12 @@ class ShardedDataset(IterableDataset):
         self.schema = schema_from_json(self.manifest["schema"])
         if pad_to is not None and any(f.name == "masked_tokens" for f in self.schema):
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
-        info = self.manifest["splits"][split]
-        files = [s["file"] for s in info["shards"]]
-        sizes = [s["samples"] for s in info["shards"]]
-        if mode == INFERENCE and info.get("remainder"):
-            files.append(info["remainder"]["file"])
-            sizes.append(info["remainder"]["samples"])
+        files, sizes = [], []
+        for name in splits:
+            info = self.manifest["splits"][name]
+            entries = info["shards"] + ([info["remainder"]] if mode == INFERENCE and info.get("remainder") else [])
+            files += [e["file"] for e in entries]
+            sizes += [e["samples"] for e in entries]
         self.urls = [dataset_url(self.root, f) for f in files]
         self.sizes = sizes
         self.block_persons = int(self.manifest["block_persons"])
@@ -123,7 +130,7 @@ class ShardedDataset(IterableDataset):
         self.fingerprint = self.manifest["fingerprint"]
         # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
-        self._warn_static_balance(info)
+        self._warn_static_balance(self.manifest["splits"][splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
     def _warn_static_balance(self, info: dict[str, Any]) -> None:

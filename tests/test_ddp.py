@@ -300,3 +300,15 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
     assert len(seen) == len(set(seen)) and set(seen) <= train
     assert len(train) - len(seen) == pooled % slots
     assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds7, "val")[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 30)
+def test_lightning_ddp_predict_embeds_every_person_once(ds7: Path, sample: Path, tmp_path: Path) -> None:
+    """predict reads train and val with their remainders: every input person exactly once, uneven ranks allowed."""
+    out = tmp_path / "result.json"
+    launch([lightning(ds7, out, "--predict")], tmp_path, LIGHTNING_S)
+    ranks = read_ranks(out)
+    with h5py.File(sample / "encoded_nomlm.h5") as h:
+        everyone = set(h["sequence_id"][:].tolist())
+    assert_exactly_once([r["predict"] for r in ranks], everyone)

@@ -242,6 +242,17 @@ def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path) -> None:
     assert set(got_all.tolist()) == set(np.concatenate(files).tolist())
 
 
+def test_inference_over_several_splits_embeds_everyone(nomlm_dataset: Path, sample: Path) -> None:
+    """What the DataModule's predict reads by default: train and val, remainders included, each person once."""
+    with h5py.File(sample / "encoded_nomlm.h5") as h:
+        everyone = set(h["sequence_id"][:].tolist())
+    got = np.concatenate([ids_of(rank_pass(nomlm_dataset, 3, rank, 0, mode="inference", split=("train", "val"),
+                                           batch_size=128)[0]) for rank in range(3)])
+    assert len(got) == len(np.unique(got)) == len(everyone) and set(got.tolist()) == everyone
+    with pytest.raises(ValueError, match="only in mode='inference'"):
+        ShardedDataset(nomlm_dataset, ("train", "val"))
+
+
 # -- 4. exact resume ----------------------------------------------------------------------------------------------
 def take(it: Iterator[Batch], n: int) -> list[Batch]:
     return [next(it) for _ in range(n)]

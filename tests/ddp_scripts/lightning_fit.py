@@ -1,8 +1,9 @@
 """Train a tiny model for one epoch with LifeSeqDataModule under Lightning DDP on CPU; rank 0 writes, per rank, the
 person ids of every training and validation batch, the loader lengths and the seed batch's shape (tiny_model.py).
 
-``--ckpt-every K`` saves a checkpoint every K steps (mid-epoch, through ModelCheckpoint); ``--resume CKPT`` continues
-the fit from one; ``--no-val`` skips validation. ``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the
+``--predict`` runs ``trainer.predict`` instead (rank 0 writes every rank's predicted person ids). ``--ckpt-every K``
+saves a checkpoint every K steps (mid-epoch, through ModelCheckpoint); ``--resume CKPT`` continues the fit from one;
+``--no-val`` skips validation. ``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the
 ranks, and their DataLoader workers are spawned too and re-import this file (not running main): Lightning is imported
 inside main() so that those workers start in about a second instead of importing it each."""
 
@@ -22,6 +23,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir")
     p.add_argument("--resume")
     p.add_argument("--no-val", action="store_true")
+    p.add_argument("--predict", action="store_true", help="run trainer.predict (every person once) instead of fit")
     args = p.parse_args()
 
     import lightning as L
@@ -38,7 +40,10 @@ def main() -> None:
                         enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0 if args.no_val else None)
     dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers)
-    trainer.fit(Tiny(args.out), datamodule=dm, ckpt_path=args.resume)
+    if args.predict:
+        trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
+    else:
+        trainer.fit(Tiny(args.out), datamodule=dm, ckpt_path=args.resume)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ class Tiny(L.LightningModule):
         self.head = nn.Linear(4, 1)
         self.train_ids: list[list[int]] = []
         self.val_ids: list[list[int]] = []
+        self.predict_ids: list[list[int]] = []
         self.seed_batch: dict[str, Any] = {}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -45,6 +46,12 @@ class Tiny(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.val_ids.append(batch["person_id"].tolist())
         self.log("val_loss", self._loss(batch), sync_dist=True)  # a collective per step: unequal counts would hang
+
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.predict_ids.append(batch["person_id"].tolist())  # no collective here: ranks may differ in batches
+
+    def on_predict_epoch_end(self) -> None:
+        gather_to_json({"rank": self.trainer.global_rank, "predict": self.predict_ids}, self.out)
 
     def on_train_epoch_end(self) -> None:
         trainer = self.trainer
