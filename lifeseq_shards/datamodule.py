@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from .device import seed_batch, to_device
+from .device import OFFLINE_MLM_FIELDS, seed_batch, to_device
 from .format import read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
@@ -23,7 +23,7 @@ class LifeSeqDataModule(L.LightningDataModule):
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id)).
     Validation reads the val split without shuffling but with the training plan, so every rank gets the same number
     of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once
-(train and val with their remainders, unless ``predict_split`` names others).
+    (train and val with their remainders, unless ``predict_split`` names others).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
@@ -75,8 +75,6 @@ class LifeSeqDataModule(L.LightningDataModule):
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         masker = self.masker if self.masking != "offline" else None
         if self.masking is None:
-            batch = {k: v for k, v in batch.items() if k not in _OFFLINE}
+            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
         return seed_batch(batch, masker, epoch=epoch)
 
-
-_OFFLINE = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")

@@ -91,6 +91,11 @@ def check_fits(name: str, values: np.ndarray, dtype: str, where: str) -> None:
         )
 
 
+def ragged_counts(schema: list[Field]) -> set[str]:
+    """The count fields (``length``, ``n_targets``) that size the schema's ragged fields."""
+    return {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Blocks: a group of persons, columnar.
 
@@ -121,7 +126,7 @@ class Block:
 
     def slice(self, start: int, stop: int, schema: list[Field]) -> Block:
         """Persons [start, stop) as views (no copy): the cheap way to cut consecutive persons."""
-        offs = {c: self.offsets(c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
+        offs = {c: self.offsets(c) for c in ragged_counts(schema)}
         cols = {}
         for f in schema:
             col = self.columns[f.name]
@@ -135,7 +140,7 @@ class Block:
     def take(self, index: np.ndarray, schema: list[Field]) -> Block:
         """The persons at ``index`` (in that order) as a new block."""
         cols: dict[str, np.ndarray] = {}
-        gathers = {c: self.gather_index(index, c) for c in {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}}
+        gathers = {c: self.gather_index(index, c) for c in ragged_counts(schema)}
         for f in schema:
             col = self.columns[f.name]
             cols[f.name] = col[index] if f.kind == SCALAR else col[gathers[COUNT_OF[f.kind]]]

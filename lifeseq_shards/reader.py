@@ -4,7 +4,8 @@ Stages (each a small generator, composed in a ``webdataset.DataPipeline``):
 ``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows)
 -> ``load_windows`` (stream the needed tar members over webdataset's gopen: a local or shared filesystem, http(s),
 or a ``pipe:`` command; decode only the blocks needed)
--> ``batches`` (gather each batch's persons, pad to a multiple of 8, narrow dtypes as torch tensors).
+-> ``batches`` (gather each batch's persons in narrow dtypes: padded to a multiple of 8, or packed into one buffer
+of real tokens that the device pads).
 
 Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
 ``torch.distributed`` is not initialised and RANK is unset) cannot lose them. The epoch and the resume point reach
@@ -36,6 +37,7 @@ from .format import (
     dataset_url,
     decode_member,
     iter_tar_members,
+    ragged_counts,
     read_manifest,
     schema_from_json,
 )
@@ -304,7 +306,7 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
     :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack`` into named, padded
     tensors on the device."""
     c = block.columns
-    flat = {k: block.gather_index(index, k) for k in {COUNT_OF[f.kind] for f in ds.schema if f.kind != SCALAR}}
+    flat = {k: block.gather_index(index, k) for k in ragged_counts(ds.schema)}
     sources = [(f, index if f.kind == SCALAR else flat[COUNT_OF[f.kind]]) for f in ds.schema]
     fields, offset = [], 0
     for f, idx in sources:
@@ -318,7 +320,7 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
     out: dict[str, Any] = {
         "packed": buf,
         "fields": tuple(fields),
-        "width": int(-(-max(1, int(lengths.max(initial=1))) // ds.pad_multiple) * ds.pad_multiple),
+        "width": _padded_width(lengths, ds.pad_multiple),
     }
     if "n_targets" in c:
         out["targets_width"] = int(c["n_targets"][index].max(initial=0))
@@ -333,7 +335,7 @@ def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
         width = ds.pad_to
         keep = np.minimum(lengths, width)
     else:
-        width = int(-(-max(1, int(lengths.max(initial=1))) // ds.pad_multiple) * ds.pad_multiple)
+        width = _padded_width(lengths, ds.pad_multiple)
         keep = lengths
     out: dict[str, torch.Tensor] = {"person_id": torch.from_numpy(np.ascontiguousarray(c["person_id"])),
                                     "lengths": torch.from_numpy(keep.astype(np.int32))}
@@ -359,6 +361,11 @@ def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
             arr[m] = col
         out[f.name] = torch.from_numpy(arr)
     return out
+
+
+def _padded_width(lengths: np.ndarray, multiple: int) -> int:
+    """The batch's longest sequence rounded up to a multiple of ``multiple`` (at least one slot)."""
+    return int(-(-max(1, int(lengths.max(initial=1))) // multiple) * multiple)
 
 
 def _prefix_mask(lengths: np.ndarray, width: int) -> np.ndarray:
