@@ -14,6 +14,8 @@ workers through a small shared-memory tensor, so persistent workers see them too
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import multiprocessing
 import multiprocessing.context
 import os
@@ -44,6 +46,7 @@ from .format import (
 
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
+MAX_PREFETCH = 64  # batches in flight per worker, at most (~350 KB each at batch 256)
 
 
 def default_rank_world() -> tuple[int, int]:
@@ -241,13 +244,14 @@ def slot_windows(ds: ShardedDataset, slot: int, epoch: int, skip: int) -> Iterat
 
 
 def load_windows(src: Iterator[Window], schema: list, block_persons: int) -> Iterator[tuple[Window, Block]]:
-    """Stage 2: read each window's persons (only the blocks it needs are decompressed)."""
+    """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy."""
     for win in src:
-        parts = [read_piece(p, schema, block_persons) for p in win.pieces]
+        parts = [b for p in win.pieces for b in read_piece(p, schema, block_persons)]
         yield win, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
 
 
-def read_piece(piece: Piece, schema: list, block_persons: int) -> Block:
+def read_piece(piece: Piece, schema: list, block_persons: int) -> list[Block]:
+    """The blocks holding persons [start, stop) of one shard, each cut to that range (views, no copy)."""
     first, last = piece.start // block_persons, (piece.stop - 1) // block_persons
     blocks = []
     stream = wds.gopen(piece.url, "rb")
@@ -255,15 +259,15 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> Block:
         for i, (_name, data) in enumerate(iter_tar_members(stream)):
             if i < first:
                 continue
-            blocks.append(decode_member(data, schema))
+            block, start = decode_member(data, schema), i * block_persons
+            blocks.append(block.slice(max(piece.start - start, 0), min(piece.stop - start, block.n), schema))
             if i == last:
                 break
     finally:
         stream.close()
     if len(blocks) != last - first + 1:
         raise OSError(f"{piece.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
-    lo = piece.start - first * block_persons
-    return concat_blocks(blocks, schema).slice(lo, lo + piece.stop - piece.start, schema)
+    return blocks
 
 
 def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, skip: int) -> Iterator[dict[str, Any]]:
@@ -376,13 +380,29 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def _worker_context() -> multiprocessing.context.BaseContext:
+PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+
+
+class _WorkerContext(multiprocessing.context.ForkServerContext):
     """Workers start from a clean forkserver process, not forked from a training process whose thread pools, gloo
     threads or pin-memory thread may hold a lock at the moment of the fork (a rare, random deadlock of the new
     worker: pytorch/pytorch#130610). The server imports torch and this module once, so a worker starts in a
     fraction of a second. Like spawn, it needs the training script's ``if __name__ == "__main__":`` guard; pass
-    ``multiprocessing_context="fork"`` to ShardedLoader to choose otherwise."""
-    ctx = multiprocessing.get_context("forkserver")
+    ``multiprocessing_context="fork"`` to ShardedLoader to choose otherwise.
+
+    Its queues' pipes hold 1 MiB instead of 64 KiB, so a packed batch (~350 KB for 256 persons) crosses from a
+    worker in one write and one read, not in six handovers that hold the queue's lock against the other workers
+    (docs/performance.md, change 8)."""
+
+    def Queue(self, maxsize: int = 0) -> Any:  # noqa: N802 (multiprocessing's name)
+        queue = super().Queue(maxsize)
+        with contextlib.suppress(OSError, AttributeError):  # not Linux, or a lower pipe-max-size: keep 64 KiB
+            fcntl.fcntl(queue._reader.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        return queue
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    ctx = _WorkerContext()
     ctx.set_forkserver_preload(["torch", "webdataset", __name__])
     return ctx
 
@@ -400,7 +420,10 @@ class ShardedLoader(DataLoader):
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
         if dataset.num_workers:
             kwargs.setdefault("persistent_workers", True)
-            kwargs.setdefault("prefetch_factor", 4)
+            # a worker stops yielding while it loads its next window (a burst of decompression), and the in-order
+            # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
+            window_batches = -(-dataset.window // dataset.batch_size)
+            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, max(4, window_batches + 2)))
             kwargs.setdefault("multiprocessing_context", _worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
