@@ -47,6 +47,7 @@ from .format import (
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
 MAX_PREFETCH = 64  # batches in flight per worker, at most (~350 KB each at batch 256)
+PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
 
 
 def default_rank_world() -> tuple[int, int]:
@@ -380,9 +381,6 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
-
-
 class _WorkerContext(multiprocessing.context.ForkServerContext):
     """Workers start from a clean forkserver process, not forked from a training process whose thread pools, gloo
     threads or pin-memory thread may hold a lock at the moment of the fork (a rare, random deadlock of the new
@@ -392,7 +390,7 @@ class _WorkerContext(multiprocessing.context.ForkServerContext):
 
     Its queues' pipes hold 1 MiB instead of 64 KiB, so a packed batch (~350 KB for 256 persons) crosses from a
     worker in one write and one read, not in six handovers that hold the queue's lock against the other workers
-    (docs/performance.md, change 8)."""
+    (docs/performance.md, changes 8 and 9)."""
 
     def Queue(self, maxsize: int = 0) -> Any:  # noqa: N802 (multiprocessing's name)
         queue = super().Queue(maxsize)

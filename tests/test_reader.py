@@ -7,6 +7,7 @@ fixture's layout (48 train shards x 115 persons + a 45-person remainder).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import gc
 import json
@@ -29,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.format import ManifestError, schema_from_json
-from lifeseq_shards.reader import DatasetChanged, Piece, ShardedDataset, ShardedLoader, read_piece
+from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Piece, ShardedDataset, ShardedLoader, read_piece
 
 Batch = dict[str, torch.Tensor]
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
@@ -480,12 +481,11 @@ def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path
     """A worker pauses while it loads its next window; the in-order DataLoader then waits on it while the others
     idle, unless every worker has at least a window's batches in flight. Each batch crosses the workers' result pipe
     in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold a 350 KB batch)."""
-    fcntl = pytest.importorskip("fcntl")
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=1, packed=True)
     loader = ShardedLoader(ds)
     assert loader.prefetch_factor * ds.batch_size >= ds.window
     it = iter(loader)
     batch = next(it)
     results = loader._iterator._worker_result_queue  # type: ignore[union-attr]  # the persistent workers' queue
-    assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20 > 4 * batch["packed"].nbytes
+    assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE_BYTES > 4 * batch["packed"].nbytes
     del it, loader
