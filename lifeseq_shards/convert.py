@@ -38,6 +38,8 @@ from .format import (
     fingerprint,
     make_schema,
     narrowest_token_dtype,
+    to_runs,
+    token_schema,
     write_manifest,
     write_shard,
 )
@@ -139,7 +141,7 @@ def _task_label(task: Any) -> str:
 
 def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> Block:
     source, task, schema = args
-    return _narrow(source.encode(task), schema, _task_label(task))
+    return to_runs(_narrow(source.encode(task), token_schema(schema), _task_label(task)), schema)
 
 
 class _Spill:

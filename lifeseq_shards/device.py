@@ -1,7 +1,8 @@
 """Host -> device transfer of the narrow host batch, and its widening into the seed model's batch on the device.
 
-Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus; the int64 widening, the padding mask
-and the MLM targets are built on the device: 6 bytes a token cross the bus instead of the seed batch's 48.
+Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus, the stamps once per run of tokens that
+share them (format 2); the repetition over tokens, the int64 widening, the padding mask and the MLM targets are built
+on the device: ~3 bytes a real token cross the bus instead of the seed batch's 48 a padded slot.
 torch >= 2.3 copies and casts uint16 on CPU and CUDA (copy_ dispatches the "barebones" unsigned types), so uint16
 travels as is: no int16 reinterpretation is needed.
 """
@@ -18,6 +19,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from lifeseq_shards.format import RUN_LENGTH, STAMPS
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
 
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
@@ -53,8 +55,8 @@ def _torch_dtype(numpy_dtype: str) -> torch.dtype:
 
 
 def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated) as named tensors
-    padded to the batch width, built where the buffer lives.
+    """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated, stamps once per
+    run) as named tensors padded to the batch width, built where the buffer lives.
 
     The widths come from the host as ints, so the padded shapes are known without reading a device value: the
     padding is one gather per field, no boolean indexing (which would sync to learn its size).
@@ -62,6 +64,13 @@ def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     if "packed" not in batch:
         return batch
     out = split_packed(batch)
+    if RUN_LENGTH in out:  # stamps once per run (format 2): repeat them over their tokens, output size known
+        reps = out.pop(RUN_LENGTH).long()
+        del out["n_runs"]
+        run_of = torch.repeat_interleave(torch.arange(reps.shape[0], device=reps.device), reps,
+                                         output_size=out["tokens"].shape[0])
+        for name in STAMPS:
+            out[name] = out[name][run_of]
     counts = {"width": out["lengths"]}
     if "targets_width" in batch:
         counts["targets_width"] = out["n_targets"]

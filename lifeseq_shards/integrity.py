@@ -13,6 +13,8 @@ from tqdm import tqdm
 from .format import (
     BLOCK_SUFFIX,
     RAGGED,
+    RUN_LENGTH,
+    RUNS,
     Block,
     decode_member,
     fingerprint,
@@ -21,6 +23,8 @@ from .format import (
     schema_from_json,
     sha256_file,
 )
+
+KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
 
 
 def shard_entries(manifest: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -119,6 +123,16 @@ def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> li
         bad = np.nonzero(c["target_pos"] >= c["length"][owner])[0]
         if len(bad):
             out.append(f"person {int(c['person_id'][owner[bad[0]]])} has a target position past its length")
+    if RUN_LENGTH in c:  # a person's runs cover exactly its tokens, none of them empty
+        ends = np.zeros(len(c[RUN_LENGTH]) + 1, dtype=np.int64)
+        np.cumsum(c[RUN_LENGTH], out=ends[1:])
+        runs = block.offsets("n_runs")
+        bad = np.nonzero(ends[runs[1:]] - ends[runs[:-1]] != c["length"])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has runs that do not add up to "
+                       "its length")
+        if len(c[RUN_LENGTH]) and int(c[RUN_LENGTH].min()) == 0:
+            out.append("a run of 0 tokens")
     return out
 
 
@@ -140,7 +154,7 @@ def summarize(root: str | Path) -> str:
         f"tokens       {t['tokens']:,} (mean {t['tokens'] / max(1, t['persons']):.1f} per person)",
         f"bytes        {t['bytes']:,} in {t['shards']} files ({t['bytes'] / max(1, t['persons']):.1f} per person)",
         f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
-        "fields       " + ", ".join(f"{f['name']}:{f['dtype']}{'[L]' if f['kind'] == RAGGED else ''}"
+        "fields       " + ", ".join(f"{f['name']}:{f['dtype']}{KIND_MARK.get(f['kind'], '')}"
                                     for f in m["schema"]),
     ]
     for split, info in m["splits"].items():

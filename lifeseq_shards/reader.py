@@ -38,10 +38,12 @@ from .format import (
     concat_blocks,
     dataset_url,
     decode_member,
+    expand_runs,
     iter_tar_members,
     ragged_counts,
     read_manifest,
     schema_from_json,
+    token_schema,
 )
 
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
@@ -333,8 +335,9 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
 
 
 def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
-    """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes."""
-    c = block.columns
+    """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes;
+    stamps stored once per run are repeated over their tokens first."""
+    c = expand_runs(block, ds.schema).columns
     lengths = c["length"].astype(np.int64)
     if ds.pad_to is not None:
         width = ds.pad_to
@@ -349,7 +352,7 @@ def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
     if "n_targets" in c:
         nt = c["n_targets"].astype(np.int64)
         masks["n_targets"] = _prefix_mask(nt, int(nt.max(initial=0)))
-    for f in ds.schema:
+    for f in token_schema(ds.schema):
         if f.name in ("person_id", "length"):
             continue
         col = c[f.name]

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertError, ConvertOptions, convert_dataset
+from lifeseq_shards.format import Block, decode_member, iter_tar_members, schema_from_json, write_shard
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -43,6 +44,24 @@ def test_verify_flipped_byte(copy: Path) -> None:
     assert code == 1
     assert "train/shard-000003.tar: sha256 differs" in out
     assert "train/shard-000003.tar: 000000.block.zst: cannot decode" in out
+
+
+def test_verify_runs_that_miss_their_tokens(copy: Path) -> None:
+    """A block whose runs move a token from one person to the next decodes (the totals still match) but is wrong."""
+    m = json.loads((copy / "manifest.json").read_text())
+    schema = schema_from_json(m["schema"])
+    shard = copy / "train" / "shard-000002.tar"
+    with open(shard, "rb") as fh:
+        blocks = [decode_member(data, schema) for _, data in iter_tar_members(fh)]
+    c = {k: v.copy() for k, v in blocks[0].columns.items()}
+    last_of_first = int(c["n_runs"][0]) - 1
+    c["run_length"][last_of_first] += 1
+    c["run_length"][last_of_first + 1] -= 1
+    blocks[0] = Block(c)
+    write_shard(shard, blocks, schema)
+    code, out = run("verify", str(copy))
+    assert code == 1
+    assert f"person {int(c['person_id'][0])} (record 0) has runs that do not add up to its length" in out
 
 
 def test_verify_truncated_shard(copy: Path) -> None:

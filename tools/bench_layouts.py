@@ -36,11 +36,12 @@ from lifeseq_shards.format import (
     encode_block,
     iter_tar_members,
     make_schema,
+    token_schema,
     write_shard,
 )
 
 RAGGED_FIELDS = ("tokens", "abspos", "age", "segment")
-SCHEMA = make_schema("uint16")
+SCHEMA = token_schema(make_schema("uint16"))  # stamps per token: these synthetic events hold one token each
 BLOCK_SIZES = (64, 256, 1024, 4096)
 GRID_LEVEL = 3  # the layout grid; the chosen layout is then also written at level 9 (the converter's default)
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"

@@ -19,6 +19,7 @@ import functools
 import importlib.util
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ from bench_layouts import npy_members, person_arrays, write_tar  # noqa: E402
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset  # noqa: E402
 from lifeseq_shards.format import (  # noqa: E402
+    FORMAT_VERSION,
     Block,
     Field,
     concat_blocks,
@@ -46,7 +48,9 @@ from lifeseq_shards.format import (  # noqa: E402
     iter_tar_members,
     make_schema,
     read_manifest,
+    read_shard_blocks,
     schema_from_json,
+    token_schema,
 )
 from lifeseq_shards.sources.synth import synth_population  # noqa: E402
 
@@ -71,11 +75,8 @@ def train_shards(ours: Path) -> list[Path]:
 def read_persons(ours: Path) -> Block:
     """The train persons our reader yields in train mode (remainder excluded), in shard order."""
     schema = schema_from_json(read_manifest(ours)["schema"])
-    blocks = []
-    for path in train_shards(ours):
-        with open(path, "rb") as fh:
-            blocks += [decode_block(decompress(data), schema) for _, data in iter_tar_members(fh)]
-    return concat_blocks(blocks, schema)
+    blocks = [b for path in train_shards(ours) for b in read_shard_blocks(path, schema)]
+    return concat_blocks(blocks, token_schema(schema))
 
 
 def seed_rows(block: Block, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -117,7 +118,9 @@ def write_wds(out: Path, block: Block) -> None:
 
 
 def schema_of(block: Block) -> list[Field]:
-    return make_schema(str(block.columns["tokens"].dtype), {f: str(block.columns[f].dtype) for f in NARROW})
+    """The per-token schema of a block read back from our shards."""
+    return token_schema(make_schema(str(block.columns["tokens"].dtype),
+                                    {f: str(block.columns[f].dtype) for f in NARROW}))
 
 
 @functools.lru_cache(maxsize=1)
@@ -158,6 +161,9 @@ def prepare(work: Path, people: int, many_shards: int) -> None:
         (work / "litdata", lambda: write_litdata(work / "litdata", work / "persons.npz", persons(work).n)),
         (work / "many" / "manifest.json", lambda: make_many(work, many_shards)),
     ]
+    for old in (ours, work / "many"):  # ours from an older format version: convert again (same persons)
+        if (old / "manifest.json").exists() and read_manifest(old)["format_version"] != FORMAT_VERSION:
+            shutil.rmtree(old)
     for out, make in tqdm(steps, desc="prepare formats", unit="format"):
         if not out.exists():
             make()

@@ -1,9 +1,8 @@
-"""Prototype measurement for a format change not made yet: abspos / age / segment once per event, not per token.
+"""Stamps once per token (format 1) or once per run of tokens that share them (format 2), on the same persons.
 
-The tokens of one event share their stamps, so a block could store each run of equal (abspos, age, segment) once,
-with its length, instead of once per token (docs/performance.md, "what is left for the 3x bar"). This script
-measures what that would buy on the same persons, without touching the format: it re-encodes the train blocks of
-a converted dataset both ways (columnar, zstd at the dataset's level) and times, in one process,
+The tokens of one event share abspos / age / segment, so format 2 stores each run of equal stamps once, with its
+length (docs/performance.md, change 11). This script re-encodes the train blocks of a converted dataset both ways
+(columnar, zstd at the dataset's level) and times, in one process,
 
 - decompression of every block (best of 3), the reader's largest cost;
 - the per-batch gathers of the reader's packed collate: flat indices + one ``np.take`` per ragged field, for
@@ -24,28 +23,19 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from lifeseq_shards.format import Block, decode_member, iter_tar_members, read_manifest, schema_from_json
+from lifeseq_shards.format import (
+    RAGGED,
+    STAMPS,
+    make_schema,
+    read_manifest,
+    read_shard_blocks,
+    schema_from_json,
+    to_runs,
+    token_schema,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-STAMPS = ("abspos", "age", "segment")
 WINDOW, BATCH = 4096, 256
-
-
-def runs_of(b: Block) -> dict[str, np.ndarray]:
-    """Per-run columns of a block: a run starts at each person's first token and wherever a stamp changes."""
-    c, offs = b.columns, b.offsets()
-    n_tok = len(c["tokens"])
-    start = np.zeros(n_tok, dtype=bool)
-    start[offs[:-1][c["length"] > 0]] = True
-    for f in STAMPS:
-        start[1:] |= c[f][1:] != c[f][:-1]
-    first = np.flatnonzero(start)
-    seen = np.zeros(n_tok + 1, dtype=np.int64)
-    np.cumsum(start, out=seen[1:])
-    per_person = seen[offs[1:]] - seen[offs[:-1]]
-    return {"person_id": c["person_id"], "length": c["length"], "n_runs": per_person.astype(np.uint16),
-            "tokens": c["tokens"], "run_length": np.diff(np.append(first, n_tok)).astype(np.uint16),
-            **{f: c[f][first] for f in STAMPS}}
 
 
 def raw(columns: dict[str, np.ndarray]) -> bytes:
@@ -108,14 +98,15 @@ def main() -> None:
     args = ap.parse_args()
     m = read_manifest(args.dataset)
     schema = schema_from_json(m["schema"])
+    if any(f.kind == RAGGED and f.name == "masked_tokens" for f in schema):
+        raise SystemExit(f"{args.dataset}: an offline-MLM dataset; this comparison takes a plain one")
+    dtypes = {f.name: f.dtype for f in schema}
+    per_run = make_schema(dtypes["tokens"], {name: dtypes[name] for name in STAMPS})
     level = int(m["params"].get("zstd_level", 9))
     compress = zstandard.ZstdCompressor(level=level, write_checksum=True).compress
-    blocks = []
-    for entry in m["splits"]["train"]["shards"]:
-        with open(args.dataset / entry["file"], "rb") as fh:
-            blocks += [decode_member(data, schema) for _, data in iter_tar_members(fh)]
-    token_cols = [{f.name: b.columns[f.name] for f in schema} for b in blocks]
-    run_cols = [runs_of(b) for b in blocks]
+    blocks = [b for e in m["splits"]["train"]["shards"] for b in read_shard_blocks(args.dataset / e["file"], schema)]
+    token_cols = [{f.name: b.columns[f.name] for f in token_schema(schema)} for b in blocks]
+    run_cols = [to_runs(b, per_run).columns for b in blocks]
     persons = sum(b.n for b in blocks)
     tokens = sum(len(b.columns["tokens"]) for b in blocks)
     runs = sum(len(r["run_length"]) for r in run_cols)
@@ -123,7 +114,7 @@ def main() -> None:
           f"({tokens / runs:.2f} tokens a run)")
     d = zstandard.ZstdDecompressor()
     rows = []
-    for name, per_run, cols in (("per token (format 1)", False, token_cols), ("per run (prototype)", True, run_cols)):
+    for name, per_run, cols in (("per token (format 1)", False, token_cols), ("per run (format 2)", True, run_cols)):
         frames = [compress(raw(c)) for c in cols]
         decoded = sum(len(raw(c)) for c in cols)
         secs = best_of(3, lambda frames=frames: [d.decompress(f) for f in frames])
