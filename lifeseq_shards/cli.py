@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .format import ManifestError
+from .format import MIN_SHARD_PERSONS, ManifestError
 
 
 def _fail(message: str) -> None:
@@ -53,6 +53,8 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--gpus", type=int, help="GPUs per node.")
 @click.option("--workers", type=int, help="DataLoader workers per GPU.")
 @click.option("--shards", type=int, help="Exactly this many shards per split.")
+@click.option("--min-shard-persons", type=click.IntRange(min=1), default=MIN_SHARD_PERSONS, show_default=True,
+              help="Without --shards: at least this many persons a shard.")
 @click.option("--processes", type=int, default=1, show_default=True, help="Conversion processes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Split and shuffle seed.")
 @click.option("--max-seq-len", type=int, default=512, show_default=True)

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
+    MIN_SHARD_PERSONS,
     Block,
     Field,
     check_fits,
@@ -47,7 +48,6 @@ from .sources import Source, SourceError, open_sources
 
 # Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
 HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
-MIN_SHARD_PERSONS = 100
 BUCKET_PERSONS = 100_000
 SPLITS = ("train", "val")
 INCOMPLETE = ".conversion-incomplete"  # present from the start of a conversion until its manifest is written
@@ -65,6 +65,7 @@ class ConvertOptions:
     gpus: int | None = None
     workers: int | None = None
     shards: int | None = None
+    min_shard_persons: int = MIN_SHARD_PERSONS
     processes: int = 1
     seed: int = 0
     max_seq_len: int = 512
@@ -80,14 +81,14 @@ class ConvertOptions:
 
 def shard_count(persons: int, opts: ConvertOptions) -> int:
     """Shards for a split of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
-    largest highly composite number that keeps >= MIN_SHARD_PERSONS per shard (so < 1 % fall in the remainder)."""
+    largest highly composite number that keeps >= min_shard_persons per shard (so < 1 % fall in the remainder)."""
     if persons == 0:
         return 0
     if opts.shards:
         if opts.shards > persons:
             raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of a split")
         return opts.shards
-    default = max([h for h in HIGHLY_COMPOSITE if h * MIN_SHARD_PERSONS <= persons] or [1])
+    default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
     slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
     if slots == 1:
         return default

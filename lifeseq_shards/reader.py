@@ -257,7 +257,9 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> list[Block]:
     """The blocks holding persons [start, stop) of one shard, each cut to that range (views, no copy)."""
     first, last = piece.start // block_persons, (piece.stop - 1) // block_persons
     blocks = []
-    stream = wds.gopen(piece.url, "rb")
+    # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
+    stream = open(piece.url, "rb") if "://" not in piece.url and not piece.url.startswith("pipe:") else wds.gopen(
+        piece.url, "rb")
     try:
         for i, (_name, data) in enumerate(iter_tar_members(stream)):
             if i < first:

@@ -9,6 +9,7 @@ import pytest
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lifeseq-sample"
+SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
 
 
 @pytest.fixture(scope="session")
@@ -20,14 +21,16 @@ def sample() -> Path:
 
 @pytest.fixture(scope="session")
 def mlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """encoded_mlm.h5 converted: 48 train shards of 115 persons + a 45-person remainder, 2 val shards."""
+    """encoded_mlm.h5 converted: 48 train shards of 115 persons + a 45-person remainder, 2 val shards (small shards,
+    ``SMALL_SHARDS``, so that the partition tests have many shards to deal between ranks and workers)."""
     out = tmp_path_factory.mktemp("mlm")
-    convert_dataset([str(sample / "encoded_mlm.h5")], out, opts=ConvertOptions(progress=False))
+    convert_dataset([str(sample / "encoded_mlm.h5")], out, opts=ConvertOptions(progress=False, **SMALL_SHARDS))
     return out
 
 
 @pytest.fixture(scope="session")
 def nomlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("nomlm")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, with_all=True))
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out,
+                    opts=ConvertOptions(progress=False, with_all=True, **SMALL_SHARDS))
     return out

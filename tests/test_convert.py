@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import tarfile
@@ -13,7 +14,7 @@ import pytest
 import webdataset as wds
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
-from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json, token_schema
+from lifeseq_shards.format import iter_tar_members, read_manifest, read_shard_blocks, schema_from_json, token_schema
 from lifeseq_shards.integrity import shard_entries
 
 
@@ -178,3 +179,24 @@ def test_parquet_conversion_equals_seed_encoding(sample: Path, nomlm_dataset: Pa
         assert int(rec["length"]) == n
         for j, name in enumerate(("tokens", "abspos", "age", "segment")):
             np.testing.assert_array_equal(rec[name], inp[row, j, :n], err_msg=f"person {pid} {name}")
+
+
+def test_tar_members_read_like_tarfile_and_pax_is_refused(nomlm_dataset: Path, tmp_path: Path) -> None:
+    """The reader's own ustar parser yields what tarfile yields for our shards, across short reads (a pipe or a
+    socket), and refuses an extended header it would otherwise misread."""
+    shard = nomlm_dataset / "train" / "shard-000001.tar"
+    with tarfile.open(shard) as tar:
+        want = [(i.name, tar.extractfile(i).read()) for i in tar if i.isfile()]  # type: ignore[union-attr]
+
+    class Trickle(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:
+            return super().read(min(n, 100) if n > 0 else n)
+
+    assert list(iter_tar_members(Trickle(shard.read_bytes()))) == want
+    pax = tmp_path / "pax.tar"
+    with tarfile.open(pax, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("ä" * 120)  # a long non-ASCII name needs a pax header
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    with open(pax, "rb") as fh, pytest.raises(OSError, match="extended header 'x' not supported"):
+        list(iter_tar_members(fh))

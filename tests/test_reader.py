@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 import zstandard
+from conftest import SMALL_SHARDS
 from torch.utils.data import DataLoader
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
@@ -90,7 +91,7 @@ def other_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """encoded_nomlm.h5 converted with another seed (other content, other fingerprint) and 16-person blocks."""
     out = tmp_path_factory.mktemp("other")
     convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, seed=1,
-                                                                                 block_persons=16))
+                                                                                 block_persons=16, **SMALL_SHARDS))
     return out
 
 

@@ -40,6 +40,7 @@ from bench_layouts import npy_members, person_arrays, write_tar  # noqa: E402
 from lifeseq_shards.convert import ConvertOptions, convert_dataset  # noqa: E402
 from lifeseq_shards.format import (  # noqa: E402
     FORMAT_VERSION,
+    MIN_SHARD_PERSONS,
     Block,
     Field,
     concat_blocks,
@@ -59,6 +60,8 @@ BATCH = 256
 SEQ = 512
 SEED_KEYS = ("input_ids", "padding_mask", "original_sequence", "sequence_id")
 NARROW = {"tokens": np.uint16, "abspos": np.int16, "age": np.uint8, "segment": np.uint8}
+# our dataset: no val split; shards a multiple of 2, so both the 1- and the 2-worker reader divide them
+OURS_OPTIONS: dict[str, Any] = {"num_val": 0, "workers": 2, "min_shard_persons": MIN_SHARD_PERSONS}
 WDS_SHARD_PERSONS = 10_000
 MANY_SHARDS = 10_000
 
@@ -153,7 +156,7 @@ def prepare(work: Path, people: int, many_shards: int) -> None:
         (raw / "vocab.csv", lambda: synth_population(raw, people, seed=0)),
         (ours / "manifest.json", lambda: convert_dataset(
             [str(raw / "sequences.parquet")], ours, str(raw / "vocab.csv"),
-            ConvertOptions(num_val=0, processes=2, overwrite=True))),
+            ConvertOptions(processes=2, overwrite=True, **OURS_OPTIONS))),
         (work / "persons.npz", lambda: np.savez(work / "persons.npz", **read_persons(ours).columns)),
         (work / "seed_gzip.h5", lambda: write_seed_h5(work / "seed_gzip.h5", persons(work), gzip=True)),
         (work / "seed_raw.h5", lambda: write_seed_h5(work / "seed_raw.h5", persons(work), gzip=False)),
@@ -161,12 +164,26 @@ def prepare(work: Path, people: int, many_shards: int) -> None:
         (work / "litdata", lambda: write_litdata(work / "litdata", work / "persons.npz", persons(work).n)),
         (work / "many" / "manifest.json", lambda: make_many(work, many_shards)),
     ]
-    for old in (ours, work / "many"):  # ours from an older format version: convert again (same persons)
-        if (old / "manifest.json").exists() and read_manifest(old)["format_version"] != FORMAT_VERSION:
-            shutil.rmtree(old)
+    if _stale(ours):  # converted by an older version or with other options: every format is built again
+        for old in (ours, work / "persons.npz", work / "seed_gzip.h5", work / "seed_raw.h5", work / "wds",
+                    work / "litdata"):
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink(missing_ok=True)
+    if _stale(work / "many", {}):
+        shutil.rmtree(work / "many")
     for out, make in tqdm(steps, desc="prepare formats", unit="format"):
         if not out.exists():
             make()
+
+
+def _stale(dataset: Path, options: dict[str, Any] = OURS_OPTIONS) -> bool:
+    """A dataset built by another format version, or with other conversion options than this bench asks for."""
+    if not (dataset / "manifest.json").exists():
+        return False
+    m = read_manifest(dataset)
+    return m["format_version"] != FORMAT_VERSION or any(m["params"].get(k) != v for k, v in options.items())
 
 
 def make_many(work: Path, shards: int) -> None:
