@@ -12,9 +12,18 @@ import h5py
 import numpy as np
 import pytest
 import webdataset as wds
+from click.testing import CliRunner
 
+from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
-from lifeseq_shards.format import iter_tar_members, read_manifest, read_shard_blocks, schema_from_json, token_schema
+from lifeseq_shards.format import (
+    MIN_SHARD_PERSONS,
+    iter_tar_members,
+    read_manifest,
+    read_shard_blocks,
+    schema_from_json,
+    token_schema,
+)
 from lifeseq_shards.integrity import shard_entries
 
 
@@ -120,6 +129,7 @@ def test_all_split_holds_everyone(nomlm_dataset: Path) -> None:
 def test_default_shard_count_scales_and_keeps_remainder_small(persons: int) -> None:
     s = shard_count(persons, ConvertOptions())
     assert persons // s >= 100  # no 720 shards of 7 persons
+    assert persons // s >= min(persons, MIN_SHARD_PERSONS)  # files of 4 blocks at least, where there are persons
     assert (persons % s) < 0.02 * persons
     assert s in (1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040)
 
@@ -127,6 +137,17 @@ def test_default_shard_count_scales_and_keeps_remainder_small(persons: int) -> N
 def test_shard_count_multiple_of_readers() -> None:
     assert shard_count(5000, ConvertOptions(nodes=2, gpus=4, workers=3)) % 24 == 0
     assert shard_count(5000, ConvertOptions(shards=7)) == 7
+    assert shard_count(5000, ConvertOptions(min_shard_persons=100)) == 48  # 60 shards would hold 83 persons
+
+
+def test_cli_min_shard_persons(sample: Path, tmp_path: Path) -> None:
+    """Small shards on request (many readers on a small dataset); the default keeps files of >= 1,024 persons."""
+    small, default = tmp_path / "small", tmp_path / "default"
+    for out, extra in ((small, ["--min-shard-persons", "500"]), (default, [])):
+        r = CliRunner().invoke(main, ["convert", str(sample / "encoded_nomlm.h5"), "-o", str(out), *extra])
+        assert r.exit_code == 0, r.output
+    sizes = {p: read_manifest(p)["splits"]["train"]["shard_persons"] for p in (small, default)}
+    assert 500 <= sizes[small] < MIN_SHARD_PERSONS <= sizes[default]
 
 
 def test_same_seed_same_dataset_and_processes_do_not_matter(sample: Path, tmp_path: Path) -> None:
