@@ -174,10 +174,15 @@ def concat_blocks(blocks: list[Block], schema: list[Field]) -> Block:
     return Block({f.name: np.concatenate([b.columns[f.name] for b in blocks]) for f in schema})
 
 
+def _run_fields(schema: list[Field]) -> list[str]:
+    """The fields stored once per run (none in format 1)."""
+    return [f.name for f in schema if f.kind == RUNS and f.name != RUN_LENGTH]
+
+
 def to_runs(block: Block, schema: list[Field]) -> Block:
     """Per-token stamps (a ``token_schema`` block) -> ``schema``'s runs: a run starts at each person's first token
     and wherever a stamp changes, so :func:`expand_runs` gives the same tokens back."""
-    stamps = [f.name for f in schema if f.kind == RUNS and f.name != RUN_LENGTH]
+    stamps = _run_fields(schema)
     if not stamps:
         return block
     c, offs = block.columns, block.offsets()
@@ -198,7 +203,7 @@ def to_runs(block: Block, schema: list[Field]) -> Block:
 
 def expand_runs(block: Block, schema: list[Field]) -> Block:
     """The block with every stamp once per token again (``token_schema(schema)``'s layout)."""
-    runs = [f.name for f in schema if f.kind == RUNS and f.name != RUN_LENGTH]
+    runs = _run_fields(schema)
     if not runs:
         return block
     reps = block.columns[RUN_LENGTH]
@@ -301,13 +306,14 @@ def iter_tar_members(stream: Any) -> Iterator[tuple[str, bytes]]:
             return  # end-of-archive marker, or a stream that stops between members
         if len(header) < 512:
             raise OSError("tar: truncated header")
-        stored = header[148:156].split(b"\0", 1)[0].strip()
-        if not stored or int(stored, 8) != sum(header[:148]) + 256 + sum(header[156:]):
+        if _octal(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
             raise OSError("tar: bad header checksum")
         kind = header[156:157]
         if kind in (b"x", b"g", b"L", b"K"):
             raise OSError(f"tar: extended header {kind.decode()!r} not supported")
-        size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        size = _octal(header[124:136])
+        if size < 0:
+            raise OSError("tar: bad size field")
         data = _read_exactly(stream, size)
         if len(data) < size:
             raise OSError(f"tar: member data truncated ({len(data)} of {size} bytes)")
@@ -319,6 +325,16 @@ def iter_tar_members(stream: Any) -> Iterator[tuple[str, bytes]]:
 
 
 _ZERO_BLOCK = bytes(512)
+
+
+def _octal(field: bytes) -> int:
+    """A ustar number field (octal digits, NUL or space terminated); -1 when it is not one, so a damaged header
+    fails its checksum test instead of raising an unrelated error."""
+    digits = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(digits, 8) if digits else -1
+    except ValueError:
+        return -1
 
 
 def _read_exactly(stream: Any, size: int) -> bytes:

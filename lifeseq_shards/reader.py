@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import webdataset as wds
+import zstandard
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import plan
@@ -48,7 +49,7 @@ from .format import (
 
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
-MAX_PREFETCH = 64  # batches in flight per worker, at most (~350 KB each at batch 256)
+MAX_PREFETCH = 64  # batches in flight per worker, at most (~200 KB each at batch 256)
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
 
 
@@ -268,6 +269,8 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> list[Block]:
             blocks.append(block.slice(max(piece.start - start, 0), min(piece.stop - start, block.n), schema))
             if i == last:
                 break
+    except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which one, in one line
+        raise OSError(f"{piece.url}: block {first + len(blocks)}: {e}") from None
     finally:
         stream.close()
     if len(blocks) != last - first + 1:
@@ -393,7 +396,7 @@ class _WorkerContext(multiprocessing.context.ForkServerContext):
     fraction of a second. Like spawn, it needs the training script's ``if __name__ == "__main__":`` guard; pass
     ``multiprocessing_context="fork"`` to ShardedLoader to choose otherwise.
 
-    Its queues' pipes hold 1 MiB instead of 64 KiB, so a packed batch (~350 KB for 256 persons) crosses from a
+    Its queues' pipes hold 1 MiB instead of 64 KiB, so a packed batch (~200 KB for 256 persons) crosses from a
     worker in one write and one read, not in six handovers that hold the queue's lock against the other workers
     (docs/performance.md, changes 8 and 9)."""
 

@@ -12,6 +12,7 @@ import functools
 import gc
 import json
 import pickle
+import shutil
 import struct
 import tarfile
 import threading
@@ -483,7 +484,7 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
 def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path) -> None:
     """A worker pauses while it loads its next window; the in-order DataLoader then waits on it while the others
     idle, unless every worker has at least a window's batches in flight. Each batch crosses the workers' result pipe
-    in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold a 350 KB batch)."""
+    in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold a 200 KB batch)."""
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=1, packed=True)
     loader = ShardedLoader(ds)
     assert loader.prefetch_factor * ds.batch_size >= ds.window
@@ -517,3 +518,16 @@ def test_format1_datasets_read_like_format2(mlm_dataset: Path, tmp_path: Path, p
     if packed:  # the buffers differ (runs vs tokens); what the device makes of them does not
         new_batches, old_batches = ([unpack(b) for b in bs] for bs in (new_batches, old_batches))
     assert_same_batches(old_batches, new_batches)
+
+
+def test_a_damaged_shard_is_named(nomlm_dataset: Path, tmp_path: Path) -> None:
+    """A flipped byte fails the block's zstd checksum; the error names the shard and the block, in one line."""
+    copy = tmp_path / "ds"
+    shutil.copytree(nomlm_dataset, copy)
+    shard = copy / "train" / "shard-000003.tar"
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0xFF  # inside the first member's compressed bytes
+    shard.write_bytes(bytes(data))
+    with pytest.raises(OSError, match=r"train/shard-000003\.tar: block 0: ") as err:
+        rank_pass(copy, 1, 0, 0, batch_size=256)
+    assert "\n" not in str(err.value)
