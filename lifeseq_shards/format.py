@@ -158,16 +158,19 @@ class Block:
 
 
 def _ragged_gather(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Flat positions of the ragged values of persons ``index`` (concatenated in that order)."""
-    starts, stops = offsets[index], offsets[index + 1]
-    lens = stops - starts
-    total = int(lens.sum())
-    if total == 0:
+    """Flat positions of the ragged values of persons ``index`` (concatenated in that order): a running sum of
+    steps of 1, with a jump at each person's first value (two passes over the output, not arange + repeat + add)."""
+    starts = offsets[index]
+    lens = offsets[index + 1] - starts
+    if not lens.all():  # persons without values (e.g. no targets) have no first value to jump to
+        starts, lens = starts[lens > 0], lens[lens > 0]
+    if not len(lens):
         return np.zeros(0, dtype=np.int64)
-    # position k of the output belongs to person j: starts[j] + (k - cumlen[j])
-    cum = np.zeros(len(index), dtype=np.int64)
-    np.cumsum(lens[:-1], out=cum[1:])
-    return np.arange(total, dtype=np.int64) + np.repeat(starts - cum, lens)
+    ends = np.cumsum(lens)
+    steps = np.ones(int(ends[-1]), dtype=np.int64)
+    steps[0] = starts[0]
+    steps[ends[:-1]] = starts[1:] - (starts[:-1] + lens[:-1]) + 1
+    return np.cumsum(steps, out=steps)
 
 
 def concat_blocks(blocks: list[Block], schema: list[Field]) -> Block:

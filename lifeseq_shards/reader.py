@@ -326,16 +326,18 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
         fields.append((f.name if f.name != "length" else "lengths", dtype.str, offset, len(idx)))
         offset += -(-len(idx) * dtype.itemsize // 8) * 8
     buf = np.empty(offset, dtype=np.uint8)
-    for (_, dtype, off, count), (f, idx) in zip(fields, sources, strict=True):
-        np.take(c[f.name], idx, out=buf[off : off + count * np.dtype(dtype).itemsize].view(dtype))
-    lengths = c["length"][index]
+    columns = {}
+    for (name, dtype, off, count), (f, idx) in zip(fields, sources, strict=True):
+        # mode="wrap": the indices are in range by construction, and "raise" would copy through a buffer
+        columns[name] = np.take(c[f.name], idx, out=buf[off : off + count * np.dtype(dtype).itemsize].view(dtype),
+                                mode="wrap")
     out: dict[str, Any] = {
         "packed": buf,
         "fields": tuple(fields),
-        "width": _padded_width(lengths, ds.pad_multiple),
+        "width": _padded_width(columns["lengths"], ds.pad_multiple),
     }
-    if "n_targets" in c:
-        out["targets_width"] = int(c["n_targets"][index].max(initial=0))
+    if "n_targets" in columns:
+        out["targets_width"] = int(columns["n_targets"].max(initial=0))
     return out
 
 
