@@ -102,7 +102,7 @@ def check_fits(name: str, values: np.ndarray, dtype: str, where: str) -> None:
 
 
 def ragged_counts(schema: list[Field]) -> set[str]:
-    """The count fields (``length``, ``n_targets``) that size the schema's ragged fields."""
+    """The count fields (``length``, ``n_targets``, ``n_runs``) that size the schema's non-scalar fields."""
     return {COUNT_OF[f.kind] for f in schema if f.kind != SCALAR}
 
 
@@ -385,6 +385,11 @@ class ManifestError(ValueError):
     pass
 
 
+def is_local(url: str) -> bool:
+    """A plain path (local or shared filesystem), not a URL or a ``pipe:`` command for webdataset's gopen."""
+    return "://" not in url and not url.startswith("pipe:")
+
+
 def dataset_url(root: str, relative: str) -> str:
     """Where a dataset file lives: ``root/relative`` for a directory or http(s) base, or, for a ``pipe:`` root, the
     command with ``{}`` replaced (``pipe:aws s3 cp s3://bucket/ds/{} -`` streams any file of the dataset)."""
@@ -399,7 +404,7 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Load the manifest of a dataset root: a local directory, an http(s) base URL or a ``pipe:`` command."""
     root_s = str(root)
     where = dataset_url(root_s, MANIFEST)
-    if root_s.startswith(("http://", "https://", "pipe:")):
+    if not is_local(root_s):
         import webdataset as wds
 
         try:

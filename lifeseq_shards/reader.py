@@ -40,6 +40,7 @@ from .format import (
     dataset_url,
     decode_member,
     expand_runs,
+    is_local,
     iter_tar_members,
     ragged_counts,
     read_manifest,
@@ -259,8 +260,7 @@ def read_piece(piece: Piece, schema: list, block_persons: int) -> list[Block]:
     first, last = piece.start // block_persons, (piece.stop - 1) // block_persons
     blocks = []
     # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(piece.url, "rb") if "://" not in piece.url and not piece.url.startswith("pipe:") else wds.gopen(
-        piece.url, "rb")
+    stream = open(piece.url, "rb") if is_local(piece.url) else wds.gopen(piece.url, "rb")
     try:
         for i, (_name, data) in enumerate(iter_tar_members(stream)):
             if i < first:

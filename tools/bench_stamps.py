@@ -5,9 +5,8 @@ length (docs/performance.md, change 11). This script re-encodes the train blocks
 (columnar, zstd at the dataset's level) and times, in one process,
 
 - decompression of every block (best of 3), the reader's largest cost;
-- the per-batch gathers of the reader's packed collate: flat indices + one ``np.take`` per ragged field, for
-  batches of 256 drawn from shuffled 4,096-person windows (per token: 4 fields; per run: tokens per token, then
-  run length and 3 stamps per run);
+- the reader's packed collate itself (flat indices, one ``np.take`` per field into the batch buffer), for batches
+  of 256 drawn from shuffled 4,096-person windows;
 - the bytes a packed batch ships (through the worker's pipe, then to the device).
 
 Usage: python tools/bench_stamps.py [DATASET]   (default: the loader bench's 200k-person dataset)
@@ -19,6 +18,7 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import zstandard
@@ -26,6 +26,10 @@ import zstandard
 from lifeseq_shards.format import (
     RAGGED,
     STAMPS,
+    Block,
+    Field,
+    concat_blocks,
+    encode_block,
     make_schema,
     read_manifest,
     read_shard_blocks,
@@ -33,18 +37,10 @@ from lifeseq_shards.format import (
     to_runs,
     token_schema,
 )
+from lifeseq_shards.reader import collate_packed
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW, BATCH = 4096, 256
-
-
-def raw(columns: dict[str, np.ndarray]) -> bytes:
-    """Columns back to back, 8-byte aligned (the block codec's layout, without its header)."""
-    parts = []
-    for col in columns.values():
-        data = np.ascontiguousarray(col).tobytes()
-        parts += [data, b"\0" * (-len(data) % 8)]
-    return b"".join(parts)
 
 
 def best_of(repeats: int, fn: Callable[[], None]) -> float:
@@ -56,39 +52,16 @@ def best_of(repeats: int, fn: Callable[[], None]) -> float:
     return min(times)
 
 
-def flat_index(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
-    starts, lens = offsets[index], offsets[index + 1] - offsets[index]
-    cum = np.zeros(len(index), dtype=np.int64)
-    np.cumsum(lens[:-1], out=cum[1:])
-    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - cum, lens)
-
-
-def gather_seconds(cols: dict[str, np.ndarray], per_run: bool, seed: int = 0) -> float:
-    """Time of the packed collate's gathers over every window of ``cols`` (one pass, shuffled windows)."""
+def gather_seconds(block: Block, schema: list[Field], seed: int = 0) -> float:
+    """Time of the reader's packed collate (its gathers into one buffer) over every window of ``block``: one pass,
+    batches of 256 from shuffled 4,096-person windows."""
     rng = np.random.default_rng(seed)
-    n = len(cols["person_id"])
-    tok_offs = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(cols["length"], out=tok_offs[1:])
-    run_offs = np.zeros(n + 1, dtype=np.int64)
-    if per_run:
-        np.cumsum(cols["n_runs"], out=run_offs[1:])
+    ds = SimpleNamespace(schema=schema, pad_multiple=8)  # what collate_packed reads of a ShardedDataset
     t0 = time.perf_counter()
-    for lo in range(0, n, WINDOW):
-        order = lo + rng.permutation(min(WINDOW, n - lo))
+    for lo in range(0, block.n, WINDOW):
+        order = lo + rng.permutation(min(WINDOW, block.n - lo))
         for i in range(0, len(order), BATCH):
-            idx = order[i : i + BATCH]
-            cols["person_id"].take(idx)
-            cols["length"].take(idx)
-            flat = flat_index(tok_offs, idx)
-            if per_run:
-                cols["tokens"].take(flat)
-                cols["n_runs"].take(idx)
-                flat = flat_index(run_offs, idx)
-                for f in ("run_length", *STAMPS):
-                    cols[f].take(flat)
-            else:
-                for f in ("tokens", *STAMPS):
-                    cols[f].take(flat)
+            collate_packed(block, ds, order[i : i + BATCH])  # type: ignore[arg-type]
     return time.perf_counter() - t0
 
 
@@ -105,24 +78,26 @@ def main() -> None:
     level = int(m["params"].get("zstd_level", 9))
     compress = zstandard.ZstdCompressor(level=level, write_checksum=True).compress
     blocks = [b for e in m["splits"]["train"]["shards"] for b in read_shard_blocks(args.dataset / e["file"], schema)]
-    token_cols = [{f.name: b.columns[f.name] for f in token_schema(schema)} for b in blocks]
-    run_cols = [to_runs(b, per_run).columns for b in blocks]
+    per_token = token_schema(schema)
+    token_blocks = [Block({f.name: b.columns[f.name] for f in per_token}) for b in blocks]
+    run_blocks = [to_runs(b, per_run) for b in blocks]
     persons = sum(b.n for b in blocks)
     tokens = sum(len(b.columns["tokens"]) for b in blocks)
-    runs = sum(len(r["run_length"]) for r in run_cols)
+    runs = sum(len(r.columns["run_length"]) for r in run_blocks)
     print(f"{args.dataset}: {persons:,} persons, {tokens / persons:.1f} tokens and {runs / persons:.1f} runs a person "
           f"({tokens / runs:.2f} tokens a run)")
     d = zstandard.ZstdDecompressor()
     rows = []
-    for name, per_run, cols in (("per token (format 1)", False, token_cols), ("per run (format 2)", True, run_cols)):
-        frames = [compress(raw(c)) for c in cols]
-        decoded = sum(len(raw(c)) for c in cols)
+    for name, fields, encoded in (("per token (format 1)", per_token, token_blocks),
+                                  ("per run (format 2)", per_run, run_blocks)):
+        payloads = [encode_block(b, fields) for b in encoded]
+        frames = [compress(p) for p in payloads]
         secs = best_of(3, lambda frames=frames: [d.decompress(f) for f in frames])
-        whole = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
-        gather = min(gather_seconds(whole, per_run) for _ in range(3))
-        shipped = sum(v.nbytes for k, v in whole.items())  # the packed batch holds every column once
-        rows.append((name, sum(map(len, frames)) / persons, decoded / persons, persons / secs, persons / gather,
-                     shipped / persons))
+        whole = concat_blocks(encoded, fields)
+        gather = min(gather_seconds(whole, fields) for _ in range(3))
+        shipped = sum(v.nbytes for v in whole.columns.values())  # the packed batch holds every column once
+        rows.append((name, sum(map(len, frames)) / persons, sum(map(len, payloads)) / persons, persons / secs,
+                     persons / gather, shipped / persons))
     print("\n| stamps | zstd B/person | decoded B/person | decompress persons/s | gathers persons/s | "
           "packed B/person |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, disk, dec, dps, gps, ship in rows:
