@@ -29,11 +29,13 @@ class LifeSeqDataModule(L.LightningDataModule):
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
                  seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
                  pin_memory: bool = True, persistent_workers: bool = True,
-                 predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False) -> None:
+                 predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
+                 batches_per_message: int | None = None) -> None:
         super().__init__()
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
+        self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~1,024 persons)
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
@@ -57,7 +59,8 @@ class LifeSeqDataModule(L.LightningDataModule):
                             drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to,
                             packed=self.pad_to is None)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
-        return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(), **extra)
+        return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
+                             batches_per_message=self.batches_per_message, **extra)
 
     def train_dataloader(self) -> ShardedLoader:
         return self._loader("train", TRAIN, shuffle=True)

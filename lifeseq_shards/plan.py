@@ -195,12 +195,13 @@ def batch_positions(b: int, batch_size: int, total: int) -> range:
     return range(min(b * batch_size, total), min((b + 1) * batch_size, total))
 
 
-def worker_batches_consumed(n: int, num_workers: int, per_worker: list[int]) -> list[int]:
+def worker_batches_consumed(n: int, num_workers: int, per_worker: list[int], per_message: int = 1) -> list[int]:
     """How many of each worker's batches are among the first n a DataLoader returned (for exact resume).
 
-    A DataLoader (in_order=True, the default) over an IterableDataset returns worker 0's first batch, worker 1's
-    first, ..., skipping exhausted workers. After t full rounds worker k has given min(c_k, t); the n - sum of those
-    leftover batches go, in worker order, to the workers that still had more than t.
+    A DataLoader (in_order=True, the default) over an IterableDataset returns worker 0's first message, worker 1's
+    first, ..., skipping exhausted workers; a message holds ``per_message`` of the worker's batches (its last one
+    fewer). After t full rounds worker k has given min(c_k, t * per_message); the n - sum of those leftover batches
+    go, in worker order and a message at a time, to the workers that still had more; the last message may be cut.
     """
     if num_workers == 0:
         return [n]
@@ -208,18 +209,22 @@ def worker_batches_consumed(n: int, num_workers: int, per_worker: list[int]) -> 
         raise ValueError(f"per_worker has {len(per_worker)} entries for {num_workers} workers")
     if not 0 <= n <= sum(per_worker):
         raise ValueError(f"{n} batches consumed, but the workers only produce {sum(per_worker)}")
+    if per_message < 1:
+        raise ValueError(f"per_message must be >= 1, not {per_message}")
     counts = np.asarray(per_worker, dtype=np.int64)
-    lo, hi = 0, int(counts.max(initial=0))  # largest t with sum(min(c, t)) <= n
+    lo, hi = 0, -(-int(counts.max(initial=0)) // per_message)  # largest t with sum(min(c, t * m)) <= n
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if np.minimum(counts, mid).sum() <= n:
+        if np.minimum(counts, mid * per_message).sum() <= n:
             lo = mid
         else:
             hi = mid - 1
-    taken = np.minimum(counts, lo)
+    taken = np.minimum(counts, lo * per_message)
     extra = n - int(taken.sum())
-    active = np.flatnonzero(counts > lo)[:extra]
-    taken[active] += 1
+    for k in np.flatnonzero(counts > taken):
+        step = min(per_message, int(counts[k] - taken[k]), extra)
+        taken[k] += step
+        extra -= step
     return [int(x) for x in taken]
 
 

@@ -5,7 +5,9 @@ Stages (each a small generator, composed in a ``webdataset.DataPipeline``):
 -> ``load_windows`` (stream the needed tar members over webdataset's gopen: a local or shared filesystem, http(s),
 or a ``pipe:`` command; decode only the blocks needed)
 -> ``batches`` (gather each batch's persons in narrow dtypes: padded to a multiple of 8, or packed into one buffer
-of real tokens that the device pads).
+of real tokens that the device pads)
+-> ``messages`` (in DataLoader workers: a few batches per item, so the main process pays its per-item cost once for
+them; :class:`ShardedLoader` hands them out one by one).
 
 Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
 ``torch.distributed`` is not initialised and RANK is unset) cannot lose them. The epoch and the resume point reach
@@ -50,8 +52,9 @@ from .format import (
 
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
-MAX_PREFETCH = 64  # batches in flight per worker, at most (~200 KB each at batch 256)
+MAX_PREFETCH = 64  # messages in flight per worker, at most
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
+MESSAGE_PERSONS = 1024  # persons per worker message: the main process's ~200 us per message is then ~6 % of their cost
 
 
 def default_rank_world() -> tuple[int, int]:
@@ -140,6 +143,8 @@ class ShardedDataset(IterableDataset):
         self.fingerprint = self.manifest["fingerprint"]
         # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
+        # batches per item a DataLoader worker sends (a list of them when > 1); ShardedLoader sets it and unpacks
+        self.batches_per_message = 1
         self._warn_static_balance(self.manifest["splits"][splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
@@ -203,24 +208,27 @@ class ShardedDataset(IterableDataset):
             )
         epoch, skip_total = self._claim_pass(worker)
         per_worker = self.per_worker_batches()
-        consumed = plan.worker_batches_consumed(skip_total, self.num_workers, per_worker)
+        per_message = self.batches_per_message if k else 1
+        consumed = plan.worker_batches_consumed(skip_total, self.num_workers, per_worker, per_message)
         # A fresh DataLoader asks worker 0 first, but the batch due next may be another worker's: resume rotates the
         # workers' roles so that the worker asked first plays the one whose batch is due (this pass only).
-        role = (worker + _first_due(consumed, per_worker)) % len(per_worker)
+        role = (worker + _first_due(consumed, per_worker, per_message)) % len(per_worker)
         skip = consumed[role]
         slot = plan.slot_index(self.rank, role, self.num_workers)
-        pipeline = wds.DataPipeline(
+        stages = [
             lambda: slot_windows(self, slot, epoch, skip),
             lambda src: load_windows(src, self.schema, self.block_persons),
             lambda src: batches(src, self, skip),
-        )
-        return iter(pipeline)
+        ]
+        if per_message > 1:
+            stages.append(lambda src: messages(src, per_message, skip))
+        return iter(wds.DataPipeline(*stages))
 
 
-def _first_due(consumed: list[int], per_worker: list[int]) -> int:
-    """The worker whose batch an in-order DataLoader returns after ``consumed``: the unfinished one with the fewest
-    batches returned, the lowest id among equals (round-robin that skips exhausted workers)."""
-    due = [(c, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
+def _first_due(consumed: list[int], per_worker: list[int], per_message: int = 1) -> int:
+    """The worker whose message an in-order DataLoader returns after ``consumed`` batches: the unfinished one with
+    the fewest whole messages returned, the lowest id among equals (round-robin that skips exhausted workers)."""
+    due = [(c // per_message, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
     return min(due)[1] if due else 0
 
 
@@ -300,6 +308,20 @@ def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, skip: int) 
             carry = block.take(order[i:], ds.schema)
     if carry is not None and not ds.drop_last:
         yield collate(carry, ds)
+
+
+def messages(src: Iterator[dict[str, Any]], per_message: int, first: int) -> Iterator[list[dict[str, Any]]]:
+    """Stage 4 (DataLoader workers): lists of ``per_message`` batches, cut at multiples of it in the worker's own
+    batch numbering (batch ``first`` is the first one read), so that a resumed pass sends the same messages as an
+    uninterrupted one from its first whole message on."""
+    group: list[dict[str, Any]] = []
+    for b, batch in enumerate(src, start=first):
+        group.append(batch)
+        if (b + 1) % per_message == 0:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def collate(block: Block, ds: ShardedDataset, index: np.ndarray | None = None) -> dict[str, Any]:
@@ -420,18 +442,28 @@ class ShardedLoader(DataLoader):
 
     ``state_dict()`` / ``load_state_dict()`` make it a Lightning stateful loader: a run stopped after n batches and
     resumed yields exactly the batches it had not yet yielded. A changed dataset is refused.
+
+    Workers send ``batches_per_message`` batches per item (default: about ``MESSAGE_PERSONS`` persons), which this
+    loader hands out one at a time: the main process's cost per item (the DataLoader's bookkeeping, the index
+    queue, the pipe, unpickling) is paid once per message, and it competes with the workers for the node's cores.
     """
 
-    def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, *,
+                 batches_per_message: int | None = None, **kwargs: Any) -> None:
         if num_workers is not None and num_workers != dataset.num_workers:
             raise ValueError(f"num_workers={num_workers} but the dataset was built for {dataset.num_workers}")
+        if batches_per_message is None:
+            batches_per_message = max(1, MESSAGE_PERSONS // dataset.batch_size)
+        if batches_per_message < 1:
+            raise ValueError(f"batches_per_message must be >= 1, not {batches_per_message}")
+        dataset.batches_per_message = batches_per_message if dataset.num_workers else 1
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
         if dataset.num_workers:
             kwargs.setdefault("persistent_workers", True)
             # a worker stops yielding while it loads its next window (a burst of decompression), and the in-order
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
-            window_batches = -(-dataset.window // dataset.batch_size)
-            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, max(4, window_batches + 2)))
+            window_messages = -(-dataset.window // (dataset.batch_size * dataset.batches_per_message))
+            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, max(4, window_messages + 2)))
             kwargs.setdefault("multiprocessing_context", _worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
@@ -446,12 +478,13 @@ class ShardedLoader(DataLoader):
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         self._epoch = ds.next_epoch()
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
-        for batch in super().__iter__():
-            self._yielded += 1
-            if "packed" in batch and isinstance(batch["packed"], np.ndarray):
-                buf = torch.from_numpy(batch["packed"])
-                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
-            yield batch
+        for item in super().__iter__():
+            for batch in item if isinstance(item, list) else (item,):
+                self._yielded += 1
+                if "packed" in batch and isinstance(batch["packed"], np.ndarray):
+                    buf = torch.from_numpy(batch["packed"])
+                    batch["packed"] = buf.pin_memory() if self.pin_memory else buf
+                yield batch
 
     def state_dict(self) -> dict[str, Any]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
@@ -479,4 +512,5 @@ class ShardedLoader(DataLoader):
     def _layout(self) -> dict[str, Any]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return {"world_size": ds.world_size, "num_workers": ds.num_workers, "batch_size": ds.batch_size,
-                "seed": ds.seed, "mode": ds.mode, "shuffle": ds.shuffle, "drop_last": ds.drop_last}
+                "seed": ds.seed, "mode": ds.mode, "shuffle": ds.shuffle, "drop_last": ds.drop_last,
+                "batches_per_message": ds.batches_per_message}

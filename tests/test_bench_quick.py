@@ -72,14 +72,17 @@ def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.T
     return out
 
 
-def test_every_contender_yields_the_source_persons(work: Path) -> None:
+def test_every_contender_yields_the_source_persons(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = source_rows(work / "raw")
     train_ids = set(bench_loader.persons(work).columns["person_id"].tolist())
     assert len(train_ids) > PEOPLE * 0.9 and train_ids <= set(expected)
     for name, (_, make, _) in bench_loader.CONTENDERS.items():
         if name == "ours-10k-shards":
             continue
-        got = list(make(work))
+        got = []
+        for rank in range(bench_loader.SIDE_BY_SIDE if name == "ours-2x-w0" else 1):  # its processes' halves
+            monkeypatch.setenv("BENCH_RANK", str(rank))
+            got += list(make(work))
         if isinstance(got[0], tuple):  # the limits yield (persons, tokens) per block
             assert sum(p for p, _ in got) == len(train_ids), name
             continue
@@ -100,6 +103,14 @@ def test_reader_matches_seed_pattern_and_ships_less(work: Path) -> None:
     ours_bytes = sum(bench_loader.batch_stats(x)[2] or 0 for x in ours)
     seed_bytes = sum(bench_loader.batch_stats(x)[2] or 0 for x in seed)
     assert ours_bytes < seed_bytes / 4  # narrow dtypes, no original_sequence: far fewer bytes per person
+
+
+def test_side_by_side_processes_add_up(work: Path) -> None:
+    """The ceiling contender's processes run at once and read disjoint halves that make up the train split."""
+    row = bench_loader.run_child("ours-2x-w0", work, max_seconds=5, min_seconds=0)
+    assert "error" not in row, row
+    assert row["complete"] and row["persons"] == bench_loader.persons_total(work, "ours-2x-w0")
+    assert row["persons_per_s"] > 0
 
 
 def test_many_shards_first_batch(work: Path) -> None:

@@ -29,7 +29,11 @@ SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
 REPO = SCRIPTS.parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 WORKERS = 2  # DataLoader workers per rank in every launch
-CKPT_STEP = 7  # odd, so the checkpoint falls between the two workers' turns
+# Lightning runs send 2 batches per worker message, so step 7 falls inside worker 1's second message (w0 w0 w1 w1 w0 w0
+# w1 | w1): the resumed loader must give worker 0 worker 1's role and start it mid-message. torchrun runs keep the
+# default (16 batches of 64 per message), so their snapshot at 5 falls inside worker 0's first.
+CKPT_STEP = 7
+MESSAGE_BATCHES = 2
 SNAPSHOT_AT = 5
 # the launches' own deadlines; each test's pytest timeout adds room for the fixtures it builds
 TORCHRUN_S, LIGHTNING_S = 60, 90
@@ -128,7 +132,8 @@ def assert_equal_batches(per_rank: list[list[list[int]]], lengths: list[int]) ->
 
 
 def lightning(data: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(data), str(out), "--workers", str(WORKERS), *extra]
+    return [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(data), str(out), "--workers", str(WORKERS),
+            "--batches-per-message", str(MESSAGE_BATCHES), *extra]
 
 
 # ---------------------------------------------------------------------------------------------------------------

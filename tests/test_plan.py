@@ -114,24 +114,25 @@ def test_batch_positions_tile_the_stream(total, batch):
     assert len(batch_positions(num_batches(total, batch), batch, total)) == 0
 
 
-def round_robin(per_worker: list[int]) -> list[int]:
-    """The worker id of each batch a DataLoader returns: cycle over workers, skipping exhausted ones."""
+def round_robin(per_worker: list[int], per_message: int = 1) -> list[int]:
+    """The worker id of each batch a DataLoader returns: cycle over workers, skipping exhausted ones, a message of
+    up to ``per_message`` batches from each in turn."""
     left = list(per_worker)
     out = []
     while any(left):
         for w, c in enumerate(left):
-            if c:
-                out.append(w)
-                left[w] -= 1
+            step = min(c, per_message)
+            out += [w] * step
+            left[w] -= step
     return out
 
 
-@given(st.lists(st.integers(0, 12), min_size=1, max_size=8), st.data())
-def test_worker_batches_consumed_matches_round_robin(per_worker, data):
-    sequence = round_robin(per_worker)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=8), st.integers(1, 5), st.data())
+def test_worker_batches_consumed_matches_round_robin(per_worker, per_message, data):
+    sequence = round_robin(per_worker, per_message)
     n = data.draw(st.integers(0, len(sequence)))
     expected = [sequence[:n].count(w) for w in range(len(per_worker))]
-    assert worker_batches_consumed(n, len(per_worker), per_worker) == expected
+    assert worker_batches_consumed(n, len(per_worker), per_worker, per_message) == expected
 
 
 # Hand-computed cases: (sizes, world, workers) -> per-slot segments as (shard, start, stop), with shuffle off.
@@ -182,6 +183,8 @@ def test_counts_by_hand():
     assert worker_batches_consumed(3, 2, [1, 3]) == [1, 2]  # w0, w1, w1
     assert worker_batches_consumed(3, 3, [2, 0, 2]) == [2, 0, 1]  # w0, w2, w0
     assert worker_batches_consumed(5, 0, []) == [5]
+    assert worker_batches_consumed(5, 2, [5, 3], per_message=2) == [3, 2]  # w0 w0, w1 w1, w0 (of w0's 2nd message)
+    assert worker_batches_consumed(7, 2, [5, 3], per_message=2) == [4, 3]  # ..., w0 w0, w1 (w1's short message)
     assert Segment(2, 3, 8).size == 5
     assert coverage([[Segment(0, 0, 4)], [Segment(0, 2, 6), Segment(1, 0, 1)]]) == (9, 7)
 
@@ -198,6 +201,7 @@ def test_counts_by_hand():
         lambda: num_batches(3, 0),
         lambda: worker_batches_consumed(5, 2, [1, 3]),
         lambda: worker_batches_consumed(1, 2, [1]),
+        lambda: worker_batches_consumed(1, 2, [1, 1], per_message=0),
         lambda: window_permutation(3, 0, 0, 0, 0),
     ],
 )

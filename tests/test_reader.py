@@ -102,11 +102,12 @@ def ids_of(batches: Iterable[Batch]) -> np.ndarray:
 
 
 def rank_pass(root: Path | str, world: int, rank: int, workers: int, epoch: int = 0, split: str = "train",
-              **kw: Any) -> tuple[list[Batch], int]:
+              batches_per_message: int | None = None, **kw: Any) -> tuple[list[Batch], int]:
     """One epoch of one rank as a DDP rank reads it (through its own DataLoader workers when workers > 0)."""
     ds = ShardedDataset(root, split, rank=rank, world_size=world, num_workers=workers, **kw)
     ds.set_epoch(epoch)
-    source: Iterable[Batch] = ShardedLoader(ds, persistent_workers=False) if workers else ds
+    source: Iterable[Batch] = (ShardedLoader(ds, persistent_workers=False, batches_per_message=batches_per_message)
+                               if workers else ds)
     return list(source), len(ds)
 
 
@@ -224,20 +225,23 @@ def test_persistent_workers_see_each_epoch(mlm_dataset: Path, context: str) -> N
 
 # -- 3. inference -------------------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
-def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 3])
+def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path, per_message: int) -> None:
     world, workers, bs = 3, 2, 100
     shards, rem = split_ids(mlm_dataset, "train")
     files = [*shards, rem]
     slots = world * workers
     everyone: list[np.ndarray] = []
     for rank in range(world):
-        # each slot reads whole files j, j + slots, ... in file order; its DataLoader alternates its workers
+        # each slot reads whole files j, j + slots, ... in file order; its DataLoader alternates its workers, a
+        # message of per_message batches from each in turn
         streams = [np.concatenate(files[rank * workers + w :: slots]) for w in range(workers)]
         chunks = [[s[i : i + bs] for i in range(0, len(s), bs)] for s in streams]
-        want = [c[i] for i in range(max(map(len, chunks))) for c in chunks if i < len(c)]
+        want = [b for i in range(0, max(map(len, chunks)), per_message) for c in chunks
+                for b in c[i : i + per_message]]
         for epoch, shuffle in ((0, None), (1, True)):  # inference never shuffles, even when asked
             got, n = rank_pass(mlm_dataset, world, rank, workers, epoch, mode="inference", batch_size=bs,
-                               shuffle=shuffle)
+                               shuffle=shuffle, batches_per_message=per_message)
             assert len(got) == n == len(want)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g["person_id"].numpy(), w)
@@ -265,20 +269,25 @@ def take(it: Iterator[Batch], n: int) -> list[Batch]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("world", "rank", "workers", "mode", "bs", "mid"),
+    ("world", "rank", "workers", "mode", "bs", "mid", "per_message"),
     [
-        (1, 0, 0, "train", 100, 5),
-        (1, 0, 2, "train", 100, 5),  # odd: the batch due next is worker 1's
-        (7, 3, 0, "train", 100, 5),  # pooled slices: reads start inside shards
-        (3, 0, 2, "inference", 115, 13),  # workers with unequal batch counts (9 and 8)
+        (1, 0, 0, "train", 100, 5, None),
+        (1, 0, 2, "train", 100, 5, 1),  # odd: the batch due next is worker 1's
+        (1, 0, 2, "train", 100, 5, 3),  # inside worker 1's first message of 3 (w0 w0 w0 w1 w1 | w1)
+        (1, 0, 2, "train", 100, 5, None),  # the default, 10 per message: inside worker 0's first
+        (7, 3, 0, "train", 100, 5, None),  # pooled slices: reads start inside shards
+        (3, 0, 2, "inference", 115, 13, 1),  # workers with unequal batch counts (9 and 8)
+        (3, 0, 2, "inference", 115, 13, None),  # the same in messages of 8: w0's 8, w1's 8, w0's last one
     ],
 )
 def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: int, mode: str, bs: int,
-                         mid: int) -> None:
+                         mid: int, per_message: int | None) -> None:
     def make() -> ShardedLoader:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return loader(nomlm_dataset, batch_size=bs, rank=rank, world_size=world, num_workers=workers, mode=mode)
+            ds = ShardedDataset(nomlm_dataset, batch_size=bs, rank=rank, world_size=world, num_workers=workers,
+                                mode=mode)
+            return ShardedLoader(ds, batches_per_message=per_message)
 
     ref = make()
     e0 = list(ref)
@@ -327,6 +336,18 @@ def test_resume_refuses_another_worker_count(nomlm_dataset: Path) -> None:
     take(iter(ld), 2)
     with pytest.raises(ValueError, match="num_workers"):
         loader(nomlm_dataset, batch_size=100, num_workers=2).load_state_dict(ld.state_dict())
+
+
+def test_resume_refuses_another_message_size(nomlm_dataset: Path) -> None:
+    """Workers' messages set the order in which their batches interleave: another size is another order."""
+    def make(per_message: int) -> ShardedLoader:
+        return ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, num_workers=2),
+                             batches_per_message=per_message, persistent_workers=False)
+
+    ld = make(2)
+    take(iter(ld), 3)
+    with pytest.raises(ValueError, match="batches_per_message"):
+        make(3).load_state_dict(ld.state_dict())
 
 
 # -- 5. batch contents --------------------------------------------------------------------------------------------
@@ -483,15 +504,18 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
 
 def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path) -> None:
     """A worker pauses while it loads its next window; the in-order DataLoader then waits on it while the others
-    idle, unless every worker has at least a window's batches in flight. Each batch crosses the workers' result pipe
-    in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold a 200 KB batch)."""
+    idle, unless every worker has at least a window's batches in flight. Each message (a few batches) crosses the
+    workers' result pipe in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold one
+    200 KB batch)."""
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=1, packed=True)
     loader = ShardedLoader(ds)
-    assert loader.prefetch_factor * ds.batch_size >= ds.window
+    per_message = ds.batches_per_message
+    assert per_message > 1 and loader.prefetch_factor * per_message * ds.batch_size >= ds.window
     it = iter(loader)
-    batch = next(it)
+    message = [next(it) for _ in range(per_message)]
+    message_bytes = sum(b["packed"].nbytes for b in message)
     results = loader._iterator._worker_result_queue  # type: ignore[union-attr]  # the persistent workers' queue
-    assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE_BYTES > 4 * batch["packed"].nbytes
+    assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE_BYTES > message_bytes
     del it, loader
 
 

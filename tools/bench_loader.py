@@ -18,6 +18,7 @@ import csv
 import functools
 import importlib.util
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -220,13 +221,20 @@ def pad_collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 # Contenders: each returns an iterable of batches (dicts of tensors), or of (persons, tokens) for the limits.
 
 
-def ours(work: Path, workers: int, root: str = "ours") -> Iterable[Any]:
+def ours(work: Path, workers: int, root: str = "ours", rank: int = 0, world_size: int = 1) -> Iterable[Any]:
     from lifeseq_shards import ShardedDataset, ShardedLoader
 
     # packed: one buffer of real tokens per batch; the training step pads it on the device (device.unpack)
     ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="train",
-                        shuffle=True, seed=0, packed=True)
+                        shuffle=True, seed=0, packed=True, rank=rank, world_size=world_size)
     return ShardedLoader(ds)
+
+
+def ours_side_by_side(work: Path) -> Iterable[Any]:
+    """One of SIDE_BY_SIDE processes started together, each an in-process reader of its rank's half (BENCH_RANK):
+    two cores' worth of reading with no worker pipe and no main process to feed, the most any 2-worker loader of
+    this reader can reach on this machine."""
+    return ours(work, 0, rank=int(os.environ["BENCH_RANK"]), world_size=SIDE_BY_SIDE)
 
 
 class SeedH5Rows(IterableDataset):  # type: ignore[type-arg]
@@ -323,8 +331,10 @@ CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
     "memcpy-limit": ("limit: memcpy of the raw blocks", memcpy_limit, "ours"),
     "ours-10k-shards": ("our reader on many 1-person shards (first batch only)",
                         lambda w: ours(w, 0, "many"), "many"),
+    "ours-2x-w0": ("ceiling: 2 in-process readers side by side, half each", ours_side_by_side, "ours"),
 }
-OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
+OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards", "ours-2x-w0")
+SIDE_BY_SIDE = 2  # processes of "ours-2x-w0", run at once
 RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
 
@@ -390,7 +400,8 @@ def measure(name: str, work: Path, max_seconds: float, first_only: bool = False,
     secs = max(time.perf_counter() - t1, 1e-9)
     everyone = first_pass or p0
     return {
-        "contender": name, "label": label, "persons": everyone, "complete": everyone == persons_total(work, name),
+        "contender": name, "label": label, "persons": everyone,
+        "complete": everyone == persons_total(work, name) // (SIDE_BY_SIDE if name == "ours-2x-w0" else 1),
         "passes": passes,
         "persons_per_s": round(persons / secs) if persons else None,
         "tokens_per_s": round(tokens / secs) if persons else None,
@@ -411,13 +422,33 @@ def persons_total(work: Path, name: str) -> int:
 
 
 def run_child(name: str, work: Path, max_seconds: float, min_seconds: float) -> dict[str, Any]:
+    """Measure a contender in its own process; "ours-2x-w0" in SIDE_BY_SIDE processes at once, rates summed."""
     cmd = [sys.executable, __file__, "--child", name, "--work", str(work), "--max-seconds", str(max_seconds),
            "--min-seconds", str(min_seconds)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        return {"contender": name, "label": CONTENDERS[name][0], "error": tail[0]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    copies = SIDE_BY_SIDE if name == "ours-2x-w0" else 1
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "BENCH_RANK": str(r)}) for r in range(copies)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            tail = err.strip().splitlines()[-1:] or ["(no output)"]
+            return {"contender": name, "label": CONTENDERS[name][0], "error": tail[0]}
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results[0] if copies == 1 else combine(results)
+
+
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Processes that ran at once as one contender: rates and persons add up, the slowest start and the largest
+    RSS count."""
+    row = dict(parts[0])
+    for col in ("persons", "persons_per_s", "tokens_per_s"):
+        row[col] = sum(p[col] for p in parts)
+    row["complete"] = all(p["complete"] for p in parts)
+    row["passes"] = min(p["passes"] for p in parts)
+    row["first_batch_s"] = max(p["first_batch_s"] for p in parts)
+    row["peak_rss_mb"] = max(p["peak_rss_mb"] for p in parts)
+    return row
 
 
 def bars(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None, str, bool | None]]:
@@ -447,6 +478,18 @@ def bars(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None, str, 
     return [(c, v, t, None if v is None else (v >= lim if higher else v <= lim)) for c, v, t, lim, higher in checks]
 
 
+def ceiling(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:
+    """What this machine allows the 2-worker bar: two readers side by side with nothing to share, against one."""
+    def rate(name: str) -> float | None:
+        return rows.get(name, {}).get("persons_per_s")
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    return [("2 in-process readers side by side vs 1 in-process reader", ratio(rate("ours-2x-w0"), rate("ours-w0"))),
+            ("our reader 2 workers vs the 2 side by side", ratio(rate("ours-w2"), rate("ours-2x-w0")))]
+
+
 def report(rows: list[dict[str, Any]], out: Path | None, people: int) -> None:
     cols = ["persons_per_s", "tokens_per_s", "disk_bytes_per_person", "h2d_bytes_per_person", "first_batch_s", "passes",
             "peak_rss_mb", "persons"]
@@ -461,6 +504,9 @@ def report(rows: list[dict[str, Any]], out: Path | None, people: int) -> None:
     for claim, value, need, ok in bars(by_name):
         verdict = "n/a (contender missing)" if ok is None else "PASS" if ok else "FAIL"
         print(f"| {claim} | {_fmt(None if value is None else round(value, 3))} | {need} | {verdict} |")
+    print("\n| context for the 2-worker bar | ratio |\n| --- | ---: |")
+    for claim, value in ceiling(by_name):
+        print(f"| {claim} | {_fmt(value)} |")
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)

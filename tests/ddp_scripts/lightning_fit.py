@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batches-per-message", type=int, default=None)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--ckpt-dir")
     p.add_argument("--resume")
@@ -39,7 +40,8 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=1, logger=False,
                         enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0 if args.no_val else None)
-    dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers)
+    dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers,
+                           batches_per_message=args.batches_per_message)
     if args.predict:
         trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
     else:
