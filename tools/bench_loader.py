@@ -333,7 +333,8 @@ CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
                         lambda w: ours(w, 0, "many"), "many"),
     "ours-2x-w0": ("ceiling: 2 in-process readers side by side, half each", ours_side_by_side, "ours"),
 }
-OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards", "ours-2x-w0")
+OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
+LIMITS = ("zstd-limit", "memcpy-limit", "ours-2x-w0")  # bounds, drawn grey
 SIDE_BY_SIDE = 2  # processes of "ours-2x-w0", run at once
 RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
@@ -532,7 +533,7 @@ def chart(rows: list[dict[str, Any]], path: Path, people: int) -> None:
 
     shown = [r for r in rows if r.get("persons_per_s")]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(shown) + 1.2))
-    colors = ["tab:blue" if r["contender"] in OURS else "tab:gray" if "limit" in r["contender"] else "tab:orange"
+    colors = ["tab:blue" if r["contender"] in OURS else "tab:gray" if r["contender"] in LIMITS else "tab:orange"
               for r in shown]
     ax.barh([r["label"] for r in shown], [r["persons_per_s"] for r in shown], color=colors)
     ax.set_xscale("log")
