@@ -54,7 +54,9 @@ TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
 MAX_PREFETCH = 64  # messages in flight per worker, at most
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
-MESSAGE_PERSONS = 1024  # persons per worker message: the main process's ~200 us per message is then ~6 % of their cost
+# persons per worker message: ~800 KB packed, so a message still crosses the 1 MiB pipe in one write (4 batches of 256
+# measured fastest with 2 workers; 8, which did not fit, was slower than 2; docs/performance.md, change 15)
+MESSAGE_PERSONS = 1024
 
 
 def default_rank_world() -> tuple[int, int]:

@@ -348,6 +348,8 @@ def test_resume_refuses_another_message_size(nomlm_dataset: Path) -> None:
     take(iter(ld), 3)
     with pytest.raises(ValueError, match="batches_per_message"):
         make(3).load_state_dict(ld.state_dict())
+    with pytest.raises(ValueError, match="batches_per_message must be >= 1"):
+        make(0)
 
 
 # -- 5. batch contents --------------------------------------------------------------------------------------------
