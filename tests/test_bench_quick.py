@@ -80,7 +80,7 @@ def test_every_contender_yields_the_source_persons(work: Path, monkeypatch: pyte
         if name == "ours-10k-shards":
             continue
         got = []
-        for rank in range(bench_loader.SIDE_BY_SIDE if name == "ours-2x-w0" else 1):  # its processes' halves
+        for rank in range(bench_loader.processes(name)):  # the side-by-side contender: each process's half
             monkeypatch.setenv("BENCH_RANK", str(rank))
             got += list(make(work))
         if isinstance(got[0], tuple):  # the limits yield (persons, tokens) per block

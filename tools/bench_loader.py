@@ -336,6 +336,11 @@ CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
 OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
 LIMITS = ("zstd-limit", "memcpy-limit", "ours-2x-w0")  # bounds, drawn grey
 SIDE_BY_SIDE = 2  # processes of "ours-2x-w0", run at once
+
+
+def processes(name: str) -> int:
+    """How many processes measure the contender at once (each reads its share of the train split)."""
+    return SIDE_BY_SIDE if name == "ours-2x-w0" else 1
 RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
 
@@ -402,7 +407,7 @@ def measure(name: str, work: Path, max_seconds: float, first_only: bool = False,
     everyone = first_pass or p0
     return {
         "contender": name, "label": label, "persons": everyone,
-        "complete": everyone == persons_total(work, name) // (SIDE_BY_SIDE if name == "ours-2x-w0" else 1),
+        "complete": everyone == persons_total(work, name) // processes(name),
         "passes": passes,
         "persons_per_s": round(persons / secs) if persons else None,
         "tokens_per_s": round(tokens / secs) if persons else None,
@@ -426,9 +431,8 @@ def run_child(name: str, work: Path, max_seconds: float, min_seconds: float) -> 
     """Measure a contender in its own process; "ours-2x-w0" in SIDE_BY_SIDE processes at once, rates summed."""
     cmd = [sys.executable, __file__, "--child", name, "--work", str(work), "--max-seconds", str(max_seconds),
            "--min-seconds", str(min_seconds)]
-    copies = SIDE_BY_SIDE if name == "ours-2x-w0" else 1
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "BENCH_RANK": str(r)}) for r in range(copies)]
+                              env={**os.environ, "BENCH_RANK": str(r)}) for r in range(processes(name))]
     results = []
     for proc in procs:
         out, err = proc.communicate()
@@ -436,7 +440,7 @@ def run_child(name: str, work: Path, max_seconds: float, min_seconds: float) -> 
             tail = err.strip().splitlines()[-1:] or ["(no output)"]
             return {"contender": name, "label": CONTENDERS[name][0], "error": tail[0]}
         results.append(json.loads(out.strip().splitlines()[-1]))
-    return results[0] if copies == 1 else combine(results)
+    return results[0] if len(results) == 1 else combine(results)
 
 
 def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -452,14 +456,15 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def bars(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None, str, bool | None]]:
     """(claim, measured ratio, threshold, pass) for each bar of issue 5."""
     def get(name: str, col: str) -> float | None:
         v = rows.get(name, {}).get(col)
         return float(v) if v is not None else None
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
 
     rival = max((get(n, "persons_per_s") or 0.0 for n in RIVALS), default=0.0) or None
     w1 = get("ours-w1", "persons_per_s")
@@ -484,9 +489,6 @@ def ceiling(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:
     def rate(name: str) -> float | None:
         return rows.get(name, {}).get("persons_per_s")
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
-
     return [("2 in-process readers side by side vs 1 in-process reader", ratio(rate("ours-2x-w0"), rate("ours-w0"))),
             ("our reader 2 workers vs the 2 side by side", ratio(rate("ours-w2"), rate("ours-2x-w0")))]
 
@@ -507,7 +509,7 @@ def report(rows: list[dict[str, Any]], out: Path | None, people: int) -> None:
         print(f"| {claim} | {_fmt(None if value is None else round(value, 3))} | {need} | {verdict} |")
     print("\n| context for the 2-worker bar | ratio |\n| --- | ---: |")
     for claim, value in ceiling(by_name):
-        print(f"| {claim} | {_fmt(value)} |")
+        print(f"| {claim} | {_fmt(None if value is None else round(value, 3))} |")
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
