@@ -7,7 +7,8 @@ or a ``pipe:`` command; decode only the blocks needed)
 -> ``batches`` (gather each batch's persons in narrow dtypes: padded to a multiple of 8, or packed into one buffer
 of real tokens that the device pads)
 -> ``messages`` (in DataLoader workers: a few batches per item, so the main process pays its per-item cost once for
-them; :class:`ShardedLoader` hands them out one by one).
+them; packed batches' bytes go into the worker's shared-memory ring and only their places cross the pipe;
+:class:`ShardedLoader` copies them out and hands them out one by one).
 
 Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
 ``torch.distributed`` is not initialised and RANK is unset) cannot lose them. The epoch and the resume point reach
@@ -21,6 +22,8 @@ import fcntl
 import multiprocessing
 import multiprocessing.context
 import os
+import shutil
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -57,6 +60,8 @@ PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/p
 # persons per worker message: ~800 KB packed, so a message still crosses the 1 MiB pipe in one write (4 batches of 256
 # measured fastest with 2 workers; 8, which did not fit, was slower than 2; docs/performance.md, change 15)
 MESSAGE_PERSONS = 1024
+RING_PERSON_BYTES = 1024  # ring bytes per person in flight (a packed person is ~770 B in the bench, more with MLM)
+SHM_DIR = "/dev/shm"
 
 
 def default_rank_world() -> tuple[int, int]:
@@ -147,6 +152,12 @@ class ShardedDataset(IterableDataset):
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
         # batches per item a DataLoader worker sends (a list of them when > 1); ShardedLoader sets it and unpacks
         self.batches_per_message = 1
+        # the workers' shared-memory rings (one row per worker) and their control words: [0] the loader's current
+        # iteration, [1 + k] how far the main process has copied out of worker k's ring; ShardedLoader sets them
+        # before its workers start
+        self.rings: torch.Tensor | None = None
+        self.ring_ctl: torch.Tensor | None = None
+        self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
         self._warn_static_balance(self.manifest["splits"][splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
@@ -222,8 +233,15 @@ class ShardedDataset(IterableDataset):
             lambda src: load_windows(src, self.schema, self.block_persons),
             lambda src: batches(src, self, skip),
         ]
-        if per_message > 1:
-            stages.append(lambda src: messages(src, per_message, skip))
+        writer = None
+        if k and self.packed and self.rings is not None:
+            if self._ring_writer is None:
+                assert self.ring_ctl is not None
+                self._ring_writer = RingWriter(self.rings, self.ring_ctl, worker)
+            writer = self._ring_writer
+            writer.new_pass()
+        if per_message > 1 or writer is not None:
+            stages.append(lambda src: messages(src, per_message, skip, writer))
         return iter(wds.DataPipeline(*stages))
 
 
@@ -312,18 +330,88 @@ def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, skip: int) 
         yield collate(carry, ds)
 
 
-def messages(src: Iterator[dict[str, Any]], per_message: int, first: int) -> Iterator[list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class RingSlot:
+    """Where a packed batch waits in a worker's ring: bytes [offset, offset + nbytes) of row ``worker``; ``end`` is
+    the writer's position after it (what the main process releases once it has copied the batch)."""
+
+    worker: int
+    offset: int
+    nbytes: int
+    end: int
+
+
+class RingWriter:
+    """A worker's side of its shared-memory ring: packed batches are written one after another (a batch never wraps:
+    it starts again at offset 0), at absolute positions that only grow. The main process copies each worker's
+    batches out in the order they were written (the in-order DataLoader returns them so) and stores the position
+    after the last one in ``ctl[1 + worker]``; the writer waits while a batch would overwrite bytes not copied yet.
+    A message is written only when it is complete and about to be sent, so the writer only ever waits for
+    batches already on their way to the main process.
+
+    That holds within one iteration of the loader. When the main process stops copying (a new iterator drains the
+    old one's batches unread, or the iteration was abandoned), it moves ``ctl[0]`` on, and a pass of an older
+    iteration no longer waits: whatever it still writes is never read. A pass starts after every batch of the
+    passes before it was written, so the bytes it must keep are only its own."""
+
+    def __init__(self, rings: torch.Tensor, ctl: torch.Tensor, worker: int) -> None:
+        self.ring = rings[worker].numpy()
+        self.ctl = ctl.numpy()
+        self.worker = worker
+        self.capacity = len(self.ring)
+        # positions go on from what the main process last released (rings outlive a worker that restarts)
+        self.head = self.base = int(self.ctl[1 + worker])
+        self.iteration = -1
+        self.parent = os.getppid()
+
+    def new_pass(self) -> None:
+        self.base, self.iteration = self.head, int(self.ctl[0])
+
+    def _must_wait(self, end: int) -> bool:
+        copied = max(int(self.ctl[1 + self.worker]), self.base)
+        return end - copied > self.capacity and int(self.ctl[0]) == self.iteration
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` goes in (a batch moved to the ring start wastes at most its own size)."""
+        return 2 * nbytes <= self.capacity
+
+    def put(self, buf: np.ndarray) -> RingSlot:
+        """Copy ``buf`` into the ring, waiting for room."""
+        n = buf.nbytes
+        pos = self.head
+        if pos % self.capacity + n > self.capacity:  # not enough room before the end: start at offset 0
+            pos += self.capacity - pos % self.capacity
+        while self._must_wait(pos + n):
+            if os.getppid() != self.parent:  # the training process is gone: nobody will copy these out
+                raise RuntimeError("the process reading this worker's batches exited")
+            time.sleep(0.0002)
+        offset = pos % self.capacity
+        self.ring[offset : offset + n] = buf.view(np.uint8)
+        self.head = pos + n
+        return RingSlot(self.worker, offset, n, self.head)
+
+
+def messages(src: Iterator[dict[str, Any]], per_message: int, first: int,
+             writer: RingWriter | None = None) -> Iterator[list[dict[str, Any]]]:
     """Stage 4 (DataLoader workers): lists of ``per_message`` batches, cut at multiples of it in the worker's own
     batch numbering (batch ``first`` is the first one read), so that a resumed pass sends the same messages as an
-    uninterrupted one from its first whole message on."""
+    uninterrupted one from its first whole message on. With a ``writer``, a complete message's packed buffers go
+    into the worker's ring and RingSlots take their place: the pipe then carries a few hundred bytes per batch.
+    A message too large for the ring keeps its buffers and travels through the pipe."""
+    def send(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if writer is not None and writer.fits(sum(b["packed"].nbytes for b in group)):
+            for batch in group:
+                batch["packed"] = writer.put(batch["packed"])
+        return group
+
     group: list[dict[str, Any]] = []
     for b, batch in enumerate(src, start=first):
         group.append(batch)
         if (b + 1) % per_message == 0:
-            yield group
+            yield send(group)
             group = []
     if group:
-        yield group
+        yield send(group)
 
 
 def collate(block: Block, ds: ShardedDataset, index: np.ndarray | None = None) -> dict[str, Any]:
@@ -352,6 +440,8 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
     buf = np.empty(offset, dtype=np.uint8)
     columns = {}
     for (name, dtype, off, count), (f, idx) in zip(fields, sources, strict=True):
+        end = off + count * np.dtype(dtype).itemsize
+        buf[end : end + (-end) % 8] = 0  # the alignment gap: the same persons always pack into the same bytes
         # mode="wrap": the indices are in range by construction, and "raise" would copy through a buffer
         columns[name] = np.take(c[f.name], idx, out=buf[off : off + count * np.dtype(dtype).itemsize].view(dtype),
                                 mode="wrap")
@@ -448,12 +538,20 @@ class ShardedLoader(DataLoader):
     Workers send ``batches_per_message`` batches per item (default: about ``MESSAGE_PERSONS`` persons), which this
     loader hands out one at a time: the main process's cost per item (the DataLoader's bookkeeping, the index
     queue, the pipe, unpickling) is paid once per message, and it competes with the workers for the node's cores.
+
+    Packed batches cross from the workers through shared memory: each worker writes them into a ring of
+    ``ring_bytes`` (default: the bytes of the batches in flight, ~8 MB per worker at batch 256) and this loader
+    copies each one out once (into pinned memory when ``pin_memory``) as it arrives. ``ring_bytes=0``, or a
+    ``/dev/shm`` with less than twice the rings' size free (with a warning), sends them through the pipes instead.
     """
 
     def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, *,
-                 batches_per_message: int | None = None, **kwargs: Any) -> None:
+                 batches_per_message: int | None = None, ring_bytes: int | None = None, **kwargs: Any) -> None:
         if num_workers is not None and num_workers != dataset.num_workers:
             raise ValueError(f"num_workers={num_workers} but the dataset was built for {dataset.num_workers}")
+        if not kwargs.get("in_order", True):
+            raise ValueError("ShardedLoader needs in_order=True: exact resume and the workers' rings rely on each "
+                             "worker's batches coming back in the order it made them")
         if batches_per_message is None:
             batches_per_message = max(1, MESSAGE_PERSONS // dataset.batch_size)
         if batches_per_message < 1:
@@ -470,6 +568,10 @@ class ShardedLoader(DataLoader):
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
+        if ring_bytes is None:
+            in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
+            ring_bytes = in_flight * dataset.batches_per_message * dataset.batch_size * RING_PERSON_BYTES
+        self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
         self._epoch = 0
         self._yielded = 0
 
@@ -480,13 +582,64 @@ class ShardedLoader(DataLoader):
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         self._epoch = ds.next_epoch()
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
+        rings = self._start_rings()
+        if rings is None:
+            yield from self._batches(None)
+            return
+        ctl = rings[1]
+        iteration = int(ctl[0]) + 1
+        ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
+        try:
+            yield from self._batches(rings)
+        finally:  # exhausted or abandoned: its workers' passes stop waiting (unless a newer iteration took over)
+            if int(ctl[0]) == iteration:
+                ctl[0] = iteration + 1
+
+    def _batches(self, rings: tuple[np.ndarray, np.ndarray] | None) -> Iterator[dict[str, torch.Tensor]]:
         for item in super().__iter__():
-            for batch in item if isinstance(item, list) else (item,):
+            group = item if isinstance(item, list) else [item]
+            self._take_buffers(group, rings)
+            for batch in group:
                 self._yielded += 1
-                if "packed" in batch and isinstance(batch["packed"], np.ndarray):
-                    buf = torch.from_numpy(batch["packed"])
-                    batch["packed"] = buf.pin_memory() if self.pin_memory else buf
                 yield batch
+
+    def _start_rings(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if not self.ring_bytes:
+            return None
+        if ds.rings is None or not self.persistent_workers:
+            need = ds.num_workers * self.ring_bytes
+            free = shutil.disk_usage(SHM_DIR).free if os.path.isdir(SHM_DIR) else None
+            if free is not None and free < 2 * need:
+                warnings.warn(f"{SHM_DIR} has {free >> 20} MiB free, less than twice the workers' rings ({need >> 20} "
+                              "MiB): batches go through the workers' pipes instead, which costs the training process "
+                              "more CPU. Give the container more shared memory (docker run --shm-size).", stacklevel=3)
+                self.ring_bytes = 0
+                return None
+            ds.rings = torch.zeros((ds.num_workers, self.ring_bytes), dtype=torch.uint8).share_memory_()
+            ds.ring_ctl = torch.zeros(1 + ds.num_workers, dtype=torch.int64).share_memory_()
+        assert ds.ring_ctl is not None
+        return ds.rings.numpy(), ds.ring_ctl.numpy()
+
+    def _take_buffers(self, group: list[dict[str, Any]], rings: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
+        whose bytes are then released, or taken from the pipe's copy."""
+        released: dict[int, int] = {}
+        for batch in group:
+            packed = batch.get("packed")
+            if isinstance(packed, RingSlot):
+                assert rings is not None
+                out = torch.empty(packed.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+                # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
+                out.numpy()[:] = rings[0][packed.worker, packed.offset : packed.offset + packed.nbytes]
+                batch["packed"] = out
+                released[packed.worker] = packed.end
+            elif isinstance(packed, np.ndarray):
+                buf = torch.from_numpy(packed)
+                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
+        for worker, end in released.items():
+            rings[1][1 + worker] = end  # type: ignore[index]
 
     def state_dict(self) -> dict[str, Any]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]

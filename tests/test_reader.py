@@ -16,6 +16,7 @@ import shutil
 import struct
 import tarfile
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,7 @@ import zstandard
 from conftest import SMALL_SHARDS
 from torch.utils.data import DataLoader
 
+from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import unpack
 from lifeseq_shards.format import ManifestError, read_shard_blocks, schema_from_json, token_schema, write_shard
@@ -519,6 +521,56 @@ def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path
     results = loader._iterator._worker_result_queue  # type: ignore[union-attr]  # the persistent workers' queue
     assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE_BYTES > message_bytes
     del it, loader
+
+
+def ring_passes(root: Path, ring_bytes: int | None, pause: float = 0.0) -> tuple[list[bytes], ShardedLoader]:
+    """Raw packed bytes of: 3 batches of epoch 0 (then abandoned mid-epoch), all of epoch 1, all of epoch 2; a
+    ``pause`` after each batch lets the workers run ahead and fill their rings (small messages, ~45 per worker and
+    epoch, with a window's worth in flight)."""
+    ds = ShardedDataset(root, batch_size=32, num_workers=2, packed=True)
+    ld = ShardedLoader(ds, ring_bytes=ring_bytes, batches_per_message=2)
+    it = iter(ld)
+    got = [next(it)["packed"].numpy().tobytes() for _ in range(3)]
+    for _ in range(2):
+        for b in ld:
+            got.append(b["packed"].numpy().tobytes())
+            time.sleep(pause)
+    return got, ld
+
+
+@pytest.mark.timeout(120)
+def test_workers_hand_packed_batches_over_shared_memory_rings(nomlm_dataset: Path) -> None:
+    """The same bytes as through the pipe, batch for batch: with the default ring, with a ring small enough that
+    writers wrap and wait for the main process, and with one too small for a message (which then takes the pipe).
+    A pass abandoned mid-epoch leaves batches in the ring that nobody copies; the next passes must not wait on
+    them (persistent workers) nor read them."""
+    want, pipe = ring_passes(nomlm_dataset, 0)
+    assert pipe.dataset.rings is None
+    got, ring = ring_passes(nomlm_dataset, None)
+    assert ring.dataset.rings is not None and ring.ring_bytes > 0
+    assert got == want
+    message = max(len(b) for b in want) * ring.dataset.batches_per_message
+    got_small, small = ring_passes(nomlm_dataset, int(2.5 * message), pause=0.002)
+    assert got_small == want
+    ctl = small.dataset.ring_ctl
+    assert ctl is not None and int(ctl[1:].min()) > 20 * small.ring_bytes  # each worker went round its ring
+    assert ring_passes(nomlm_dataset, message)[0] == want  # under twice a message: the pipe
+
+
+def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
+    ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
+    ld = ShardedLoader(ds, persistent_workers=False)
+    with pytest.warns(UserWarning, match="--shm-size"):
+        got = np.concatenate([unpack(b)["person_id"].numpy() for b in ld])
+    assert ds.rings is None and ld.ring_bytes == 0
+    assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+
+
+def test_loader_refuses_out_of_order_workers(nomlm_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="in_order=True"):
+        ShardedLoader(ShardedDataset(nomlm_dataset, num_workers=2, packed=True), in_order=False)
 
 
 def format1_copy(root: Path, out: Path) -> Path:
