@@ -425,10 +425,10 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
     """The whole batch in ONE uint8 array: each field's values (ragged ones concatenated: only real tokens cross
     the bus) 8-byte aligned, described by ``fields`` = ((name, dtype, offset, count), ...), plus the padded widths
     as ints. Values are gathered straight from the window's block into the buffer (one copy). A numpy array, not a
-    tensor, on purpose: a DataLoader worker pickles it through its pipe (two memcpys) where a tensor would go
-    through a fresh shared-memory segment (about 4 ms for 400 KB here, more than the whole batch costs to make).
-    :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack`` into named, padded
-    tensors on the device."""
+    tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled through its pipe)
+    where a tensor would go through a fresh shared-memory segment (about 4 ms for 400 KB here, more than the whole
+    batch costs to make). :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack``
+    into named, padded tensors on the device."""
     c = block.columns
     flat = {k: block.gather_index(index, k) for k in ragged_counts(ds.schema)}
     sources = [(f, index if f.kind == SCALAR else flat[COUNT_OF[f.kind]]) for f in ds.schema]
