@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -234,7 +234,7 @@ class ShardedDataset(IterableDataset):
             lambda src: batches(src, self, skip),
         ]
         writer = None
-        if k and self.packed and self.rings is not None:
+        if self.rings is not None:  # ShardedLoader made rings: workers and packed batches
             if self._ring_writer is None:
                 assert self.ring_ctl is not None
                 self._ring_writer = RingWriter(self.rings, self.ring_ctl, worker)
@@ -328,6 +328,13 @@ def batches(src: Iterator[tuple[Window, Block]], ds: ShardedDataset, skip: int) 
             carry = block.take(order[i:], ds.schema)
     if carry is not None and not ds.drop_last:
         yield collate(carry, ds)
+
+
+class RingViews(NamedTuple):
+    """The main process's numpy views of the workers' rings (one row each) and of their control words."""
+
+    data: np.ndarray
+    ctl: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -586,7 +593,7 @@ class ShardedLoader(DataLoader):
         if rings is None:
             yield from self._batches(None)
             return
-        ctl = rings[1]
+        ctl = rings.ctl
         iteration = int(ctl[0]) + 1
         ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
         try:
@@ -595,7 +602,7 @@ class ShardedLoader(DataLoader):
             if int(ctl[0]) == iteration:
                 ctl[0] = iteration + 1
 
-    def _batches(self, rings: tuple[np.ndarray, np.ndarray] | None) -> Iterator[dict[str, torch.Tensor]]:
+    def _batches(self, rings: RingViews | None) -> Iterator[dict[str, torch.Tensor]]:
         for item in super().__iter__():
             group = item if isinstance(item, list) else [item]
             self._take_buffers(group, rings)
@@ -603,7 +610,7 @@ class ShardedLoader(DataLoader):
                 self._yielded += 1
                 yield batch
 
-    def _start_rings(self) -> tuple[np.ndarray, np.ndarray] | None:
+    def _start_rings(self) -> RingViews | None:
         """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if not self.ring_bytes:
@@ -620,9 +627,9 @@ class ShardedLoader(DataLoader):
             ds.rings = torch.zeros((ds.num_workers, self.ring_bytes), dtype=torch.uint8).share_memory_()
             ds.ring_ctl = torch.zeros(1 + ds.num_workers, dtype=torch.int64).share_memory_()
         assert ds.ring_ctl is not None
-        return ds.rings.numpy(), ds.ring_ctl.numpy()
+        return RingViews(ds.rings.numpy(), ds.ring_ctl.numpy())
 
-    def _take_buffers(self, group: list[dict[str, Any]], rings: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def _take_buffers(self, group: list[dict[str, Any]], rings: RingViews | None) -> None:
         """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
         whose bytes are then released, or taken from the pipe's copy."""
         released: dict[int, int] = {}
@@ -632,14 +639,16 @@ class ShardedLoader(DataLoader):
                 assert rings is not None
                 out = torch.empty(packed.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
                 # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
-                out.numpy()[:] = rings[0][packed.worker, packed.offset : packed.offset + packed.nbytes]
+                out.numpy()[:] = rings.data[packed.worker, packed.offset : packed.offset + packed.nbytes]
                 batch["packed"] = out
                 released[packed.worker] = packed.end
             elif isinstance(packed, np.ndarray):
                 buf = torch.from_numpy(packed)
                 batch["packed"] = buf.pin_memory() if self.pin_memory else buf
-        for worker, end in released.items():
-            rings[1][1 + worker] = end  # type: ignore[index]
+        if released:
+            assert rings is not None
+            for worker, end in released.items():
+                rings.ctl[1 + worker] = end
 
     def state_dict(self) -> dict[str, Any]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
