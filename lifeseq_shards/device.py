@@ -81,8 +81,18 @@ def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
                 flat = out[name]
                 gathered = flat[index.clamp(max=max(flat.shape[0] - 1, 0))] if flat.shape[0] else flat.new_zeros(
                     index.shape)
-                out[name] = torch.where(valid, gathered, torch.zeros((), dtype=flat.dtype, device=flat.device))
+                out[name] = _zero_where_invalid(gathered, valid)
     return out
+
+
+# torch 2.11 has no CPU `where` for uint16 (2.13 has); a signed view of the same width has the same bits.
+_SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`values` where `valid`, else 0, in the same dtype."""
+    view = values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+    return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 
 RAGGED_FIELDS = ("tokens", "abspos", "age", "segment", "masked_tokens")

@@ -320,6 +320,7 @@ def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: st
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
     batch = {k: v[:256] for k, v in persons.items()}
     cpu = _run(cfg, batch, epoch=4)
+    on_gpu = {k: v.cuda() for k, v in batch.items()}  # a copy from pageable memory syncs: outside the guard
     with host_sync_guard():
-        gpu = _run(cfg, {k: v.cuda() for k, v in batch.items()}, epoch=4)
+        gpu = _run(cfg, on_gpu, epoch=4)
     assert all(torch.equal(cpu[k], gpu[k].cpu()) for k in cpu)

@@ -110,7 +110,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path) -> None:
+def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = _load_bench()
     pre = bench.PRESETS["tiny"]
     points = pre.points()
@@ -138,6 +138,20 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path) -> None:
         assert int(r["padded_tokens"]) == n * p.batch_size * p.max_len
     md = (tmp_path / "results.md").read_text()
     assert md.count("| small | 128 |") == 2
+
+    # --resume after a stop: the ok rows come back exactly as measured, and only the other points run again.
+    table[1]["status"] = "skipped"
+    with (tmp_path / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    asked: list = []
+    fake = {k: 1.0 for k in bench.RESULT_KEYS if k not in ("status", "reason")}
+    monkeypatch.setattr(bench, "run_point", lambda p, *_a: asked.append(p) or fake)
+    again = bench.run_sweep(points, shards, tmp_path, pre.steps, pre.warmup, pre.budget_s,
+                            done=bench.read_csv(tmp_path / "results.csv"))
+    assert asked == [points[1]]
+    assert again[0] == rows[0] and again[1]["tokens_per_s"] == 1.0
 
 
 def test_training_step_never_pulls_a_value_to_the_host() -> None:

@@ -6,7 +6,7 @@ loader, peak memory, and MFU against a matmul ceiling measured on this device fi
 results.md and PNG plots into --out; docs/tuning.md reads them.
 
     python tools/train_bench.py --preset cpu --out docs/results/cpu-DATE
-    python tools/train_bench.py --preset gpu --out results-gpu    # one H200: about 6 minutes, see PRESETS
+    python tools/train_bench.py --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
 """
 
 from __future__ import annotations
@@ -89,17 +89,18 @@ PRESETS: dict[str, Preset] = {
         ),
         steps=4, warmup=1, people=1000, budget_s=360,
     ),
-    # one H200, estimated (not yet measured): 32 eager points x ~6 s + 2 compiled x ~45 s
-    # + data synth/convert ~30 s + ceilings ~10 s = about 5.5 minutes; the 420 s budget skips what does not fit.
+    # one H200: the first 18 points took 240 s (large fp32 at batch 256 alone ~45 s); the rest about as long.
+    # The budget skips what does not fit; --resume runs only the points not yet measured.
     "gpu": Preset(
         (
-            _grid(("small", "small-tc", "large", "large-tc"), (512,), (64, 256), PRECISIONS),
-            _grid(("medium", "medium-tc"), (128, 256), (256,), ("bf16-mixed",)),
+            _grid(("small", "small-tc"), (512,), (64, 256), PRECISIONS),
             _grid(("small-tc",), (512,), (256,), ("bf16-mixed",), workers=(1, 4, 8), pin=(True,)),
             _grid(("small-tc",), (512,), (256,), ("bf16-mixed",), pin=(False,)),
+            _grid(("large", "large-tc"), (512,), (64, 256), PRECISIONS),
+            _grid(("medium", "medium-tc"), (128, 256), (256,), ("bf16-mixed",)),
             _grid(("small-tc", "large-tc"), (512,), (256,), ("bf16-mixed",), compile=(True,)),
         ),
-        steps=30, warmup=5, people=20000, budget_s=420,
+        steps=30, warmup=5, people=20000, budget_s=540,
     ),
 }
 
@@ -342,15 +343,41 @@ def environment(device: torch.device, ceilings: dict[str, float], preset: str, s
             "date": time.strftime("%Y-%m-%d")}
 
 
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of an earlier results.csv, typed again (numbers as numbers, flags as bools, blanks as NaN)."""
+    kinds = {f.name: f.type for f in fields(Point)}
+    rows = []
+    with path.open(newline="") as f:
+        for raw in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in raw.items():
+                if kinds.get(k) == "bool":
+                    row[k] = v == "True"
+                elif kinds.get(k) == "int" or (k in ("world", "steps", "real_tokens", "padded_tokens") and v):
+                    row[k] = int(v)
+                elif k in ("status", "reason") or kinds.get(k) == "str":
+                    row[k] = v
+                else:
+                    row[k] = float(v) if v else math.nan
+            rows.append(row)
+    return rows
+
+
 def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup: int, budget_s: float,
-              seed: int = 0, preset: str = "custom") -> list[dict[str, Any]]:
+              seed: int = 0, preset: str = "custom", done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Runs each point not already among the ok rows of `done` (an earlier, interrupted sweep), in order."""
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     vocab_size = json.loads((data_dir / "manifest.json").read_text())["params"]["vocab_size"]
     ceilings = measure_ceilings(device, {p.precision for p in points})
+    lead = int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
     start = time.perf_counter()
     rows = []
+    kept = {Point(**{f.name: r[f.name] for f in fields(Point)}): r for r in done or [] if r["status"] == "ok"}
     for p in tqdm(points, desc="train_bench", unit="point"):
+        if p in kept:
+            rows.append(kept[p])
+            continue
         row: dict[str, Any] = {**asdict(p), "status": "ok", "reason": ""}
         reason = skip_reason(p, device)
         if reason is None and time.perf_counter() - start > budget_s:
@@ -366,9 +393,10 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
         if reason is not None:
             row.update(status="skipped", reason=reason)
         rows.append(row)
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:
-        write_csv(rows, out / "results.csv")
-        write_markdown(rows, environment(device, ceilings, preset, steps, warmup), out / "results.md")
+        if lead:  # after every point, so a sweep stopped by a time limit still leaves its rows
+            write_csv(rows, out / "results.csv")
+            write_markdown(rows, environment(device, ceilings, preset, steps, warmup), out / "results.md")
+    if lead:
         plot(rows, out)
     return rows
 
@@ -388,9 +416,10 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
 @click.option("--warmup", type=int, default=None)
 @click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="keep the ok rows of OUT/results.csv; run only the other points")
 def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: str | None, batch_sizes: str | None,
          precisions: str | None, compile_: str | None, workers: str | None, steps: int | None, warmup: int | None,
-         budget_s: float | None, seed: int) -> None:
+         budget_s: float | None, seed: int, resume: bool) -> None:
     """Sweep training throughput; each option given replaces that axis in every grid of the preset."""
     pre = PRESETS[preset]
     overrides = {
@@ -409,7 +438,8 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
     data_dir = data or synth_dataset(out / "data", pre.people, seed)
     for noise in (".*does not have many workers.*", ".*no `validation_step`.*"):
         warnings.filterwarnings("ignore", noise)
-    rows = run_sweep(pre.points(), data_dir, out, pre.steps, pre.warmup, pre.budget_s, seed, preset)
+    done = read_csv(out / "results.csv") if resume and (out / "results.csv").exists() else []
+    rows = run_sweep(pre.points(), data_dir, out, pre.steps, pre.warmup, pre.budget_s, seed, preset, done)
     ok = sum(r["status"] == "ok" for r in rows)
     click.echo(f"{ok}/{len(rows)} points ran; results in {out}")
 
