@@ -35,7 +35,7 @@ class LifeSeqDataModule(L.LightningDataModule):
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
-        self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~1,024 persons)
+        self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~4,096 persons)
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])

@@ -57,9 +57,11 @@ TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
 MAX_PREFETCH = 64  # messages in flight per worker, at most
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
-# persons per worker message: ~800 KB packed, so a message still crosses the 1 MiB pipe in one write (4 batches of 256
-# measured fastest with 2 workers; 8, which did not fit, was slower than 2; docs/performance.md, change 15)
-MESSAGE_PERSONS = 1024
+# Persons per worker message; the main process pays the DataLoader's per-item costs once per message. Through the
+# rings only slots cross the pipe: 16 batches of 256 (docs/performance.md, change 17). Through the pipe a message
+# crosses in one write only if the pipe holds it: ~800 KB packed, 4 batches of 256 (change 15).
+RING_MESSAGE_PERSONS = 4096
+PIPE_MESSAGE_PERSONS = 1024
 RING_PERSON_BYTES = 1024  # ring bytes per person in flight (a packed person is ~770 B in the bench, more with MLM)
 SHM_DIR = "/dev/shm"
 
@@ -542,14 +544,16 @@ class ShardedLoader(DataLoader):
     ``state_dict()`` / ``load_state_dict()`` make it a Lightning stateful loader: a run stopped after n batches and
     resumed yields exactly the batches it had not yet yielded. A changed dataset is refused.
 
-    Workers send ``batches_per_message`` batches per item (default: about ``MESSAGE_PERSONS`` persons), which this
-    loader hands out one at a time: the main process's cost per item (the DataLoader's bookkeeping, the index
-    queue, the pipe, unpickling) is paid once per message, and it competes with the workers for the node's cores.
+    Workers send ``batches_per_message`` batches per item (default: about 4,096 persons through the rings below,
+    1,024 through the pipe, which then holds a message whole), which this loader hands out one at a time: the main
+    process's cost per item (the DataLoader's bookkeeping, the index queue, the pipe, unpickling) is paid once per
+    message, and it competes with the workers for the node's cores.
 
     Packed batches cross from the workers through shared memory: each worker writes them into a ring of
-    ``ring_bytes`` (default: the bytes of the batches in flight, ~8 MB per worker at batch 256) and this loader
-    copies each one out once (into pinned memory when ``pin_memory``) as it arrives. ``ring_bytes=0``, or a
-    ``/dev/shm`` with less than twice the rings' size free (with a warning), sends them through the pipes instead.
+    ``ring_bytes`` (default: the bytes of the batches in flight, ~20 MB per worker at batch 256 and a 4,096-person
+    window) and this loader copies each one out once (into pinned memory when ``pin_memory``) as it arrives.
+    ``ring_bytes=0``, or a ``/dev/shm`` with less than twice the rings' size free (with a warning), sends them
+    through the pipes instead.
     """
 
     def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, *,
@@ -559,8 +563,10 @@ class ShardedLoader(DataLoader):
         if not kwargs.get("in_order", True):
             raise ValueError("ShardedLoader needs in_order=True: exact resume and the workers' rings rely on each "
                              "worker's batches coming back in the order it made them")
-        if batches_per_message is None:
-            batches_per_message = max(1, MESSAGE_PERSONS // dataset.batch_size)
+        if batches_per_message is None:  # from the arguments alone, so that a resumed run gets the same value
+            rings = dataset.packed and ring_bytes != 0
+            persons = RING_MESSAGE_PERSONS if rings else PIPE_MESSAGE_PERSONS
+            batches_per_message = max(1, persons // dataset.batch_size)
         if batches_per_message < 1:
             raise ValueError(f"batches_per_message must be >= 1, not {batches_per_message}")
         dataset.batches_per_message = batches_per_message if dataset.num_workers else 1
@@ -570,7 +576,7 @@ class ShardedLoader(DataLoader):
             # a worker stops yielding while it loads its next window (a burst of decompression), and the in-order
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
             window_messages = -(-dataset.window // (dataset.batch_size * dataset.batches_per_message))
-            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, max(4, window_messages + 2)))
+            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
             kwargs.setdefault("multiprocessing_context", _worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)

@@ -508,11 +508,11 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
 
 def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path) -> None:
     """A worker pauses while it loads its next window; the in-order DataLoader then waits on it while the others
-    idle, unless every worker has at least a window's batches in flight. Each message (a few batches) crosses the
-    workers' result pipe in one write only if the pipe holds it whole (Linux's 64 KiB default does not hold one
-    200 KB batch)."""
+    idle, unless every worker has at least a window's batches in flight. Without the rings, each message (a few
+    batches) crosses the workers' result pipe in one write only if the pipe holds it whole (Linux's 64 KiB default
+    does not hold one 200 KB batch)."""
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=1, packed=True)
-    loader = ShardedLoader(ds)
+    loader = ShardedLoader(ds, ring_bytes=0)
     per_message = ds.batches_per_message
     assert per_message > 1 and loader.prefetch_factor * per_message * ds.batch_size >= ds.window
     it = iter(loader)
@@ -559,12 +559,15 @@ def test_workers_hand_packed_batches_over_shared_memory_rings(nomlm_dataset: Pat
 
 def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """...and a resumed run on a node with less shared memory still gets the same message size (the batch order)."""
+    roomy = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True))
     monkeypatch.setattr(reader.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
     ld = ShardedLoader(ds, persistent_workers=False)
     with pytest.warns(UserWarning, match="--shm-size"):
         got = np.concatenate([unpack(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
+    assert ld.state_dict()["layout"] == roomy.state_dict()["layout"]
     assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
 
 
