@@ -117,7 +117,7 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
     assert len(points) == 2
     rows = bench.run_sweep(points, shards, tmp_path, pre.steps, pre.warmup, pre.budget_s, seed=0, preset="tiny")
     assert [r["status"] for r in rows] == ["ok", "ok"], rows
-    for name in ("results.csv", "results.md", "tokens_per_s.png", "data_wait_frac.png"):
+    for name in ("results.csv", "results.md", "tokens_per_s.png", "data_wait_frac.png", "device_gap_frac.png"):
         assert (tmp_path / name).stat().st_size > 0
     with (tmp_path / "results.csv").open() as f:
         table = list(csv.DictReader(f))
@@ -125,6 +125,8 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
     for r, p in zip(table, points, strict=True):
         assert float(r["tokens_per_s"]) > 0 and float(r["samples_per_s"]) > 0 and float(r["step_time_s"]) > 0
         assert 0 <= float(r["data_wait_frac"]) <= 1
+        # on CPU the device's timeline is the host's: its gaps between steps are the host's waits, pair for pair
+        assert float(r["device_gap_frac"]) == pytest.approx(float(r["data_wait_frac"]), abs=0.01)
         assert 0 < float(r["mfu"]) < 1 and float(r["peak_mem_mb"]) > 0
         n = int(r["steps"])
         assert n == pre.steps - pre.warmup

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one prepared run for a lent GPU machine that has no network: the GPU-side tests
-# (their CUDA cases run there), then the training sweep. Logs and results go to $OUT (at most 7 files).
+# (their CUDA cases run there), then the training sweep. Logs and results go to $OUT (8 files, the most that return).
 #
 #   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python)
 #   and a copy of ../shared/data/lifeseq-sample into .devshared/ (both listed in .git/info/exclude); then run

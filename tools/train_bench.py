@@ -110,12 +110,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _mark(device: torch.device) -> torch.cuda.Event | float:
+    """A point on the device's timeline: a CUDA event on the current stream, or the host clock on CPU (where the
+    work is synchronous, so the two timelines are one)."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _seconds(a: torch.cuda.Event | float, b: torch.cuda.Event | float) -> float:
+    return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a  # type: ignore[operator]
+
+
 class StepMeter(Callback):
-    """Times steps `warmup`..max_steps-1 and the host's loader waits between them, without per-step syncs.
+    """Times steps `warmup`..max_steps-1 and the gaps between them, on the host and on the device, without per-step
+    syncs.
 
     The window opens at the end of step `warmup - 1` and closes at the end of the last step, each after one device
-    sync. Loader wait = time from a step's on_train_batch_end to the next on_train_batch_start (Lightning fetches
-    and moves the next batch in between). Token counts stay on the device until the window closes.
+    sync. Host wait = time from a step's on_train_batch_end to the next on_train_batch_start (Lightning fetches and
+    moves the next batch in between). Device gap = the same interval on the device's timeline (CUDA events): the
+    batch's copy, unpack and masking, and any time the device sat idle waiting for the host. On a GPU the host runs
+    ahead and its wait includes time blocked on a full launch queue; only the device gap says whether the GPU
+    waited. Token counts stay on the device until the window closes.
     """
 
     def __init__(self, warmup: int) -> None:
@@ -123,7 +141,9 @@ class StepMeter(Callback):
             raise ValueError("warmup must be >= 1: the window opens at the end of a warm-up step")
         self.warmup = warmup
         self.t0 = self.t1 = self.last_end = math.nan
-        self.wait = 0.0
+        self.wait = self.device_gap = 0.0
+        self.last_mark: torch.cuda.Event | float | None = None
+        self.gaps: list[tuple[torch.cuda.Event | float, torch.cuda.Event | float]] = []
         self.steps = self.samples = self.padded = 0
         self.counts: torch.Tensor | None = None  # real tokens, sum of squared lengths, used MLM targets
         self.totals: list[float] = []
@@ -133,6 +153,7 @@ class StepMeter(Callback):
         if batch_idx < self.warmup:
             return
         self.wait += time.perf_counter() - self.last_end
+        self.gaps.append((self.last_mark, _mark(pl_module.device)))  # before this hook queues its own kernels
         lengths = batch["padding_mask"].sum(1)
         step = torch.stack([lengths.sum(), (lengths * lengths).sum(), (batch["target_tokens"] != 0).sum()])
         self.counts = step if self.counts is None else self.counts + step
@@ -148,7 +169,9 @@ class StepMeter(Callback):
         elif batch_idx == trainer.max_steps - 1 and self.counts is not None:
             _sync(pl_module.device)
             self.t1 = time.perf_counter()
+            self.device_gap = sum(_seconds(a, b) for a, b in self.gaps)
             self.totals = trainer.strategy.reduce(self.counts.double(), reduce_op="sum").tolist()
+        self.last_mark = _mark(pl_module.device)
         self.last_end = time.perf_counter()
 
 
@@ -242,6 +265,7 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
         "tokens_per_s": real / elapsed,
         "samples_per_s": meter.samples * world / elapsed,
         "data_wait_frac": meter.wait / elapsed,
+        "device_gap_frac": meter.device_gap / elapsed,
         "peak_mem_mb": _peak_memory_mb(device),
         "real_tokens": int(real),
         "padded_tokens": meter.padded * world,
@@ -252,7 +276,8 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
 
 
 RESULT_KEYS = ("status", "reason", "world", "steps", "step_time_s", "tokens_per_s", "samples_per_s",
-               "data_wait_frac", "peak_mem_mb", "real_tokens", "padded_tokens", "pad_frac", "gflop_per_token", "mfu")
+               "data_wait_frac", "device_gap_frac", "peak_mem_mb", "real_tokens", "padded_tokens", "pad_frac",
+               "gflop_per_token", "mfu")
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -272,7 +297,8 @@ def _fmt(v: Any) -> str:
 
 def write_markdown(rows: list[dict[str, Any]], env: dict[str, Any], path: Path) -> None:
     cols = ["size", "max_len", "batch_size", "precision", "compile", "workers", "pin_memory", "tokens_per_s",
-            "samples_per_s", "step_time_s", "data_wait_frac", "peak_mem_mb", "mfu", "pad_frac", "status"]
+            "samples_per_s", "step_time_s", "data_wait_frac", "device_gap_frac", "peak_mem_mb", "mfu", "pad_frac",
+            "status"]
     lines = ["# train_bench results", "", "```", json.dumps(env, indent=1), "```", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -293,7 +319,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     ok = [r for r in rows if r["status"] == "ok"]
     panels = sorted({(r["size"], r["max_len"]) for r in ok})
     written = []
-    for metric, label in (("tokens_per_s", "real tokens / s"), ("data_wait_frac", "data-wait share of step")):
+    shares = ("data_wait_frac", "device_gap_frac")
+    for metric, label in (("tokens_per_s", "real tokens / s"), ("data_wait_frac", "host's share of step between steps"),
+                          ("device_gap_frac", "device's share of step between steps")):
         cols = min(4, max(1, len(panels)))
         nrows = max(1, -(-len(panels) // cols))
         fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
@@ -309,7 +337,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size")
             ax.set_ylabel(label)
-            if metric == "data_wait_frac":
+            if metric in shares:
                 ax.set_ylim(0, 1)
             ax.legend(fontsize=7)
         for ax in axes.flat[len(panels):]:
@@ -359,7 +387,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                     row[k] = v
                 else:
                     row[k] = float(v) if v else math.nan
-            rows.append(row)
+            rows.append({**{k: math.nan for k in RESULT_KEYS}, **row})  # columns added since that run: NaN
     return rows
 
 
