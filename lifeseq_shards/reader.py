@@ -596,25 +596,24 @@ class ShardedLoader(DataLoader):
         self._epoch = ds.next_epoch()
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
         rings = self._start_rings()
-        if rings is None:
-            yield from self._batches(None)
-            return
-        ctl = rings.ctl
-        iteration = int(ctl[0]) + 1
-        ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
+        iteration = 0
+        if rings is not None:
+            iteration = int(rings.ctl[0]) + 1
+            rings.ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
+        items = super().__iter__()
         try:
-            yield from self._batches(rings)
-        finally:  # exhausted or abandoned: its workers' passes stop waiting (unless a newer iteration took over)
-            if int(ctl[0]) == iteration:
-                ctl[0] = iteration + 1
-
-    def _batches(self, rings: RingViews | None) -> Iterator[dict[str, torch.Tensor]]:
-        for item in super().__iter__():
-            group = item if isinstance(item, list) else [item]
-            self._take_buffers(group, rings)
-            for batch in group:
-                self._yielded += 1
-                yield batch
+            for item in items:
+                group = item if isinstance(item, list) else [item]
+                self._take_buffers(group, rings)
+                for batch in group:
+                    self._yielded += 1
+                    yield batch
+        finally:
+            # exhausted or abandoned: this pass's workers stop waiting for ring space (unless a newer iteration took
+            # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
+            if rings is not None and int(rings.ctl[0]) == iteration:
+                rings.ctl[0] = iteration + 1
+            del items
 
     def _start_rings(self) -> RingViews | None:
         """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""

@@ -557,6 +557,27 @@ def test_workers_hand_packed_batches_over_shared_memory_rings(nomlm_dataset: Pat
     assert ring_passes(nomlm_dataset, message)[0] == want  # under twice a message: the pipe
 
 
+@pytest.mark.timeout(120)
+def test_abandoned_iterator_frees_workers_waiting_on_their_rings(nomlm_dataset: Path) -> None:
+    """Without persistent workers the DataLoader joins its workers when an abandoned iterator goes (5 s timeout
+    each): the workers, blocked on full rings, must be told to stop waiting before that, not after."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=32, num_workers=2, packed=True)
+    probe = list(ShardedLoader(ds, ring_bytes=0, batches_per_message=2, persistent_workers=False))
+    message = max(b["packed"].nbytes for b in probe) * 2
+    ld = ShardedLoader(ds, ring_bytes=int(2.5 * message), batches_per_message=2, persistent_workers=False)
+    for _ in range(2):
+        it = iter(ld)
+        next(it)
+        time.sleep(1.0)  # both workers fill their rings and wait for the main process
+        ctl = ds.ring_ctl
+        assert ctl is not None and int(ctl[1:].min()) < 2 * message  # the main process copied out one batch at most
+        start = time.perf_counter()
+        del it
+        gc.collect()
+        assert time.perf_counter() - start < 3.0
+    assert len(list(ld)) == len(probe)  # and the next pass reads the epoch whole
+
+
 def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """...and a resumed run on a node with less shared memory still gets the same message size (the batch order)."""
