@@ -247,7 +247,7 @@ class ShardedDataset(IterableDataset):
         return iter(wds.DataPipeline(*stages))
 
 
-def _first_due(consumed: list[int], per_worker: list[int], per_message: int = 1) -> int:
+def _first_due(consumed: list[int], per_worker: list[int], per_message: int) -> int:
     """The worker whose message an in-order DataLoader returns after ``consumed`` batches: the unfinished one with
     the fewest whole messages returned, the lowest id among equals (round-robin that skips exhausted workers)."""
     due = [(c // per_message, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
@@ -452,8 +452,7 @@ def collate_packed(block: Block, ds: ShardedDataset, index: np.ndarray) -> dict[
         end = off + count * np.dtype(dtype).itemsize
         buf[end : end + (-end) % 8] = 0  # the alignment gap: the same persons always pack into the same bytes
         # mode="wrap": the indices are in range by construction, and "raise" would copy through a buffer
-        columns[name] = np.take(c[f.name], idx, out=buf[off : off + count * np.dtype(dtype).itemsize].view(dtype),
-                                mode="wrap")
+        columns[name] = np.take(c[f.name], idx, out=buf[off:end].view(dtype), mode="wrap")
     out: dict[str, Any] = {
         "packed": buf,
         "fields": tuple(fields),

@@ -336,12 +336,12 @@ CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
 OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
 LIMITS = ("zstd-limit", "memcpy-limit", "ours-2x-w0")  # bounds, drawn grey
 SIDE_BY_SIDE = 2  # processes of "ours-2x-w0", run at once
+RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
 
 def processes(name: str) -> int:
     """How many processes measure the contender at once (each reads its share of the train split)."""
     return SIDE_BY_SIDE if name == "ours-2x-w0" else 1
-RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
 
 def batch_stats(batch: Any) -> tuple[int, int, int | None]:
