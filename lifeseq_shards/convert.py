@@ -53,8 +53,22 @@ SPLITS = ("train", "val")
 INCOMPLETE = ".conversion-incomplete"  # present from the start of a conversion until its manifest is written
 
 
+# what --dtype may set (a count field such as `length` sets every count and position in a sequence with it)
+DTYPE_FIELDS = ("tokens", "length", "abspos", "age", "segment")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
 class ConvertError(ValueError):
     """Bad input or a refused output directory; the message is one line."""
+
+
+def check_dtypes(dtypes: dict[str, str]) -> None:
+    """Refuse an override that would be ignored (an unknown field, a typo) or could not hold the values exactly."""
+    for name, dtype in dtypes.items():
+        if name not in DTYPE_FIELDS:
+            raise ConvertError(f"--dtype {name}={dtype}: no field {name!r} to set (fields: {', '.join(DTYPE_FIELDS)})")
+        if dtype not in INT_DTYPES:
+            raise ConvertError(f"--dtype {name}={dtype}: not an integer dtype (one of {', '.join(INT_DTYPES)})")
 
 
 @dataclass
@@ -140,9 +154,12 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> Block:
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, Block]:
+    """(file, each person's row in it, the narrowed block)."""
     source, task, schema = args
-    return to_runs(_narrow(source.encode(task), token_schema(schema), _task_label(task)), schema)
+    block = source.encode(task)
+    rows = block.columns.pop("row")
+    return task[0], rows, to_runs(_narrow(block, token_schema(schema), _task_label(task)), schema)
 
 
 class _Spill:
@@ -263,6 +280,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
                     opts: ConvertOptions | None = None) -> dict[str, Any]:
     """Convert ``inputs`` into a dataset directory ``out``; returns the manifest."""
     opts = opts or ConvertOptions()
+    check_dtypes(opts.dtypes)
     out = Path(out)
     t0 = time.time()
     try:
@@ -309,10 +327,11 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
     ids: list[np.ndarray] = []
+    rows: list[tuple[str, np.ndarray]] = []  # per chunk of ids: its file and rows, to name a duplicated id
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for block in results:
+        for path, row, block in results:
             bar.update(1)
             if block.n == 0:
                 continue
@@ -323,6 +342,7 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
             for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
                 spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
             ids.append(pid.astype(np.int64))
+            rows.append((path, row))
             lengths = block.columns["length"].astype(np.int64)
             tokens += int(lengths.sum())
             hb = lengths // 8
@@ -336,7 +356,9 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
                            "(empty input, or every person filtered out)")
     uniq, counts = np.unique(all_ids, return_counts=True)
     if (counts > 1).any():
-        raise ConvertError(f"input: person id {int(uniq[counts > 1][0])} occurs {int(counts.max())} times")
+        pid = uniq[counts > 1][0]
+        at = [f"{path}: row {r}" for chunk, (path, row) in zip(ids, rows, strict=True) for r in row[chunk == pid]]
+        raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
     return all_ids, hist, tokens
 
 
