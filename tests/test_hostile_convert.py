@@ -1,8 +1,17 @@
 """The converter as a hostile user meets it (issue 12): input it cannot store exactly is refused with one line naming
-file, row and column (exit 2, no traceback); options out of range are refused before any work."""
+file, row and column (exit 2, no traceback); options out of range are refused before any work; `--overwrite` removes
+only what the old manifest lists and keeps the old dataset until the new one is complete; a second conversion into
+the same directory is refused; a killed conversion leaves no pool worker behind."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +230,152 @@ def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
                                                                           schema_from_json(m["schema"]))]
     assert [int(x) for b in blocks for x in b.columns["length"]] == [width, width]
     np.testing.assert_array_equal(blocks[0].columns["abspos"][:width], ids[0, 1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2: --overwrite replaces exactly the old dataset's files, and only once the new dataset is complete
+
+
+def listed(root: Path) -> set[str]:
+    return {e["file"] for _, e in shard_entries(read_manifest(root))}
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    """40 persons (ids 100..139) in 4 train and 4 val shards, beside a user's own files."""
+    out = tmp_path / "ds"
+    code, text = cli("convert", write_h5(tmp_path / "old.h5", n=40), "-o", out, "--num-val", 4, "--shards", 4)
+    assert code == 0, text
+    for own in ("all/embeddings.npy", "train/notes.txt", "README.txt"):
+        (out / own).parent.mkdir(exist_ok=True)
+        (out / own).write_text("mine")
+    return out
+
+
+def test_overwrite_removes_only_the_old_datasets_files(dataset: Path, tmp_path: Path) -> None:
+    old = listed(dataset)
+    new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
+    code, text = cli("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2, "--overwrite")
+    assert code == 0, text
+    for own in ("all/embeddings.npy", "train/notes.txt", "README.txt"):
+        assert (dataset / own).read_text() == "mine"
+    new = listed(dataset)
+    assert not [f for f in old - new if (dataset / f).exists()]  # train/shard-000002.tar and the like are gone
+    assert person_ids(dataset) == list(range(500, 540)) and cli("verify", dataset)[0] == 0
+    assert {p.name for p in dataset.iterdir()} == {"manifest.json", "train", "val", "all", "README.txt",
+                                                   ".conversion.lock"}
+
+
+def test_failed_overwrite_keeps_the_old_dataset(dataset: Path, tmp_path: Path) -> None:
+    before = (dataset / "manifest.json").read_text()
+    bad = write_h5(tmp_path / "dup.h5", sequence_id=np.array([1, 2, 1, 3]))
+    assert_refused(*cli("convert", bad, "-o", dataset, "--overwrite"), "person id 1 occurs 2 times")
+    assert (dataset / "manifest.json").read_text() == before
+    assert cli("verify", dataset)[0] == 0 and person_ids(dataset) == list(range(100, 140))
+    assert not (dataset / ".conversion-staging").exists()
+
+
+def test_overwrite_refuses_a_manifest_that_lists_files_outside(dataset: Path, tmp_path: Path) -> None:
+    """--overwrite deletes what the old manifest lists: never a path that leaves the dataset."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    m = read_manifest(dataset)
+    m["splits"]["train"]["shards"][0]["file"] = "../victim.txt"
+    (dataset / "manifest.json").write_text(json.dumps(m))
+    assert_refused(*cli("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"),
+                   "'../victim.txt', outside the dataset")
+    assert victim.read_text() == "keep" and (dataset / "train" / "shard-000000.tar").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2 + 3: processes (slow: real subprocess conversions)
+
+# Runs `shardify ARGS...` with a hook in the converter: argv[1] is a directory the hook reports into.
+HOOKED = """
+import os, sys, time
+from pathlib import Path
+import lifeseq_shards.convert as c
+
+report = Path(sys.argv[1])
+{hook}
+from lifeseq_shards.cli import main
+main(sys.argv[2:])
+"""
+# the first pass waits for report/go: the conversion holds its directory meanwhile
+HOLD = """
+real = c._pass1
+def held(*a, **k):
+    (report / "started").touch()
+    while not (report / "go").exists():
+        time.sleep(0.05)
+    return real(*a, **k)
+c._pass1 = held
+"""
+# each pool worker reports its pid and then works for two minutes
+STALL = """
+def stalled(args):
+    (report / str(os.getpid())).touch()
+    time.sleep(120)
+c._encode_and_narrow = stalled
+"""
+
+
+def hooked(hook: str, report: Path, *args: object) -> subprocess.Popen[bytes]:
+    report.mkdir()
+    return subprocess.Popen([sys.executable, "-c", HOOKED.format(hook=hook), str(report), *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_for(cond: Callable[[], bool], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_second_conversion_into_the_same_directory_is_refused(overwrite: list[str], tmp_path: Path) -> None:
+    out, report = tmp_path / "ds", tmp_path / "report"
+    first = hooked(HOLD, report, "convert", write_h5(tmp_path / "a.h5"), "-o", out)
+    try:
+        assert wait_for(lambda: (report / "started").exists(), 60), first.stderr
+        assert_refused(*cli("convert", write_h5(tmp_path / "b.h5", n=5), "-o", out, *overwrite),
+                       f"{out}: another conversion is writing to it")
+        (report / "go").touch()
+        assert first.wait(60) == 0, first.stderr.read()  # type: ignore[union-attr]
+    finally:
+        first.kill()
+    assert cli("verify", out)[0] == 0 and person_ids(out) == [100, 101, 102, 103]
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (Z: exited, not yet reaped by its new parent), or None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_killed_conversion_leaves_no_pool_worker(tmp_path: Path) -> None:
+    """SIGKILL of `convert --processes 2` mid-way: both pool workers end with it (they used to run on, orphaned)."""
+    report = tmp_path / "report"
+    inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(4)]
+    proc = hooked(STALL, report, "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
+    workers: list[int] = []
+    try:
+        assert wait_for(lambda: len(list(report.iterdir())) >= 2, 60), proc.stderr
+        workers = [int(p.name) for p in report.iterdir()]
+        proc.kill()
+        proc.wait(10)
+        assert wait_for(lambda: all(state(w) in (None, "Z") for w in workers), 10), [state(w) for w in workers]
+    finally:
+        proc.kill()
+        for w in workers:
+            if state(w) not in (None, "Z"):
+                os.kill(w, signal.SIGKILL)
