@@ -275,16 +275,28 @@ def test_failed_overwrite_keeps_the_old_dataset(dataset: Path, tmp_path: Path) -
     assert not (dataset / ".conversion-staging").exists()
 
 
-def test_overwrite_refuses_a_manifest_that_lists_files_outside(dataset: Path, tmp_path: Path) -> None:
-    """--overwrite deletes what the old manifest lists: never a path that leaves the dataset."""
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep")
-    m = read_manifest(dataset)
-    m["splits"]["train"]["shards"][0]["file"] = "../victim.txt"
-    (dataset / "manifest.json").write_text(json.dumps(m))
-    assert_refused(*cli("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"),
-                   "'../victim.txt', outside the dataset")
-    assert victim.read_text() == "keep" and (dataset / "train" / "shard-000000.tar").exists()
+def _file_entry(path: str) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        m = json.loads(text)
+        m["splits"]["train"]["shards"][0]["file"] = path
+        return json.dumps(m)
+    return edit
+
+
+MANIFEST_EDITS = {
+    "../victim.txt": (_file_entry("../victim.txt"), "'../victim.txt', outside the dataset's own files"),
+    "absolute path": (lambda t: t.replace('"train/shard-000000.tar"', '"/victim.txt"'), "'/victim.txt', outside"),
+    "not JSON": (lambda t: t[: len(t) // 2], "manifest.json: cannot tell which files it lists"),
+}
+
+
+@pytest.mark.parametrize("edit", MANIFEST_EDITS)
+def test_overwrite_refuses_a_manifest_it_cannot_trust(edit: str, dataset: Path, tmp_path: Path) -> None:
+    """--overwrite deletes what the old manifest lists: never a path that leaves the dataset, nothing when unsure."""
+    change, message = MANIFEST_EDITS[edit]
+    (dataset / "manifest.json").write_text(change((dataset / "manifest.json").read_text()))
+    assert_refused(*cli("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"), message)
+    assert (dataset / "train" / "shard-000000.tar").exists() and (dataset / "manifest.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -350,6 +362,32 @@ def test_second_conversion_into_the_same_directory_is_refused(overwrite: list[st
     finally:
         first.kill()
     assert cli("verify", out)[0] == 0 and person_ids(out) == [100, 101, 102, 103]
+
+
+# dies while moving the new shards in (the old files are gone, one new shard is in place)
+DIE_REPLACING = """
+real = os.replace
+def dying(src, dst):
+    if ".conversion-staging" in str(src) and str(src).endswith("shard-000001.tar"):
+        os._exit(9)
+    return real(src, dst)
+os.replace = dying
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_killed_while_replacing_leaves_no_dataset_and_rerun_clears_only_ours(dataset: Path, tmp_path: Path) -> None:
+    new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
+    proc = hooked(DIE_REPLACING, tmp_path / "report", "convert", new_input, "-o", dataset, "--num-val", 2,
+                  "--shards", 2, "--overwrite")
+    assert proc.wait(60) == 9, proc.stderr.read()  # type: ignore[union-attr]
+    assert not (dataset / "manifest.json").exists() and cli("verify", dataset)[0] == 2
+    code, text = cli("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2)  # no --overwrite needed
+    assert code == 0, text
+    assert person_ids(dataset) == list(range(500, 540)) and cli("verify", dataset)[0] == 0
+    assert {str(p.relative_to(dataset)) for p in dataset.rglob("*") if p.is_file()} == listed(dataset) | {
+        "manifest.json", ".conversion.lock", "all/embeddings.npy", "train/notes.txt", "README.txt"}
 
 
 def state(pid: int) -> str | None:
