@@ -39,12 +39,12 @@ def h5_info(path: str) -> tuple[int, bool, int]:
         if len(shape) != 3 or shape[1] != 4:
             raise SourceError(f"{path}: input_ids has shape {shape}, expected (N, 4, L)")
         n, _, width = shape
-        expected = {"padding_mask": (n, width), "original_sequence": (n, width), "sequence_id": (n,),
-                    "target_tokens": (n, width), "target_pos": (n, width), "target_cls": (n,)}
+        expected = {"input_ids": shape, "padding_mask": (n, width), "original_sequence": (n, width),
+                    "sequence_id": (n,), "target_tokens": (n, width), "target_pos": (n, width), "target_cls": (n,)}
         for k in (*REQUIRED, *MLM):
             if k not in f:
                 continue
-            if k != "input_ids" and f[k].shape != expected[k]:
+            if f[k].shape != expected[k]:
                 raise SourceError(f"{path}: {k} has shape {f[k].shape}, expected {expected[k]} "
                                   f"(input_ids is {shape})")
             if f[k].dtype.kind not in "biuf":
