@@ -267,6 +267,9 @@ class LifeSeqPretrainModule(L.LightningModule):
             self.encoder.compile()  # in place: parameter names and checkpoints stay those of the eager model
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        if self.hparams.compile and "cu_seqlens" in batch:
+            # the packed token count changes every batch: compile for any count at once, not once per count
+            torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
         mlm_loss, cls_loss = pretrain_losses(self.encoder, batch)
         loss = mlm_loss + cls_loss
         # on_step=False: the values are summed on the device and read once per epoch, so no step blocks on them.
