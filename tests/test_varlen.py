@@ -3,12 +3,17 @@ persons (forward and gradients), whichever attention implementation runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lifeseq_shards import model as model_mod
+from lifeseq_shards.device import host_sync_guard, plan_tokens, seed_batch, to_device
+from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig, LifeSeqEncoder, Packed, pretrain_losses, varlen_attention
+from lifeseq_shards.reader import ShardedDataset
 
 VOCAB = 40
 
@@ -111,3 +116,20 @@ def test_cuda_flash_varlen_equals_the_padded_model_in_bf16(heads: int) -> None:
     torch.testing.assert_close(loss_packed, loss_pad, rtol=1e-2, atol=1e-2)
     for k in grads_pad:  # bf16: relative to the gradient's size
         assert (grads_packed[k] - grads_pad[k]).norm() <= 5e-2 * grads_pad[k].norm() + 1e-6, k
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
+    """The padding-free step on CUDA, from the copied packed batch to the gradients: no host sync anywhere (CUDA's
+    sync debug mode "error" and the Python-level pulls, device.host_sync_guard). Only the host-side plan (the token
+    count, read from the pinned buffer before the copy) runs outside the guard."""
+    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=64, seed=0, packed=True)))
+    planned = plan_tokens({**host, "packed": torch.from_numpy(host["packed"]).pin_memory()}, 128)
+    model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), 2970, dropout=0.1).cuda()
+    masker = DynamicMasker(MaskingConfig(vocab_size=2970))
+    with host_sync_guard(), torch.autocast("cuda", dtype=torch.bfloat16):
+        batch = seed_batch(to_device(planned, "cuda"), masker, epoch=0, layout="packed", max_len=128)
+        mlm, cls = pretrain_losses(model, batch)
+        (mlm + cls).backward()
+    assert torch.isfinite(mlm + cls)
