@@ -45,9 +45,9 @@ if [ "$MODE" = cpu ]; then  # the same stages at sizes a 2-core CPU runs in minu
   KERNELS=(--batch-size 8 --max-len 64 --reps 2)
   T_SWEEP=600 T_KERNELS=600
 else
-  SWEEP=(--budget-s 150)
+  SWEEP=(--budget-s 165)
   KERNELS=(--batch-size 256 --max-len 512 --reps 20)
-  T_SWEEP=220 T_KERNELS=75
+  T_SWEEP=240 T_KERNELS=70
 fi
 
 stamp env
@@ -59,7 +59,7 @@ print('varlen_attn:', model._VARLEN_ATTN is not None)"
 cat "$OUT/env.txt"
 
 stamp "pytest -m cuda"
-timeout 100 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/test_device.py \
+timeout 80 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/test_device.py \
   tests/test_masking.py >"$OUT/tests.log" 2>&1
 echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
 

@@ -108,7 +108,8 @@ def prep(rows: list[dict[str, str]]) -> list[str]:
 
 def main(folder: Path) -> str:
     results = _read(folder / "results.csv")
-    parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep: bf16, L=512, batch 256", "", *sweep(results)]
+    parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep (train_bench --preset varlen)", "",
+             *sweep(results)]
     if attn := _read(folder / "attn.csv"):
         parts += ["", "### Attention alone, forward + backward, per head layout", "", *attention(attn)]
     if rows := _read(folder / "prep.csv"):
