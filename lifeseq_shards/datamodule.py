@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from .device import OFFLINE_MLM_FIELDS, seed_batch, to_device
+from .device import PACKED, BatchBuilder, DevicePrefetcher
 from .format import read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
@@ -24,13 +24,18 @@ class LifeSeqDataModule(L.LightningDataModule):
     Validation reads the val split without shuffling but with the training plan, so every rank gets the same number
     of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once
     (train and val with their remainders, unless ``predict_split`` names others).
+
+    ``layout="packed"`` hands the model only the real tokens (``device.seed_batch``; ``pad_to`` then crops without
+    padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
+    training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
                  seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
-                 batches_per_message: int | None = None) -> None:
+                 batches_per_message: int | None = None, layout: str = "padded",
+                 prefetch: bool | None = None) -> None:
         super().__init__()
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
@@ -43,7 +48,9 @@ class LifeSeqDataModule(L.LightningDataModule):
         if masking == "offline" and not has_offline:
             raise ValueError(f"{self.data_dir}: masking='offline' but the dataset has no offline MLM fields")
         self.masking = masking
-        self.masker = DynamicMasker(masking) if isinstance(masking, MaskingConfig) else None
+        masker = DynamicMasker(masking) if isinstance(masking, MaskingConfig) else masking
+        self.builder = BatchBuilder(masker, layout, pad_to if layout == PACKED else None)
+        self.prefetch = prefetch
         self.vocab_size: int | None = self.manifest.get("params", {}).get("vocab_size")
 
     def _rank_world(self) -> tuple[int, int]:
@@ -56,14 +63,19 @@ class LifeSeqDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to,
-                            packed=self.pad_to is None)
+                            drop_last=self.drop_last and mode == TRAIN,
+                            pad_to=None if self.builder.layout == PACKED else self.pad_to,
+                            packed=self.pad_to is None or self.builder.layout == PACKED)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
                              batches_per_message=self.batches_per_message, **extra)
 
-    def train_dataloader(self) -> ShardedLoader:
-        return self._loader("train", TRAIN, shuffle=True)
+    def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
+        loader = self._loader("train", TRAIN, shuffle=True)
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if not (self.prefetch if self.prefetch is not None else device.type == "cuda"):
+            return loader
+        return DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
 
     def val_dataloader(self) -> ShardedLoader:
         return self._loader("val", TRAIN, shuffle=False)
@@ -71,13 +83,11 @@ class LifeSeqDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> ShardedLoader:
         return self._loader(self.predict_split, INFERENCE, shuffle=False)
 
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return to_device(batch, device)
+        return self.builder.transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        masker = self.masker if self.masking != "offline" else None
-        if self.masking is None:
-            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
-        return seed_batch(batch, masker, epoch=epoch)
-
+        return self.builder.widen(batch, self._epoch())
