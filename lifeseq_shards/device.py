@@ -77,7 +77,7 @@ def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.T
         run_of = torch.repeat_interleave(torch.arange(reps.shape[0], device=reps.device), reps,
                                          output_size=out["tokens"].shape[0])
         for name in STAMPS:
-            out[name] = out[name][run_of]
+            out[name] = _take(out[name], run_of)
     counts = {"width": out["lengths"]}
     if "targets_width" in batch:
         counts["targets_width"] = out["n_targets"]
@@ -87,21 +87,31 @@ def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.T
         for name in RAGGED_FIELDS if width_key == "width" else TARGET_FIELDS:
             if name in out:
                 flat = out[name]
-                gathered = flat[index.clamp(max=max(flat.shape[0] - 1, 0))] if flat.shape[0] else flat.new_zeros(
-                    index.shape)
+                gathered = _take(flat, index.clamp(max=max(flat.shape[0] - 1, 0))) if flat.shape[0] else (
+                    flat.new_zeros(index.shape))
                 out[name] = _zero_where_invalid(gathered, valid)
     if width is not None:
         out["lengths"] = out["lengths"].clamp(max=width)
     return out
 
 
-# torch 2.11 has no CPU `where` for uint16 (2.13 has); a signed view of the same width has the same bits.
+# torch 2.11 has no CPU `where` and no CUDA indexing for uint16 (2.13 has the former); a signed view of the same
+# width has the same bits.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _signed(values: torch.Tensor) -> torch.Tensor:
+    return values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+
+
+def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`values[index]` in the same dtype, for the unsigned dtypes too."""
+    return _signed(values)[index].view(values.dtype)
 
 
 def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """`values` where `valid`, else 0, in the same dtype."""
-    view = values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+    view = _signed(values)
     return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 

@@ -45,9 +45,9 @@ if [ "$MODE" = cpu ]; then  # the same stages at sizes a 2-core CPU runs in minu
   KERNELS=(--batch-size 8 --max-len 64 --reps 2)
   T_SWEEP=600 T_KERNELS=600
 else
-  SWEEP=(--budget-s 165)
+  SWEEP=(--budget-s "${SWEEP_BUDGET:-165}")  # no point starts after this; T_SWEEP kills a point that overruns
   KERNELS=(--batch-size 256 --max-len 512 --reps 20)
-  T_SWEEP=240 T_KERNELS=70
+  T_SWEEP=${T_SWEEP:-240} T_KERNELS=70
 fi
 
 stamp env
