@@ -22,7 +22,9 @@ import fcntl
 import multiprocessing
 import multiprocessing.context
 import os
+import select
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -160,6 +162,7 @@ class ShardedDataset(IterableDataset):
         self.rings: torch.Tensor | None = None
         self.ring_ctl: torch.Tensor | None = None
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
+        self._owner = os.getpid()  # the process that reads the batches: workers die with it (ShardedLoader resets it)
         self._warn_static_balance(self.manifest["splits"][splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
@@ -215,6 +218,8 @@ class ShardedDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         worker, k = (0, 0) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            _exit_with(self._owner)
         if k != self.num_workers:
             raise RuntimeError(
                 f"ShardedDataset was built for num_workers={self.num_workers} but runs in a DataLoader with "
@@ -245,6 +250,32 @@ class ShardedDataset(IterableDataset):
         if per_message > 1 or writer is not None:
             stages.append(lambda src: messages(src, per_message, skip, writer))
         return iter(wds.DataPipeline(*stages))
+
+
+_watched: int | None = None  # the process this worker process exits with (one watching thread per process)
+
+
+def _exit_with(owner: int) -> None:
+    """End this DataLoader worker as soon as ``owner`` (the process reading its batches) ends, however it ends.
+
+    torch's workers only check that their parent lives; a forkserver worker's parent is the forkserver, which in
+    turn waits for its clients, the workers among them. After a SIGKILL of the training process (an out-of-memory
+    kill) both would live on with its stdout and stderr: ``python train.py | tee log`` would never end, and the
+    resource tracker, which removes the queues' semaphores from /dev/shm, would wait for them too."""
+    global _watched
+    if _watched == owner or not hasattr(os, "pidfd_open"):  # pidfds: Linux 5.3+; elsewhere torch's check only
+        return
+    _watched = owner
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    threading.Thread(target=_exit_when_readable, args=(fd,), name="lifeseq-exit-with-owner", daemon=True).start()
+
+
+def _exit_when_readable(fd: int) -> None:
+    select.select([fd], [], [])  # a pidfd turns readable when its process ends
+    os._exit(1)
 
 
 def _first_due(consumed: list[int], per_worker: list[int], per_message: int) -> int:
@@ -592,6 +623,7 @@ class ShardedLoader(DataLoader):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        ds._owner = os.getpid()  # before the workers start: they exit with this process
         self._epoch = ds.next_epoch()
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
         rings = self._start_rings()
