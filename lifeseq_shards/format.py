@@ -496,6 +496,9 @@ def _check_manifest(m: Any) -> None:
     _check_schema(m["schema"], version)
     _has(m["totals"], _TOTALS, "totals")
     _has(m["length_histogram"], _HISTOGRAM, "length_histogram")
+    params = m.get("params", {})  # optional: what the conversion was run with
+    if not isinstance(params, dict) or not isinstance(params.get("vocab_size", 0), (int, type(None))):
+        raise ValueError(f"params is {params!r}, not an object with an integer vocab_size")
     files: set[str] = set()
     for split, info in m["splits"].items():
         _has(info, _SPLIT, f"splits.{split}")

@@ -40,8 +40,8 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     tokens_by_split: dict[str, int] = {}
     for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
         path = root / e["file"]
-        if not path.exists():
-            problems.append(f"{e['file']}: missing")
+        if not path.is_file():
+            problems.append(f"{e['file']}: missing" + (" (a directory)" if path.exists() else ""))
             continue
         if path.stat().st_size != e["bytes"]:
             problems.append(f"{e['file']}: {path.stat().st_size} bytes, manifest says {e['bytes']}")

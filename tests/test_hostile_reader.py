@@ -184,6 +184,22 @@ def test_a_shard_listed_twice_is_refused(copy: Path) -> None:
         ShardedDataset(copy)
 
 
+def test_verify_names_a_shard_path_that_is_a_directory(copy: Path) -> None:
+    """Before: a traceback (IsADirectoryError) from verify."""
+    edit(copy, lambda m: m["splits"]["train"]["shards"][0].update(file="val"))
+    code, out = cli("verify", str(copy))
+    assert code == 1 and "val: missing (a directory)" in out, out
+    with pytest.raises(IsADirectoryError, match=r"Is a directory: .*/val"):
+        read_all(copy)
+
+
+@pytest.mark.parametrize("params", [[], {"vocab_size": "2971"}])
+def test_conversion_params_of_another_type_are_one_line(copy: Path, params: object) -> None:
+    """Before: a traceback from verify (a str compared with token ids) or from inspect."""
+    edit(copy, lambda m: m.update(params=params))
+    assert_one_line_exit_2(["verify", str(copy)], "manifest.json: params is")
+
+
 # -- 2. resume only into the same order --------------------------------------------------------------------------------
 def started_loader(root: Path, split: str = "train", **kw: Any) -> ShardedLoader:
     ld = ShardedLoader(ShardedDataset(root, split, batch_size=100, rank=0, world_size=1, **kw))
