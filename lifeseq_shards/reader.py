@@ -275,6 +275,8 @@ def _exit_with(owner: int) -> None:
         fd = os.pidfd_open(owner)
     except ProcessLookupError:  # gone already
         os._exit(1)
+    except OSError:  # a kernel before 5.3, or a sandbox without pidfds: torch's check only
+        return
     threading.Thread(target=_exit_when_readable, args=(fd,), name="lifeseq-exit-with-owner", daemon=True).start()
 
 
