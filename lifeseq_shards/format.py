@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,10 @@ from typing import Any
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # format 1 stored the stamps once per token
+FORMAT_VERSION = 3
+# format 1 stored the stamps once per token; format 2 had neither the blocks' schema tag nor the shards' head_checksum
+READABLE_VERSIONS = (1, 2, 3)
+TAGGED_VERSION = 3
 MAGIC = b"LSB1"
 BLOCK_SUFFIX = ".block.zst"
 MANIFEST = "manifest.json"
@@ -76,6 +80,17 @@ def token_schema(schema: list[Field]) -> list[Field]:
 
 def schema_from_json(items: list[dict[str, str]]) -> list[Field]:
     return [Field(i["name"], i["dtype"], i["kind"]) for i in items]
+
+
+def schema_json(schema: list[Field]) -> bytes:
+    """The schema's canonical JSON: what the fingerprint and the blocks' schema tag are computed from."""
+    return json.dumps([f.to_json() for f in schema], sort_keys=True).encode()
+
+
+def schema_tag(schema: list[Field]) -> int:
+    """The 32-bit tag every format-3 block carries in its header: a block decoded with another schema (fields
+    swapped or renamed in the manifest) is refused instead of read into the wrong fields."""
+    return zlib.crc32(schema_json(schema))
 
 
 def narrowest_token_dtype(vocab_size: int) -> str:
@@ -216,8 +231,9 @@ def expand_runs(block: Block, schema: list[Field]) -> Block:
 
 
 def encode_block(block: Block, schema: list[Field]) -> bytes:
-    """Raw (uncompressed) block payload: MAGIC, uint32 n, uint32 0, then each field's values, 8-byte aligned."""
-    parts = [MAGIC, struct.pack("<II", block.n, 0)]
+    """Raw (uncompressed) block payload: MAGIC, uint32 n, uint32 schema tag, then each field's values, 8-byte
+    aligned."""
+    parts = [MAGIC, struct.pack("<II", block.n, schema_tag(schema))]
     for f in schema:
         raw = np.ascontiguousarray(block.columns[f.name], dtype=np.dtype(f.dtype).newbyteorder("<")).tobytes()
         parts.append(raw)
@@ -226,11 +242,14 @@ def encode_block(block: Block, schema: list[Field]) -> bytes:
     return b"".join(parts)
 
 
-def decode_block(payload: bytes | memoryview, schema: list[Field]) -> Block:
-    """Inverse of :func:`encode_block`: zero-copy views into ``payload``."""
+def decode_block(payload: bytes | memoryview, schema: list[Field], tag: int | None = None) -> Block:
+    """Inverse of :func:`encode_block`: zero-copy views into ``payload``; with ``tag``, the block must carry it."""
     if bytes(payload[:4]) != MAGIC:
         raise ValueError("not a lifeseq block (bad magic)")
-    (n, _) = struct.unpack_from("<II", payload, 4)
+    (n, got) = struct.unpack_from("<II", payload, 4)
+    if tag is not None and got != tag:
+        raise ValueError(f"block written with another schema (tag {got:08x}, the manifest's schema makes {tag:08x}:"
+                         " fields swapped or renamed in the manifest?)")
     pos = 12
     cols: dict[str, np.ndarray] = {}
     totals: dict[str, int] = {}
@@ -256,8 +275,8 @@ def decompress(data: bytes) -> bytes:
     return _DCTX.decompress(data)
 
 
-def decode_member(data: bytes, schema: list[Field]) -> Block:
-    return decode_block(decompress(data), schema)
+def decode_member(data: bytes, schema: list[Field], tag: int | None = None) -> Block:
+    return decode_block(decompress(data), schema, tag)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,14 +292,25 @@ def write_shard(path: Path, blocks: Iterable[Block], schema: list[Field], level:
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)  # decoding catches a flipped byte
     tmp = path.with_name(path.name + ".tmp")
     persons = tokens = 0
+    head = None
     with open(tmp, "wb") as fh:
         for i, block in enumerate(blocks):
-            fh.write(tar_member(block_member_name(i), cctx.compress(encode_block(block, schema))))
+            data = cctx.compress(encode_block(block, schema))
+            if i == 0:
+                head = frame_checksum(data)
+            fh.write(tar_member(block_member_name(i), data))
             persons += block.n
             tokens += int(block.columns["length"].sum(dtype=np.int64))
         fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
     os.replace(tmp, path)
-    return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path),
+            "head_checksum": head}
+
+
+def frame_checksum(frame: bytes) -> int:
+    """A zstd frame's content checksum (its last 4 bytes: XXH64 of the decompressed block, low 32 bits), read, not
+    computed: what identifies a shard's first block for nothing."""
+    return int.from_bytes(frame[-4:], "little")
 
 
 def tar_member(name: str, data: bytes) -> bytes:
@@ -357,6 +387,48 @@ def _read_exactly(stream: Any, size: int) -> bytes:
     return b"".join(parts)
 
 
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard file as the manifest describes it. Readers check each member they meet against it, for nearly
+    nothing (a name, a count, the first block's zstd checksum, the schema tag in each block's header): a shard
+    copied over another, one from another conversion, edited counts or block size, or an edited schema are refused
+    at read time, not read into wrong or missing persons."""
+
+    url: str
+    samples: int
+    block_persons: int
+    head_checksum: int | None = None  # format 3: the first block's zstd checksum
+    tag: int | None = None  # format 3: the schema tag in every block's header
+
+    @classmethod
+    def of(cls, url: str, entry: dict[str, Any], manifest: dict[str, Any], schema: list[Field]) -> ShardFile:
+        tagged = manifest["format_version"] >= TAGGED_VERSION
+        return cls(url, entry["samples"], manifest["block_persons"], entry["head_checksum"] if tagged else None,
+                   schema_tag(schema) if tagged else None)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.samples // self.block_persons)
+
+    def check_member(self, i: int, name: str, data: bytes) -> None:
+        """ValueError unless member ``i`` is one the manifest promises, under its name (and the shard's own)."""
+        if i >= self.blocks:
+            raise ValueError(f"more blocks than the manifest's {self.samples} persons in blocks of "
+                             f"{self.block_persons} make")
+        if name != block_member_name(i):
+            raise ValueError(f"member {name!r} where {block_member_name(i)!r} belongs")
+        if i == 0 and self.head_checksum is not None and frame_checksum(data) != self.head_checksum:
+            raise ValueError("not the shard the manifest names (its first block's checksum differs: a shard copied "
+                             "over it, or one from another conversion)")
+
+    def check_block(self, i: int, block: Block) -> None:
+        """ValueError unless block ``i`` holds the persons the manifest's counts give it."""
+        want = min(self.block_persons, self.samples - i * self.block_persons)
+        if block.n != want:
+            raise ValueError(f"{block.n} persons, where the manifest's {self.samples} persons in blocks of "
+                             f"{self.block_persons} put {want}")
+
+
 def read_shard_blocks(path: str | os.PathLike[str], schema: list[Field]) -> Iterator[Block]:
     """Every block of a local shard file, in order, with the stamps once per token (``token_schema(schema)``)."""
     with open(path, "rb") as fh:
@@ -369,7 +441,7 @@ def read_shard_blocks(path: str | os.PathLike[str], schema: list[Field]) -> Iter
 
 
 def fingerprint(schema: list[Field], shard_hashes: Iterable[str]) -> str:
-    h = hashlib.sha256(json.dumps([f.to_json() for f in schema], sort_keys=True).encode())
+    h = hashlib.sha256(schema_json(schema))
     for s in shard_hashes:
         h.update(s.encode())
     return h.hexdigest()[:32]
@@ -383,7 +455,113 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 
 class ManifestError(ValueError):
-    pass
+    """The manifest cannot be read or is not one this package writes (a key missing, a path leaving the dataset,
+    a schema that cannot be, an edit that its fingerprint gives away); the message is one line naming the file."""
+
+
+def manifest_fingerprint(manifest: dict[str, Any]) -> str:
+    """The fingerprint the manifest's schema and shard checksums make (it must equal ``manifest["fingerprint"]``)."""
+    return fingerprint(schema_from_json(manifest["schema"]), [e["sha256"] for _, e in shard_entries(manifest)])
+
+
+def shard_entries(manifest: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(split, entry) for every shard file the manifest lists, remainders included, in manifest order."""
+    for split, info in manifest["splits"].items():
+        for e in info["shards"]:
+            yield split, e
+        if info["remainder"]:
+            yield split, info["remainder"]
+
+
+# What each part of a manifest holds (key: type); a key that is missing or of another type is refused in one line.
+_TOP = {"format_version": int, "schema": list, "block_persons": int, "splits": dict, "totals": dict,
+        "length_histogram": dict, "fingerprint": str}
+_FIELD = {"name": str, "dtype": str, "kind": str}
+_SPLIT = {"persons": int, "shard_persons": int, "shards": list}
+_ENTRY = {"file": str, "samples": int, "tokens": int, "bytes": int, "sha256": str}
+_TOTALS = {"persons": int, "tokens": int, "bytes": int, "shards": int}
+_HISTOGRAM = {"bin_width": int, "counts": list}
+# a shard's path: relative, inside the dataset (no '..', no leading '/' or '.'), and nothing that the shell of a
+# `pipe:` root, where it replaces {}, would read as syntax or as an option
+_SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+
+
+def _check_manifest(m: Any) -> None:
+    """ValueError naming the first key or value that this package would not have written, or could not read."""
+    _has(m, _TOP, "the manifest")
+    version = m["format_version"]
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"format version {version} (this reader reads {', '.join(map(str, READABLE_VERSIONS))})")
+    if m["block_persons"] < 1:
+        raise ValueError(f"block_persons is {m['block_persons']}")
+    _check_schema(m["schema"], version)
+    _has(m["totals"], _TOTALS, "totals")
+    _has(m["length_histogram"], _HISTOGRAM, "length_histogram")
+    params = m.get("params", {})  # optional: what the conversion was run with
+    if not isinstance(params, dict) or not isinstance(params.get("vocab_size", 0), (int, type(None))):
+        raise ValueError(f"params is {params!r}, not an object with an integer vocab_size")
+    files: set[str] = set()
+    for split, info in m["splits"].items():
+        _has(info, _SPLIT, f"splits.{split}")
+        if "remainder" not in info:
+            raise ValueError(f"missing key 'remainder' in splits.{split}")
+        entries = [(f"splits.{split}.shards[{j}]", e) for j, e in enumerate(info["shards"])]
+        if info["remainder"] is not None:
+            entries.append((f"splits.{split}.remainder", info["remainder"]))
+        for at, e in entries:
+            _has(e, _ENTRY, at)
+            if version >= TAGGED_VERSION:
+                head = e.get("head_checksum", "missing")
+                if not (isinstance(head, int) and 0 <= head < 1 << 32 or head is None and e["samples"] == 0):
+                    raise ValueError(f"{at}.head_checksum is {head!r}, not a 32-bit checksum")
+            if not _SAFE_FILE.fullmatch(e["file"]):
+                raise ValueError(f"{at}.file {e['file']!r} is not a plain relative path inside the dataset")
+            if e["file"] in files:
+                raise ValueError(f"{at}.file {e['file']!r} is listed twice")
+            files.add(e["file"])
+
+
+def _has(obj: Any, keys: dict[str, type], at: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{at} is not an object")
+    for key, kind in keys.items():
+        if key not in obj:
+            raise ValueError(f"missing key {key!r} in {at}")
+        value = obj[key]
+        if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{at}.{key} is {value!r}, not a count")
+        if not isinstance(value, kind):
+            raise ValueError(f"{at}.{key} is {value!r}, not a {kind.__name__}")
+
+
+def _check_schema(items: list[Any], version: int) -> None:
+    """A schema that blocks can be decoded with: known kinds, integer dtypes, each count field before the fields it
+    sizes, and runs (with their run_length) from format 2 on, none before."""
+    seen: dict[str, str] = {}
+    for j, item in enumerate(items):
+        _has(item, _FIELD, f"schema[{j}]")
+        name, dtype, kind = item["name"], item["dtype"], item["kind"]
+        try:
+            integer = np.dtype(dtype).kind in "iu"
+        except TypeError:
+            integer = False
+        if not integer:
+            raise ValueError(f"schema[{j}] ({name}): dtype {dtype!r} is not an integer dtype")
+        if kind not in (SCALAR, *COUNT_OF):
+            raise ValueError(f"schema[{j}] ({name}): unknown kind {kind!r}")
+        if kind != SCALAR and seen.get(COUNT_OF[kind]) != SCALAR:
+            raise ValueError(f"schema[{j}] ({name}): its count field {COUNT_OF[kind]!r} must come before it")
+        if name in seen:
+            raise ValueError(f"schema[{j}]: field {name!r} twice")
+        seen[name] = kind
+    for name, kind in (("person_id", SCALAR), ("length", SCALAR), ("tokens", RAGGED)):
+        if seen.get(name) != kind:
+            raise ValueError(f"schema: no {kind} field {name!r}")
+    runs = [name for name, kind in seen.items() if kind == RUNS]
+    if version == 1 and runs:
+        raise ValueError(f"schema: format 1 stores no runs, but {', '.join(runs)} are")
+    if version >= 2 and seen.get(RUN_LENGTH) != RUNS:
+        raise ValueError(f"schema: format {version} stores the stamps once per run, but has no {RUN_LENGTH!r}")
 
 
 def is_local(url: str) -> bool:
@@ -422,7 +600,8 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
         m = json.loads(text)
     except json.JSONDecodeError as e:
         raise ManifestError(f"{where}: manifest is not valid JSON ({e})") from None
-    if m.get("format_version") not in READABLE_VERSIONS:
-        raise ManifestError(f"{where}: format version {m.get('format_version')} (this reader reads "
-                            f"{', '.join(map(str, READABLE_VERSIONS))})")
+    try:
+        _check_manifest(m)
+    except ValueError as e:
+        raise ManifestError(f"{where}: {e}") from None
     return m

@@ -3,41 +3,33 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from .format import (
-    BLOCK_SUFFIX,
     RAGGED,
     RUN_LENGTH,
     RUNS,
     Block,
+    ShardFile,
     decode_member,
-    fingerprint,
     iter_tar_members,
+    manifest_fingerprint,
     read_manifest,
     schema_from_json,
     sha256_file,
+    shard_entries,
 )
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
-
-
-def shard_entries(manifest: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(split, entry) for every shard file the manifest lists, remainders included."""
-    for split, info in manifest["splits"].items():
-        for e in info["shards"]:
-            yield split, e
-        if info.get("remainder"):
-            yield split, info["remainder"]
+__all__ = ["shard_entries", "summarize", "verify_dataset"]
 
 
 def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
-    """Every problem found, one line each naming the shard (and block / person); empty when all holds."""
+    """Every problem found, one line each naming the shard (and block / person); empty when all holds. The blocks
+    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains."""
     root = Path(root)
     manifest = read_manifest(root)
     schema = schema_from_json(manifest["schema"])
@@ -48,14 +40,15 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     tokens_by_split: dict[str, int] = {}
     for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
         path = root / e["file"]
-        if not path.exists():
-            problems.append(f"{e['file']}: missing")
+        if not path.is_file():
+            problems.append(f"{e['file']}: missing" + (" (a directory)" if path.exists() else ""))
             continue
         if path.stat().st_size != e["bytes"]:
             problems.append(f"{e['file']}: {path.stat().st_size} bytes, manifest says {e['bytes']}")
         if sha256_file(path) != e["sha256"]:
             problems.append(f"{e['file']}: sha256 differs from the manifest")
-        persons, tokens = _check_records(path, e["file"], schema, vocab_size, problems, seen.setdefault(split, set()))
+        persons, tokens = _check_records(path, ShardFile.of(e["file"], e, manifest, schema), schema, vocab_size,
+                                         problems, seen.setdefault(split, set()))
         tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
         if persons != e["samples"]:
             problems.append(f"{e['file']}: {persons} persons decoded, manifest says {e['samples']}")
@@ -75,26 +68,32 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
                         f"{sum(len(seen[s]) for s in base)} persons decoded in train + val")
     if sum(tokens_by_split.get(s, 0) for s in base) != manifest["totals"]["tokens"]:
         problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
-    if fingerprint(schema, [e["sha256"] for _, e in entries]) != manifest["fingerprint"]:
+    if manifest_fingerprint(manifest) != manifest["fingerprint"]:
         problems.append("manifest: fingerprint does not match its schema and shard checksums")
     return problems
 
 
-def _check_records(path: Path, name: str, schema: list, vocab_size: int | None, problems: list[str],
+def _check_records(path: Path, shard: ShardFile, schema: list, vocab_size: int | None, problems: list[str],
                    seen: set[int]) -> tuple[int, int]:
     persons = tokens = 0
+    name = shard.url
     try:
         with open(path, "rb") as fh:
-            for member, data in iter_tar_members(io.BufferedReader(fh)):
+            for i, (member, data) in enumerate(iter_tar_members(io.BufferedReader(fh))):
                 where = f"{name}: {member}"
-                if not member.endswith(BLOCK_SUFFIX):
-                    problems.append(f"{where}: unexpected member")
-                    continue
                 try:
-                    block = decode_member(data, schema)
+                    shard.check_member(i, member, data)
+                except ValueError as e:
+                    problems.append(f"{where}: {e}")
+                try:
+                    block = decode_member(data, schema, shard.tag)
                 except Exception as e:  # noqa: BLE001 - any decode failure is a finding, not a crash
                     problems.append(f"{where}: cannot decode ({e})")
                     continue
+                try:
+                    shard.check_block(i, block)
+                except ValueError as e:
+                    problems.append(f"{where}: {e}")
                 persons += block.n
                 tokens += int(block.columns["length"].sum(dtype=np.int64))
                 problems.extend(f"{where}: {p}" for p in _record_problems(block, vocab_size, seen))

@@ -22,7 +22,9 @@ import fcntl
 import multiprocessing
 import multiprocessing.context
 import os
+import select
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -38,15 +40,19 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from . import plan
 from .format import (
     COUNT_OF,
+    MANIFEST,
     RAGGED,
     SCALAR,
     Block,
+    ManifestError,
+    ShardFile,
     concat_blocks,
     dataset_url,
     decode_member,
     expand_runs,
     is_local,
     iter_tar_members,
+    manifest_fingerprint,
     ragged_counts,
     read_manifest,
     schema_from_json,
@@ -81,7 +87,7 @@ class DatasetChanged(RuntimeError):
 class Piece:
     """Persons [start, stop) of one shard file."""
 
-    url: str
+    shard: ShardFile
     start: int
     stop: int
 
@@ -138,17 +144,18 @@ class ShardedDataset(IterableDataset):
         self.schema = schema_from_json(self.manifest["schema"])
         if pad_to is not None and any(f.name == "masked_tokens" for f in self.schema):
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
-        files, sizes = [], []
+        if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
+            raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
+                                "checksums (edited by hand?); `shardify verify` checks the rest")
+        entries = []
         for name in splits:
             info = self.manifest["splits"][name]
-            entries = info["shards"] + ([info["remainder"]] if mode == INFERENCE and info.get("remainder") else [])
-            files += [e["file"] for e in entries]
-            sizes += [e["samples"] for e in entries]
-        self.urls = [dataset_url(self.root, f) for f in files]
-        self.sizes = sizes
-        self.block_persons = int(self.manifest["block_persons"])
+            entries += info["shards"] + ([info["remainder"]] if mode == INFERENCE and info["remainder"] else [])
+        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, self.schema)
+                       for e in entries]
+        self.sizes = [e["samples"] for e in entries]
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
-        self.window = max(window_persons, window_shards * max(sizes, default=1))
+        self.window = max(window_persons, window_shards * max(self.sizes, default=1))
         self.fingerprint = self.manifest["fingerprint"]
         # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
@@ -160,6 +167,7 @@ class ShardedDataset(IterableDataset):
         self.rings: torch.Tensor | None = None
         self.ring_ctl: torch.Tensor | None = None
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
+        self._owner = os.getpid()  # the process that reads the batches: workers die with it (ShardedLoader resets it)
         self._warn_static_balance(self.manifest["splits"][splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
@@ -215,6 +223,8 @@ class ShardedDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         worker, k = (0, 0) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            _exit_with(self._owner)
         if k != self.num_workers:
             raise RuntimeError(
                 f"ShardedDataset was built for num_workers={self.num_workers} but runs in a DataLoader with "
@@ -232,7 +242,7 @@ class ShardedDataset(IterableDataset):
         slot = plan.slot_index(self.rank, role, self.num_workers)
         stages = [
             lambda: slot_windows(self, slot, epoch, skip),
-            lambda src: load_windows(src, self.schema, self.block_persons),
+            lambda src: load_windows(src, self.schema),
             lambda src: batches(src, self, skip),
         ]
         writer = None
@@ -245,6 +255,34 @@ class ShardedDataset(IterableDataset):
         if per_message > 1 or writer is not None:
             stages.append(lambda src: messages(src, per_message, skip, writer))
         return iter(wds.DataPipeline(*stages))
+
+
+_watched: int | None = None  # the process this worker process exits with (one watching thread per process)
+
+
+def _exit_with(owner: int) -> None:
+    """End this DataLoader worker as soon as ``owner`` (the process reading its batches) ends, however it ends.
+
+    torch's workers only check that their parent lives; a forkserver worker's parent is the forkserver, which in
+    turn waits for its clients, the workers among them. After a SIGKILL of the training process (an out-of-memory
+    kill) both would live on with its stdout and stderr: ``python train.py | tee log`` would never end, and the
+    resource tracker, which removes the queues' semaphores from /dev/shm, would wait for them too."""
+    global _watched
+    if _watched == owner or not hasattr(os, "pidfd_open"):  # pidfds: Linux 5.3+; elsewhere torch's check only
+        return
+    _watched = owner
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except OSError:  # a kernel before 5.3, or a sandbox without pidfds: torch's check only
+        return
+    threading.Thread(target=_exit_when_readable, args=(fd,), name="lifeseq-exit-with-owner", daemon=True).start()
+
+
+def _exit_when_readable(fd: int) -> None:
+    select.select([fd], [], [])  # a pidfd turns readable when its process ends
+    os._exit(1)
 
 
 def _first_due(consumed: list[int], per_worker: list[int], per_message: int) -> int:
@@ -271,40 +309,47 @@ def slot_windows(ds: ShardedDataset, slot: int, epoch: int, skip: int) -> Iterat
             a, b = max(lo, int(starts[s])), min(hi, int(starts[s + 1]))
             if a < b:
                 seg = segs[s]
-                pieces.append(Piece(ds.urls[seg.shard], seg.start + a - int(starts[s]), seg.start + b - int(starts[s])))
+                pieces.append(Piece(ds.shards[seg.shard], seg.start + a - int(starts[s]),
+                                    seg.start + b - int(starts[s])))
             s += 1
         order = (plan.window_order(total, ds.window, ds.seed, epoch, slot, w) - lo if ds.shuffle
                  else np.arange(hi - lo))
         yield Window(tuple(pieces), order, lo)
 
 
-def load_windows(src: Iterator[Window], schema: list, block_persons: int) -> Iterator[tuple[Window, Block]]:
+def load_windows(src: Iterator[Window], schema: list) -> Iterator[tuple[Window, Block]]:
     """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy."""
     for win in src:
-        parts = [b for p in win.pieces for b in read_piece(p, schema, block_persons)]
+        parts = [b for p in win.pieces for b in read_piece(p, schema)]
         yield win, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
 
 
-def read_piece(piece: Piece, schema: list, block_persons: int) -> list[Block]:
-    """The blocks holding persons [start, stop) of one shard, each cut to that range (views, no copy)."""
-    first, last = piece.start // block_persons, (piece.stop - 1) // block_persons
+def read_piece(piece: Piece, schema: list) -> list[Block]:
+    """The blocks holding persons [start, stop) of one shard, each cut to that range (views, no copy). Every member
+    met is checked against the manifest (:class:`ShardFile`), and a read of the shard's last block makes sure that
+    none follows it: a shard that is not the manifest's, or holds other counts, fails here, naming it."""
+    shard, bp = piece.shard, piece.shard.block_persons
+    first, last = piece.start // bp, (piece.stop - 1) // bp
     blocks = []
+    i = 0  # the member being read
     # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(piece.url, "rb") if is_local(piece.url) else wds.gopen(piece.url, "rb")
+    stream = open(shard.url, "rb") if is_local(shard.url) else wds.gopen(shard.url, "rb")
     try:
-        for i, (_name, data) in enumerate(iter_tar_members(stream)):
-            if i < first:
-                continue
-            block, start = decode_member(data, schema), i * block_persons
-            blocks.append(block.slice(max(piece.start - start, 0), min(piece.stop - start, block.n), schema))
-            if i == last:
-                break
+        for name, data in iter_tar_members(stream):
+            shard.check_member(i, name, data)
+            if i >= first:
+                block = decode_member(data, schema, shard.tag)
+                shard.check_block(i, block)
+                blocks.append(block.slice(max(piece.start - i * bp, 0), min(piece.stop - i * bp, block.n), schema))
+                if i == last < shard.blocks - 1:
+                    break
+            i += 1
     except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which one, in one line
-        raise OSError(f"{piece.url}: block {first + len(blocks)}: {e}") from None
+        raise OSError(f"{shard.url}: block {i}: {e}") from None
     finally:
         stream.close()
     if len(blocks) != last - first + 1:
-        raise OSError(f"{piece.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
+        raise OSError(f"{shard.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
     return blocks
 
 
@@ -592,6 +637,7 @@ class ShardedLoader(DataLoader):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        ds._owner = os.getpid()  # before the workers start: they exit with this process
         self._epoch = ds.next_epoch()
         self._yielded = int(ds._ctl[1]) if int(ds._ctl[2]) == 0 else 0
         rings = self._start_rings()
@@ -672,13 +718,24 @@ class ShardedLoader(DataLoader):
                 f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
                 ": the data changed since the checkpoint, so its position in the epoch means nothing here"
             )
-        if state["layout"] != self._layout():
-            raise ValueError(f"cannot resume exactly: checkpoint layout {state['layout']} != now {self._layout()}")
+        now, then = self._layout(), state["layout"]
+        missing = [k for k in now if k not in then]
+        if missing:
+            raise ValueError(f"cannot resume exactly: the checkpoint's loader state does not record "
+                             f"{', '.join(missing)} (saved by an older lifeseq_shards), so it may have read in another "
+                             "order; resume without the loader's state to start its epoch over")
+        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if then[k] != now[k]]
+        if changed:
+            raise ValueError(f"cannot resume exactly: {'; '.join(changed)} since the checkpoint (another split, or "
+                             "another order of its persons)")
         ds.resume_at(int(state["epoch"]), int(state["batches"]))
         self._epoch, self._yielded = int(state["epoch"]), int(state["batches"])
 
     def _layout(self) -> dict[str, Any]:
+        """Every setting that decides which persons a position in the epoch holds: a state resumes only into the
+        same (``window`` = max(window_persons, window_shards x the largest shard's persons))."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        return {"world_size": ds.world_size, "num_workers": ds.num_workers, "batch_size": ds.batch_size,
-                "seed": ds.seed, "mode": ds.mode, "shuffle": ds.shuffle, "drop_last": ds.drop_last,
+        return {"split": [ds.split] if isinstance(ds.split, str) else list(ds.split), "world_size": ds.world_size,
+                "num_workers": ds.num_workers, "batch_size": ds.batch_size, "seed": ds.seed, "mode": ds.mode,
+                "shuffle": ds.shuffle, "drop_last": ds.drop_last, "window": ds.window,
                 "batches_per_message": ds.batches_per_message}

@@ -34,7 +34,15 @@ from torch.utils.data import DataLoader
 from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import unpack
-from lifeseq_shards.format import ManifestError, read_shard_blocks, schema_from_json, token_schema, write_shard
+from lifeseq_shards.format import (
+    ManifestError,
+    ShardFile,
+    fingerprint,
+    read_shard_blocks,
+    schema_from_json,
+    token_schema,
+    write_shard,
+)
 from lifeseq_shards.integrity import shard_entries
 from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Piece, ShardedDataset, ShardedLoader, read_piece
 
@@ -470,10 +478,11 @@ def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:
     """`pipe:` works per shard (the manifest itself is read only from a directory or http(s))."""
     m = json.loads((nomlm_dataset / "manifest.json").read_text())
     schema = schema_from_json(m["schema"])
-    path = nomlm_dataset / m["splits"]["train"]["shards"][3]["file"]
+    entry = m["splits"]["train"]["shards"][3]
+    path = nomlm_dataset / entry["file"]
     want = shard_ids(path)
     for start, stop in ((0, PER_SHARD), (20, 60)):
-        blocks = read_piece(Piece(f"pipe:cat {path}", start, stop), schema, m["block_persons"])
+        blocks = read_piece(Piece(ShardFile.of(f"pipe:cat {path}", entry, m, schema), start, stop), schema)
         ids = np.concatenate([b.columns["person_id"] for b in blocks])
         np.testing.assert_array_equal(ids, want[start:stop])
 
@@ -604,8 +613,10 @@ def format1_copy(root: Path, out: Path) -> Path:
     flat = token_schema(schema)
     for _split, e in shard_entries(m):
         (out / e["file"]).parent.mkdir(parents=True, exist_ok=True)
-        write_shard(out / e["file"], list(read_shard_blocks(root / e["file"], schema)), flat)
-    m.update(format_version=1, schema=[f.to_json() for f in flat])
+        e.update(write_shard(out / e["file"], list(read_shard_blocks(root / e["file"], schema)), flat))
+        del e["head_checksum"]  # format 3's
+    m.update(format_version=1, schema=[f.to_json() for f in flat],
+             fingerprint=fingerprint(flat, [e["sha256"] for _, e in shard_entries(m)]))
     (out / "manifest.json").write_text(json.dumps(m))
     return out
 
