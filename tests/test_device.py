@@ -269,6 +269,7 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
     seen = []
     for i, batch in enumerate(prefetcher):
         assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
+        assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes at batch i + 1
         seen.append(batch)
     assert len(seen) == len(direct)
     for got, want in zip(seen, direct, strict=True):
