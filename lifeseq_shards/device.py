@@ -227,8 +227,8 @@ class DevicePrefetcher:
     its tensors are marked as used by the current stream (``record_stream``), so the allocator does not reuse their
     memory for the side stream's next batch before the step that reads them has run. Off CUDA the same code builds
     each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``), so Lightning
-    does not fetch ahead itself; otherwise the wrapped loader (its attributes, ``load_state_dict``), except that
-    ``state_dict`` is the loader's as of the batch handed out, not of the one built ahead.
+    does not fetch ahead itself; otherwise the wrapped loader (its attributes), except that ``state_dict`` is the
+    loader's as of the batch handed out, not of the one built ahead.
     """
 
     def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
@@ -243,6 +243,10 @@ class DevicePrefetcher:
         """The loader's state as of the batch the step has, not the one built ahead: a checkpoint resumes with the
         next batch, none skipped."""
         return self._state if self._state is not None else self.loader.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._state = None
+        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
 
     def _loader_state(self) -> dict[str, Any] | None:
         return self.loader.state_dict() if hasattr(self.loader, "state_dict") else None
@@ -269,7 +273,8 @@ class DevicePrefetcher:
             self._state = state
             yield batch
 
-    def _start(self, host: dict[str, Any] | None, side: torch.cuda.Stream | None):
+    def _start(self, host: dict[str, Any] | None,
+               side: torch.cuda.Stream | None) -> tuple[dict[str, Any], torch.cuda.Event | None] | None:
         if host is None:
             return None
         if side is None:

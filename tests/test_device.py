@@ -247,6 +247,9 @@ class _Counting:
     def state_dict(self) -> dict:
         return {"taken": self.taken}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.taken = state["taken"]
+
 
 def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
     from lifeseq_shards.reader import ShardedDataset
@@ -272,6 +275,8 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
         assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes at batch i + 1
         seen.append(batch)
     assert len(seen) == len(direct)
+    prefetcher.load_state_dict({"taken": 1})
+    assert prefetcher.state_dict() == {"taken": 1} and loader.taken == 1  # the loader's, not the last iteration's
     for got, want in zip(seen, direct, strict=True):
         assert got.keys() == want.keys()
         for k in want:
