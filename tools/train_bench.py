@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import time
+import traceback
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -449,7 +450,8 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
         if reason is None:
             try:
                 row.update(run_point(p, data_dir, vocab_size, steps, warmup, seed, device, ceilings))
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a point that cannot run is a row, not a crash
+            except Exception as e:  # a point that cannot run (OOM, a kernel or compile error) is a row, not a crash:
+                traceback.print_exc()  # one broken point must not cost a one-shot GPU sweep its remaining points
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
             finally:
                 if device.type == "cuda":
