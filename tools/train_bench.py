@@ -120,9 +120,9 @@ PRESETS: dict[str, Preset] = {
                   ("small-tc", "padded", False, False), ("small-tc", "varlen", True, False),
                   ("large-tc", "varlen", True, True),
                   ("small-tc", "varlen", False, False), ("small-tc", "padded", True, False),
-                  ("small-tc", "varlen", True, True), ("large-tc", "padded", False, True),
+                  ("small-tc", "varlen", True, True),
                   ("large", "varlen", True, False), ("small", "varlen", True, False),  # the seed's head dims
-                  ("large-tc", "varlen", False, False),
+                  ("large-tc", "padded", False, True), ("large-tc", "varlen", False, False),
               )),
         steps=40, warmup=5, people=20000, budget_s=200,
     ),
