@@ -47,6 +47,8 @@ class LifeSeqDataModule(L.LightningDataModule):
         has_offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
         if masking == "offline" and not has_offline:
             raise ValueError(f"{self.data_dir}: masking='offline' but the dataset has no offline MLM fields")
+        if has_offline and layout == PACKED and pad_to is not None:  # the reader refuses this for padded batches
+            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
         self.masking = masking
         masker = DynamicMasker(masking) if isinstance(masking, MaskingConfig) else masking
         self.builder = BatchBuilder(masker, layout, pad_to if layout == PACKED else None)

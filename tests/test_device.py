@@ -247,6 +247,9 @@ class _Counting:
     def state_dict(self) -> dict:
         return {"taken": self.taken}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.taken = state["taken"]
+
 
 def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
     from lifeseq_shards.reader import ShardedDataset
@@ -269,8 +272,11 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
     seen = []
     for i, batch in enumerate(prefetcher):
         assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
+        assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes at batch i + 1
         seen.append(batch)
     assert len(seen) == len(direct)
+    prefetcher.load_state_dict({"taken": 1})
+    assert prefetcher.state_dict() == {"taken": 1} and loader.taken == 1  # the loader's, not the last iteration's
     for got, want in zip(seen, direct, strict=True):
         assert got.keys() == want.keys()
         for k in want:
@@ -297,3 +303,26 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     for a, b in zip(plain, ahead, strict=True):
         assert "cu_seqlens" in a and a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def test_packed_layout_refuses_to_crop_offline_targets(mlm_dataset: Path) -> None:
+    from lifeseq_shards.datamodule import LifeSeqDataModule
+
+    with pytest.raises(ValueError, match="offline MLM targets"):
+        LifeSeqDataModule(mlm_dataset, 8, num_workers=0, masking="offline", layout="packed", pad_to=64)
+    LifeSeqDataModule(mlm_dataset, 8, num_workers=0, masking="offline", layout="packed")  # no crop: fine
+
+
+def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
+    """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded seed batch."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
+        planned = plan_tokens(host)
+        with host_sync_guard():
+            want = seed_batch(to_device(host, "cpu"))
+            got = seed_batch(to_device(planned, "cpu"), layout=PACKED)
+        assert got["target_index"].shape == want["target_pos"].shape
+        assert all(_person(got, j) == _person(want, j) for j in range(len(got["lengths"])))
+        if i == 2:
+            break
