@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from helpers import wait_for
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
@@ -336,15 +336,6 @@ def hooked(hook: str, report: Path, *args: object) -> subprocess.Popen[bytes]:
     report.mkdir()
     return subprocess.Popen([sys.executable, "-c", HOOKED.format(hook=hook), str(report), *map(str, args)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def wait_for(cond: Callable[[], bool], seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.slow

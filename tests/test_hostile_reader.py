@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from conftest import SMALL_SHARDS
+from helpers import wait_for
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
@@ -316,15 +316,6 @@ def shm_files(pids: set[int]) -> set[Path]:
     return out
 
 
-def wait_until(check: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not SHM.is_dir(), reason="Linux /dev/shm and /proc")
@@ -353,8 +344,8 @@ def test_a_killed_training_process_leaves_nothing_behind(nomlm_dataset: Path) ->
         eof = threading.Event()
         threading.Thread(target=lambda: (proc.stdout.read(), eof.set()), daemon=True).start()  # type: ignore[union-attr]
         assert eof.wait(20), f"the pipe stayed open 20 s after the kill: held by {group_pids(proc.pid)}"
-        assert wait_until(lambda: not group_pids(proc.pid), 10), f"survivors: {group_pids(proc.pid)}"
-        assert wait_until(lambda: not any(p.exists() for p in shm), 10), \
+        assert wait_for(lambda: not group_pids(proc.pid), 10), f"survivors: {group_pids(proc.pid)}"
+        assert wait_for(lambda: not any(p.exists() for p in shm), 10), \
             f"left in /dev/shm: {sorted(p.name for p in shm if p.exists())}"
     finally:
         with contextlib.suppress(ProcessLookupError):
