@@ -317,10 +317,11 @@ def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 30)
-@pytest.mark.parametrize("ckpt", [f"step={CKPT_STEP}.ckpt", "end-epoch=0.ckpt"])
+@pytest.mark.parametrize("ckpt", [f"step={CKPT_STEP}.ckpt", "val-step=22.ckpt", "end-epoch=0.ckpt"])
 def test_lightning_ddp_resumes_exactly(lightning_ddp: Path, ds8: Path, tmp_path: Path, ckpt: str) -> None:
     """Mid-epoch: step 7 falls inside worker 1's second message (2 batches per message), so the resumed loader must
-    let worker 0 play worker 1 and start inside a message. End of epoch: the resume starts epoch 1."""
+    let worker 0 play worker 1 and start inside a message. After the mid-epoch validation at step 22 (the seed's
+    checkpoints: val_check_interval=0.5, ModelCheckpoint on val_loss_track). End of epoch: the resume starts epoch 1."""
     assert_resume_exact(lightning_ddp, ds8, ckpt, tmp_path, *DDP_RUN)
 
 

@@ -5,7 +5,8 @@ batch's shape.
 ``--flavour pytorch_lightning`` runs it all with ``import pytorch_lightning`` (the researchers' imports, and
 ``lifeseq_shards.pl``'s DataModule), the default with ``import lightning``. ``--predict`` runs ``trainer.predict``
 instead (rank 0 writes every rank's predicted person ids and token fingerprints). ``--ckpt-every K`` saves a
-checkpoint every K steps (mid-epoch) and one at each epoch's end; ``--resume CKPT`` continues the fit from one.
+checkpoint every K steps (mid-epoch), one at each epoch's end and one after each validation (as the seed's
+``pretrain.py`` does); ``--resume CKPT`` continues the fit from one.
 ``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the ranks, and their DataLoader workers re-import this
 file (not running main): Lightning is imported inside main() so that those workers start in about a second instead
 of importing it each."""
@@ -58,6 +59,9 @@ def main() -> None:
                                                    every_n_train_steps=args.ckpt_every, save_on_train_epoch_end=False),
                       pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="end-{epoch}", save_top_k=-1,
                                                    every_n_epochs=1, save_on_train_epoch_end=True)]
+        if not args.no_val:  # as the seed's pretrain.py: after each validation (mid-epoch with val_check_interval)
+            callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="val-{step}",
+                                                          monitor="val_loss_track", save_top_k=-1))
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=args.epochs, logger=False,
                          enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0 if args.no_val else args.limit_val,
