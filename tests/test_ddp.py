@@ -138,8 +138,8 @@ def lightning(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def fit_with_checkpoints(data: Path, out: Path, *extra: str, timeout: float = LIGHTNING_S) -> Path:
-    """An uninterrupted 2-epoch fit that checkpoints every CKPT_STEP steps and at each epoch's end in <dir>/ckpt;
-    returns its result file. ``extra`` is the run's configuration, which its resumes repeat."""
+    """An uninterrupted 2-epoch fit that checkpoints every CKPT_STEP steps, after each validation and at each epoch's
+    end in <dir>/ckpt; returns its result file. ``extra`` is the run's configuration, which its resumes repeat."""
     launch([lightning(data, out, "--epochs", "2", "--ckpt-every", str(CKPT_STEP), "--ckpt-dir",
                       str(out.parent / "ckpt"), *extra)], out.parent, timeout)
     return out
