@@ -5,8 +5,8 @@ device, and a resume that is exact whenever Lightning builds the train loader.
 Lightning ships as two packages whose classes are distinct: a ``pytorch_lightning`` Trainer refuses a
 ``lightning`` DataModule ("Expected a parent"). :class:`LifeSeqDataHooks` holds all the behaviour; each package
 gets a class that only adds its base: :class:`LifeSeqDataModule` here for ``import lightning``, and
-``lifeseq_shards.pl.LifeSeqDataModule`` for ``import pytorch_lightning``. Both have the same qualified name, so their
-checkpoints are interchangeable.
+``lifeseq_shards.pl.LifeSeqDataModule`` for ``import pytorch_lightning``. Both have the same qualified name, the key
+Lightning files their data position under in a checkpoint.
 """
 
 from __future__ import annotations
