@@ -9,6 +9,8 @@ import click
 
 from .format import MIN_SHARD_PERSONS, ManifestError
 
+POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
+
 
 def _fail(message: str) -> None:
     click.echo(f"error: {message}", err=True)
@@ -24,6 +26,8 @@ class _Group(click.Group):
 
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # a bad option: one line too, naming the option
+            _fail(e.format_message())
         except (ConvertError, SourceError, ManifestError, FileNotFoundError) as e:
             _fail(str(e))
 
@@ -49,23 +53,26 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--vocab", type=click.Path(),
               help="vocab.csv (TOKEN, CATEGORY, ID); required for parquet input; with .h5 input it records the "
               "vocabulary size in the manifest (LifeSeqDataModule's masking takes it from there).")
-@click.option("--val-fraction", type=float, default=0.05, show_default=True, help="Share of persons for val.")
-@click.option("--num-val", type=int, help="Exactly this many persons for val (instead of --val-fraction).")
-@click.option("--nodes", type=int, help="Make the shard count a multiple of nodes x gpus x workers.")
-@click.option("--gpus", type=int, help="GPUs per node.")
-@click.option("--workers", type=int, help="DataLoader workers per GPU.")
-@click.option("--shards", type=int, help="Exactly this many shards per split.")
-@click.option("--min-shard-persons", type=click.IntRange(min=1), default=MIN_SHARD_PERSONS, show_default=True,
+@click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
+              help="Share of persons for val.")
+@click.option("--num-val", type=COUNT, help="Exactly this many persons for val (instead of --val-fraction).")
+@click.option("--nodes", type=POSITIVE, help="Make the shard count a multiple of nodes x gpus x workers.")
+@click.option("--gpus", type=POSITIVE, help="GPUs per node.")
+@click.option("--workers", type=COUNT, help="DataLoader workers per GPU.")
+@click.option("--shards", type=POSITIVE, help="Exactly this many shards per split.")
+@click.option("--min-shard-persons", type=POSITIVE, default=MIN_SHARD_PERSONS, show_default=True,
               help="Without --shards: at least this many persons a shard.")
-@click.option("--processes", type=int, default=1, show_default=True, help="Conversion processes.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Split and shuffle seed.")
-@click.option("--max-seq-len", type=int, default=512, show_default=True)
+@click.option("--processes", type=POSITIVE, default=1, show_default=True, help="Conversion processes.")
+@click.option("--seed", type=COUNT, default=0, show_default=True, help="Split and shuffle seed.")
+@click.option("--max-seq-len", type=POSITIVE, default=512, show_default=True,
+              help="Parquet input: a sequence keeps fewer tokens than this (the seed's cap).")
 @click.option("--time-range-start", type=int, default=None, help="Drop events with abspos below this.")
 @click.option("--time-range-end", type=int, default=16438, show_default=True, help="Drop events with abspos above.")
-@click.option("--block-persons", type=int, default=256, show_default=True, help="Persons per compressed block.")
-@click.option("--zstd-level", type=int, default=9, show_default=True)
+@click.option("--block-persons", type=POSITIVE, default=256, show_default=True, help="Persons per compressed block.")
+@click.option("--zstd-level", type=click.IntRange(1, 22), default=9, show_default=True)
 @click.option("--all", "with_all", is_flag=True, help="Also write an all/ split (every person) for inference.")
-@click.option("--dtype", "dtypes", multiple=True, help="Override a field's dtype, e.g. --dtype abspos=int32.")
+@click.option("--dtype", "dtypes", multiple=True,
+              help="Override a field's integer dtype (tokens, length, abspos, age, segment), e.g. abspos=int32.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
 def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
     """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
@@ -79,15 +86,15 @@ def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--people", type=int, required=True, help="Number of persons to generate.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--people", type=POSITIVE, required=True, help="Number of persons to generate.")
+@click.option("--seed", type=COUNT, default=0, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace existing files in OUT.")
 def synth(out: str, people: int, seed: int, overwrite: bool) -> None:
     """Write a synthetic population: OUT/sequences.parquet + OUT/vocab.csv (the step-4 form)."""
-    from .sources.synth import synth_population
+    from .sources.synth import ID_BITS, synth_population
 
-    if people <= 0:
-        _fail(f"--people {people}: must be positive")
+    if people > 1 << ID_BITS:
+        _fail(f"--people {people}: at most {1 << ID_BITS} (person ids are {ID_BITS}-bit)")
     if (Path(out) / "sequences.parquet").exists() and not overwrite:
         _fail(f"{out}: already holds sequences.parquet; pass --overwrite to replace it")
     synth_population(out, people, seed)
@@ -120,10 +127,10 @@ def inspect(root: str) -> None:
 
 @main.command()
 @click.argument("root", type=click.Path())
-@click.option("--nodes", type=int, default=1, show_default=True)
-@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs (ranks) per node.")
-@click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers per GPU.")
-@click.option("--batch-size", type=int, required=True)
+@click.option("--nodes", type=POSITIVE, default=1, show_default=True)
+@click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
+@click.option("--workers", type=COUNT, default=0, show_default=True, help="DataLoader workers per GPU.")
+@click.option("--batch-size", type=POSITIVE, required=True)
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:

@@ -11,15 +11,21 @@ Two passes, memory bounded by a bucket, not by the input:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import json
+import multiprocessing
 import os
 import shutil
+import signal
 import struct
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -49,12 +55,28 @@ from .sources import Source, SourceError, open_sources
 # Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
 HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
 BUCKET_PERSONS = 100_000
-SPLITS = ("train", "val")
-INCOMPLETE = ".conversion-incomplete"  # present from the start of a conversion until its manifest is written
+# ours in a dataset directory: the lock held while a conversion runs; the directory a new dataset is built in; the
+# mark present while old files are replaced by new ones (it holds the old manifest, so a rerun knows what to clear)
+LOCK, STAGING, INCOMPLETE = ".conversion.lock", ".conversion-staging", ".conversion-incomplete"
+OURS = (LOCK, STAGING, INCOMPLETE)
+
+
+# what --dtype may set (a count field such as `length` sets every count and position in a sequence with it)
+DTYPE_FIELDS = ("tokens", "length", "abspos", "age", "segment")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
 class ConvertError(ValueError):
     """Bad input or a refused output directory; the message is one line."""
+
+
+def check_dtypes(dtypes: dict[str, str]) -> None:
+    """Refuse an override that would be ignored (an unknown field, a typo) or could not hold the values exactly."""
+    for name, dtype in dtypes.items():
+        if name not in DTYPE_FIELDS:
+            raise ConvertError(f"--dtype {name}={dtype}: no field {name!r} to set (fields: {', '.join(DTYPE_FIELDS)})")
+        if dtype not in INT_DTYPES:
+            raise ConvertError(f"--dtype {name}={dtype}: not an integer dtype (one of {', '.join(INT_DTYPES)})")
 
 
 @dataclass
@@ -140,9 +162,12 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> Block:
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, Block]:
+    """(file, each person's row in it, the narrowed block)."""
     source, task, schema = args
-    return to_runs(_narrow(source.encode(task), token_schema(schema), _task_label(task)), schema)
+    block = source.encode(task)
+    rows = block.columns.pop("row")
+    return task[0], rows, to_runs(_narrow(block, token_schema(schema), _task_label(task)), schema)
 
 
 class _Spill:
@@ -243,26 +268,97 @@ def _write_shard_job(args: tuple[Path, Block, list[Field], int, int]) -> dict[st
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    """Refuse a finished dataset (unless overwrite) or a directory that is not ours; clear an unfinished one."""
+def _refuse_foreign(out: Path, overwrite: bool) -> None:
+    """Refuse a finished dataset (unless overwrite) or a non-empty directory that is not ours (read-only checks)."""
     if out.exists() and not out.is_dir():
         raise ConvertError(f"{out}: exists and is not a directory")
     if (out / MANIFEST).exists():
         if not overwrite:
             raise ConvertError(f"{out}: already holds a dataset (manifest.json); pass --overwrite to replace it")
-    elif out.exists() and any(out.iterdir()) and not (out / INCOMPLETE).exists():
+    elif out.exists() and not (out / INCOMPLETE).exists() and any(p.name not in OURS for p in out.iterdir()):
         raise ConvertError(f"{out}: exists, is not empty and is not a dataset; choose an empty or new directory")
+
+
+@contextlib.contextmanager
+def _output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
+    """Hold ``out``'s lock for the whole conversion (a second one refuses before touching anything), clear what a
+    killed conversion left, and yield the files the old dataset's manifest lists (what --overwrite replaces)."""
+    _refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
     out.mkdir(parents=True, exist_ok=True)
-    (out / INCOMPLETE).touch()  # from here on the directory is not a finished dataset, and is ours to clear
-    (out / MANIFEST).unlink(missing_ok=True)
-    for sub in (*SPLITS, "all", ".tmp"):
-        shutil.rmtree(out / sub, ignore_errors=True)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConvertError(f"{out}: another conversion is writing to it ({LOCK} is locked)") from None
+        _refuse_foreign(out, overwrite)  # again under the lock: the other conversion may have finished meanwhile
+        _clear_unfinished(out)
+        yield _listed_files(out / MANIFEST) if (out / MANIFEST).exists() else []
+    finally:
+        os.close(fd)  # releases the lock; the empty lock file stays (removing it would let two lock two files)
+
+
+def _listed_files(manifest: Path) -> list[str]:
+    """The shard files a manifest lists, relative to its directory: all that replacing its dataset may delete."""
+    try:
+        text = manifest.read_text()
+        splits = json.loads(text)["splits"].values() if text.strip() else []
+        files = [e["file"] for s in splits for e in [*s["shards"], *([s["remainder"]] if s["remainder"] else [])]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConvertError(f"{manifest}: cannot tell which files it lists ({type(e).__name__}: {e}); move the old "
+                           "dataset away by hand") from None
+    for f in files:
+        parts = PurePosixPath(f).parts if isinstance(f, str) else ("..",)
+        if not parts or parts[0] in ("/", "..", *OURS) or ".." in parts:
+            raise ConvertError(f"{manifest}: lists {f!r}, outside the dataset's own files; not deleting anything")
+    return files
+
+
+def _clear_unfinished(out: Path) -> None:
+    """Remove what a killed conversion left: its staging directory and, if it was killed while replacing files,
+    the files the old and the new manifest list (both ours; a user's own files are in neither)."""
+    mark = out / INCOMPLETE
+    if mark.exists():
+        if not (out / MANIFEST).exists():  # killed between moving the old manifest aside and placing the new one
+            for listing in (mark, out / STAGING / MANIFEST):
+                for f in _listed_files(listing) if listing.exists() else []:
+                    (out / f).unlink(missing_ok=True)
+        mark.unlink()
+    shutil.rmtree(out / STAGING, ignore_errors=True)
+
+
+def _replace(out: Path, stage: Path, old: list[str], new: list[str]) -> None:
+    """Move the complete new dataset from ``stage`` into ``out``. The old manifest becomes the INCOMPLETE mark (from
+    here the directory is no dataset, and a rerun knows the old files), the old files go, the new ones move in, the
+    new manifest last. Nothing else in ``out`` is touched; a file in the way that is not the old dataset's stops it
+    before anything moves."""
+    keep = set(old)
+    clash = [f for f in new if f not in keep and (out / f).exists()]
+    if clash:
+        raise ConvertError(f"{out / clash[0]}: exists and is not the old dataset's; move it away")
+    if (out / MANIFEST).exists():
+        os.replace(out / MANIFEST, out / INCOMPLETE)
+    else:
+        (out / INCOMPLETE).touch()
+    for f in old:
+        (out / f).unlink(missing_ok=True)
+    for f in new:
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(stage / f, out / f)
+    os.replace(stage / MANIFEST, out / MANIFEST)
+    (out / INCOMPLETE).unlink()
+    shutil.rmtree(stage)
+    for d in sorted({(out / f).parent for f in old} - {(out / f).parent for f in new}):
+        with contextlib.suppress(OSError):  # an old split directory the new dataset lacks, unless it holds user files
+            d.rmdir()
 
 
 def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
                     opts: ConvertOptions | None = None) -> dict[str, Any]:
-    """Convert ``inputs`` into a dataset directory ``out``; returns the manifest."""
+    """Convert ``inputs`` into a dataset directory ``out``; returns the manifest. The dataset is built aside (in
+    ``out/.conversion-staging``) and replaces an old one only once complete, so a failed conversion leaves it."""
     opts = opts or ConvertOptions()
+    check_dtypes(opts.dtypes)
     out = Path(out)
     t0 = time.time()
     try:
@@ -271,35 +367,59 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
         raise ConvertError(str(e)) from None
     token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
     schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
-    _prepare_out(out, opts.overwrite)
-    tmp = out / ".tmp"
-    tmp.mkdir()
+    with _output_dir(out, opts.overwrite) as old_files:
+        stage = out / STAGING
+        try:
+            manifest = _build(source, stage, schema, opts)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        manifest["totals"]["input_rows"] = source.rows
+        manifest["params"] = {
+            "inputs": [str(Path(p).resolve()) for p in inputs],
+            "input_kind": source.kind,
+            "vocab": str(Path(vocab).resolve()) if vocab else None,
+            "vocab_size": source.vocab_size,
+            **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
+            "seconds": round(time.time() - t0, 2),
+        }
+        write_manifest(stage, manifest)
+        _replace(out, stage, old_files, _listed_files(stage / MANIFEST))
+    return manifest
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(converter: int) -> None:
+    """Pool initializer: the kernel kills the worker when the converter ends, however it ends (a SIGKILL runs no
+    cleanup; orphaned workers went on holding their memory and the caller's pipes). The pool forks, so the
+    converter is the worker's parent."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != converter:  # it ended before the prctl
+        os._exit(1)
+
+
+def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions) -> dict[str, Any]:
+    """Both passes into the empty directory ``stage``; returns the manifest, not yet written."""
+    tmp = stage / ".tmp"
+    tmp.mkdir(parents=True)
     buckets = max(1, -(-source.rows // BUCKET_PERSONS))
     spill = _Spill(tmp, buckets, schema)
-    pool = ProcessPoolExecutor(opts.processes) if opts.processes > 1 else None
+    pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
     try:
         ids, hist, tokens = _pass1(source, schema, spill, buckets, opts, pool)
-        manifest = _pass2(out, ids, spill, buckets, schema, opts, pool)
+        manifest = _pass2(stage, ids, spill, buckets, schema, opts, pool)
     except SourceError as e:
         raise ConvertError(str(e)) from None
     finally:
         spill.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    manifest["totals"]["input_rows"] = source.rows
+    shutil.rmtree(tmp)
     manifest["length_histogram"] = {"bin_width": 8, "counts": hist.tolist()}
-    manifest["params"] = {
-        "inputs": [str(Path(p).resolve()) for p in inputs],
-        "input_kind": source.kind,
-        "vocab": str(Path(vocab).resolve()) if vocab else None,
-        "vocab_size": source.vocab_size,
-        **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
-        "seconds": round(time.time() - t0, 2),
-    }
     manifest["totals"]["tokens"] = tokens
-    write_manifest(out, manifest)
-    (out / INCOMPLETE).unlink()
     return manifest
 
 
@@ -309,10 +429,11 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
     ids: list[np.ndarray] = []
+    rows: list[tuple[str, np.ndarray]] = []  # per chunk of ids: its file and rows, to name a duplicated id
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for block in results:
+        for path, row, block in results:
             bar.update(1)
             if block.n == 0:
                 continue
@@ -323,6 +444,7 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
             for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
                 spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
             ids.append(pid.astype(np.int64))
+            rows.append((path, row))
             lengths = block.columns["length"].astype(np.int64)
             tokens += int(lengths.sum())
             hb = lengths // 8
@@ -336,7 +458,9 @@ def _pass1(source: Source, schema: list[Field], spill: _Spill, buckets: int, opt
                            "(empty input, or every person filtered out)")
     uniq, counts = np.unique(all_ids, return_counts=True)
     if (counts > 1).any():
-        raise ConvertError(f"input: person id {int(uniq[counts > 1][0])} occurs {int(counts.max())} times")
+        pid = uniq[counts > 1][0]
+        at = [f"{path}: row {r}" for chunk, (path, row) in zip(ids, rows, strict=True) for r in row[chunk == pid]]
+        raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
     return all_ids, hist, tokens
 
 

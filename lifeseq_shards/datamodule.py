@@ -19,7 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from .device import OFFLINE_MLM_FIELDS, seed_batch, to_device
+from .device import PACKED, BatchBuilder, DevicePrefetcher
 from .format import read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
@@ -50,7 +50,7 @@ def resolve_masking(masking: str | MaskingConfig | None, manifest: dict[str, Any
 
 
 class LifeSeqDataHooks:
-    """What ``LifeSeqDataModule`` does, for either Lightning package (docs/ddp.md lists the seed's lines to change).
+    """What ``LifeSeqDataModule`` does, for either Lightning package (docs/ddp.md has the seed's diff).
 
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
@@ -58,6 +58,10 @@ class LifeSeqDataHooks:
     the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
     would otherwise hang); predict reads every person once (train and val with their remainders, unless
     ``predict_split`` names others), never masked and never permuted.
+
+    ``layout="packed"`` hands the model only the real tokens (``device.seed_batch``; ``pad_to`` then crops without
+    padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
+    training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -71,7 +75,8 @@ class LifeSeqDataHooks:
                  seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
-                 batches_per_message: int | None = None) -> None:
+                 batches_per_message: int | None = None, layout: str = "padded",
+                 prefetch: bool | None = None) -> None:
         super().__init__()
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
@@ -81,9 +86,13 @@ class LifeSeqDataHooks:
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
         self.masking = resolve_masking(masking, self.manifest, self.data_dir)
-        self.masker = DynamicMasker(self.masking) if isinstance(self.masking, MaskingConfig) else None
+        masker = DynamicMasker(self.masking) if isinstance(self.masking, MaskingConfig) else self.masking
+        max_len = pad_to if layout == PACKED else None
+        self.builder = BatchBuilder(masker, layout, max_len)
+        self.predict_builder = BatchBuilder(None, layout, max_len)  # predict embeds the sequences as they are
+        self.prefetch = prefetch
         self.vocab_size: int | None = self.manifest.get("params", {}).get("vocab_size")
-        self._train: ShardedLoader | None = None  # the last train loader built: its position goes in checkpoints
+        self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
 
     def _rank_world(self) -> tuple[int, int]:
@@ -96,21 +105,26 @@ class LifeSeqDataHooks:
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=self.drop_last and mode == TRAIN, pad_to=self.pad_to,
-                            packed=self.pad_to is None)
+                            drop_last=self.drop_last and mode == TRAIN,
+                            pad_to=None if self.builder.layout == PACKED else self.pad_to,
+                            packed=self.pad_to is None or self.builder.layout == PACKED)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
                              batches_per_message=self.batches_per_message, **extra)
 
-    def train_dataloader(self) -> ShardedLoader:
+    def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
         loader = self._loader("train", TRAIN, shuffle=True)
         # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
-        loader.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
+        loader.set_epoch(self._epoch())
         if self._resume is not None:
             loader.load_state_dict(self._resume)
             self._resume = None
-        self._train = loader
-        return loader
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if self.prefetch if self.prefetch is not None else device.type == "cuda":
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
+        else:
+            self._train = loader
+        return self._train
 
     def val_dataloader(self) -> ShardedLoader:
         return self._loader("val", TRAIN, shuffle=False)
@@ -122,6 +136,9 @@ class LifeSeqDataHooks:
                 "CLS task (about 10% with their events reversed or shuffled): predict would embed those. Predict "
                 "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
         return self._loader(self.predict_split, INFERENCE, shuffle=False)
+
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
 
     # -- resume: Lightning saves state_dict() in every checkpoint and hands it back before the fit goes on --------
     def state_dict(self) -> dict[str, Any]:
@@ -140,19 +157,17 @@ class LifeSeqDataHooks:
             self._train.load_state_dict(state["train"])
 
     # -- the batch on the device -------------------------------------------------------------------------------
+    def _builder(self) -> BatchBuilder:
+        predicting = self.trainer is not None and self.trainer.predicting
+        return self.predict_builder if predicting else self.builder
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return to_device(batch, device)
+        return self._builder().transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        trainer = self.trainer
-        if trainer is not None and trainer.training:
-            self._check_position(trainer)
-        predicting = trainer is not None and trainer.predicting
-        if self.masking is None or predicting:  # predict embeds the sequences as they are
-            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
-        masker = None if predicting or self.masking == "offline" else self.masker
-        epoch = trainer.current_epoch if trainer is not None else 0
-        return seed_batch(batch, masker, epoch=epoch)
+        if self.trainer is not None and self.trainer.training:
+            self._check_position(self.trainer)
+        return self._builder().widen(batch, self._epoch())
 
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""

@@ -5,6 +5,11 @@ share them (format 2); the repetition over tokens, the int64 widening, the paddi
 on the device: ~3 bytes a real token cross the bus instead of the seed batch's 48 a padded slot.
 torch >= 2.3 copies and casts uint16 on CPU and CUDA (copy_ dispatches the "barebones" unsigned types), so uint16
 travels as is: no int16 reinterpretation is needed.
+
+Two layouts leave :func:`seed_batch`: the seed's padded (B, L) batch, and the packed one (only the real tokens, for
+the encoder's padding-free path). Both are drawn by the same masking code on the same padded intermediate, so a person
+gets the same masks in both. :class:`DevicePrefetcher` builds the next batch on a side CUDA stream while the current
+step runs.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
@@ -54,9 +60,10 @@ def _torch_dtype(numpy_dtype: str) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
 
 
-def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.Tensor]:
     """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated, stamps once per
-    run) as named tensors padded to the batch width, built where the buffer lives.
+    run) as named tensors padded to the batch width, or to ``width`` (cropping longer persons, ``lengths`` clamped:
+    the reader's ``pad_to`` for packed batches), built where the buffer lives.
 
     The widths come from the host as ints, so the padded shapes are known without reading a device value: the
     padding is one gather per field, no boolean indexing (which would sync to learn its size).
@@ -70,28 +77,41 @@ def unpack(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         run_of = torch.repeat_interleave(torch.arange(reps.shape[0], device=reps.device), reps,
                                          output_size=out["tokens"].shape[0])
         for name in STAMPS:
-            out[name] = out[name][run_of]
+            out[name] = _take(out[name], run_of)
     counts = {"width": out["lengths"]}
     if "targets_width" in batch:
         counts["targets_width"] = out["n_targets"]
+    widths = {"width": batch["width"] if width is None else width, "targets_width": batch.get("targets_width")}
     for width_key, count in counts.items():
-        index, valid = _ragged_index(count.long(), int(batch[width_key]))
+        index, valid = _ragged_index(count.long(), int(widths[width_key]))
         for name in RAGGED_FIELDS if width_key == "width" else TARGET_FIELDS:
             if name in out:
                 flat = out[name]
-                gathered = flat[index.clamp(max=max(flat.shape[0] - 1, 0))] if flat.shape[0] else flat.new_zeros(
-                    index.shape)
+                gathered = _take(flat, index.clamp(max=max(flat.shape[0] - 1, 0))) if flat.shape[0] else (
+                    flat.new_zeros(index.shape))
                 out[name] = _zero_where_invalid(gathered, valid)
+    if width is not None:
+        out["lengths"] = out["lengths"].clamp(max=width)
     return out
 
 
-# torch 2.11 has no CPU `where` for uint16 (2.13 has); a signed view of the same width has the same bits.
+# torch 2.11 has no CPU `where` and no CUDA indexing for uint16 (2.13 has the former); a signed view of the same
+# width has the same bits.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _signed(values: torch.Tensor) -> torch.Tensor:
+    return values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+
+
+def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`values[index]` in the same dtype, for the unsigned dtypes too."""
+    return _signed(values)[index].view(values.dtype)
 
 
 def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """`values` where `valid`, else 0, in the same dtype."""
-    view = values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+    view = _signed(values)
     return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 
@@ -106,25 +126,46 @@ def _ragged_index(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch
     return starts[:, None] + col[None, :], col[None, :] < counts[:, None]
 
 
+PADDED, PACKED = "padded", "packed"
+
+
+def plan_tokens(batch: dict[str, Any], max_len: int | None = None) -> dict[str, Any]:
+    """On the host, before the copy: a packed batch gets ``n_tokens``, how many tokens its persons keep when cropped
+    to ``max_len`` (read from the host buffer: no sync), so that the device can size the packed layout without asking
+    for it. A padded batch, or one already planned, comes back as is."""
+    if "packed" not in batch or "n_tokens" in batch:
+        return batch
+    lengths = split_packed(batch)["lengths"]
+    kept = lengths if max_len is None else lengths.clamp(max=max_len)
+    return {**batch, "n_tokens": int(kept.sum())}
+
+
 def seed_batch(
-    batch: dict[str, torch.Tensor], masker: DynamicMasker | None = None, *, epoch: int = 0
+    batch: dict[str, torch.Tensor], masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
+    max_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """The seed model's batch (docs/masking.md), built where ``batch`` lives, without a host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
-    no targets. A packed batch is padded first (:func:`unpack`).
+    no targets. A packed batch is padded first (:func:`unpack`; to ``max_len`` when given, cropping longer persons).
+
+    ``layout="packed"`` (a packed batch, planned by :func:`plan_tokens`) then keeps only the real tokens, for the
+    encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
+    ``max_len`` (a host int: the padded width, an upper bound of the lengths) and ``target_index`` (B, T), the MLM
+    targets as rows of the packed arrays (unused slots point at a real row; their token 0 is ignored by the loss).
     """
-    batch = unpack(batch)
+    if layout not in (PADDED, PACKED):
+        raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
+    if layout == PACKED and "n_tokens" not in batch:
+        raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
+    n_tokens = batch.get("n_tokens")
+    batch = unpack(batch, max_len)
     tokens = batch["tokens"].long()
     stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
     lengths = batch["lengths"].long()
     L = tokens.shape[1]
-    out = {
-        "person_id": batch["person_id"],
-        "lengths": batch["lengths"],
-        "padding_mask": (torch.arange(L, device=tokens.device) < lengths[:, None]).long(),
-    }
+    out = {"person_id": batch["person_id"], "lengths": batch["lengths"]}
     shown = tokens
     if masker is not None:
         m = masker(tokens, *stamps, lengths, batch["person_id"], epoch)
@@ -136,9 +177,118 @@ def seed_batch(
         slots = max(math.floor(DEFAULT_RATIO * L), pos.shape[1])
         target_pos, target_tokens = fill_target_slots(pos, tok, batch["n_targets"].long(), L, slots)
         out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=batch["target_cls"].long())
-    out["input_ids"] = torch.stack([shown, *stamps], 1)
-    out["original_sequence"] = tokens
+    if layout == PADDED:
+        out["padding_mask"] = (torch.arange(L, device=tokens.device) < lengths[:, None]).long()
+        out["input_ids"] = torch.stack([shown, *stamps], 1)
+        out["original_sequence"] = tokens
+        return out
+    starts = torch.cumsum(lengths, 0) - lengths
+    person = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths, output_size=n_tokens)
+    flat = person * L + torch.arange(n_tokens, device=tokens.device) - starts[person]  # each real token's padded slot
+    out["input_ids"] = torch.stack([shown, *stamps], 0).flatten(1)[:, flat]
+    out["original_sequence"] = tokens.flatten()[flat]
+    out["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).int()
+    out["max_len"] = L
+    if "target_pos" in out:
+        out["target_index"] = (starts[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
     return out
+
+
+def is_model_batch(batch: Any) -> bool:
+    """A batch :func:`seed_batch` already built (a host batch has no ``input_ids``)."""
+    return isinstance(batch, dict) and "input_ids" in batch
+
+
+@dataclass(frozen=True)
+class BatchBuilder:
+    """Host batch -> the model's batch on ``device``: :func:`plan_tokens`, :func:`to_device`, :func:`seed_batch`.
+
+    ``masking``: None (no targets: offline fields dropped), ``"offline"`` or a :class:`DynamicMasker`. The two halves
+    are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
+    batch built ahead by :class:`DevicePrefetcher` passes through both unchanged.
+    """
+
+    masking: DynamicMasker | str | None = None
+    layout: str = PADDED
+    max_len: int | None = None
+
+    def transfer(self, batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+        if is_model_batch(batch):
+            return batch
+        return to_device(plan_tokens(batch, self.max_len) if self.layout == PACKED else batch, device)
+
+    def widen(self, batch: dict[str, Any], epoch: int) -> dict[str, Any]:
+        if is_model_batch(batch):
+            return batch
+        if self.masking is None:
+            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
+        masker = self.masking if isinstance(self.masking, DynamicMasker) else None
+        return seed_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
+
+    def __call__(self, batch: dict[str, Any], device: torch.device | str, epoch: int) -> dict[str, Any]:
+        return self.widen(self.transfer(batch, device), epoch)
+
+
+class DevicePrefetcher:
+    """The model's batches built one step ahead: while the step on batch i runs, batch i+1's copy, unpack and masking
+    run on a side CUDA stream, so they leave the step's critical path on the device.
+
+    Each batch is handed out only after the current stream is made to wait for its side-stream work (an event), and
+    its tensors are marked as used by the current stream (``record_stream``), so the allocator does not reuse their
+    memory for the side stream's next batch before the step that reads them has run. Off CUDA the same code builds
+    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``) and otherwise
+    the wrapped loader (attributes such as ``load_state_dict`` are its own), so Lightning does not fetch ahead
+    itself. Its ``position`` and ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) leave out the
+    batch built ahead: a checkpoint resumes at the batch the step has not had yet, not one past it.
+    """
+
+    def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
+                 device: torch.device | str) -> None:
+        self.loader, self.build, self.device = loader, build, torch.device(device)
+        self.ahead = 0  # batches taken from the loader and built, not yet handed out
+
+    @property
+    def position(self) -> tuple[int, int]:
+        epoch, batches = self.loader.position  # type: ignore[attr-defined]
+        return epoch, batches - self.ahead
+
+    def state_dict(self, epoch_batches: int | None = None) -> dict[str, Any]:
+        return self.loader.state_dict(epoch_batches, unconsumed=self.ahead)  # type: ignore[attr-defined]
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        host = iter(self.loader)
+        ahead = self._start(next(host, None), side)
+        while ahead is not None:
+            batch, ready = ahead
+            ahead = self._start(next(host, None), side)  # queued before batch i is handed out: overlaps step i
+            self.ahead = int(ahead is not None)
+            if ready is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(ready)
+                for value in batch.values():
+                    if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                        value.record_stream(current)
+            yield batch
+
+    def _start(self, host: dict[str, Any] | None, side: torch.cuda.Stream | None):
+        if host is None:
+            return None
+        if side is None:
+            return self.build(host), None
+        with torch.cuda.stream(side):
+            batch = self.build(host)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return batch, ready
 
 
 @contextlib.contextmanager

@@ -52,16 +52,17 @@ class Field:
 
 def make_schema(token_dtype: str, dtypes: dict[str, str] | None = None, offline_mlm: bool = False) -> list[Field]:
     """The field list in block order: the counts (`length`, `n_targets`) come before the fields they size."""
-    d = {"abspos": "int16", "age": "uint8", "segment": "uint8", **(dtypes or {})}
-    fields = [Field("person_id", "int64", SCALAR), Field("length", "uint16", SCALAR), Field("n_runs", "uint16", SCALAR)]
+    d = {"abspos": "int16", "age": "uint8", "segment": "uint8", "length": "uint16", **(dtypes or {})}
+    n = d["length"]  # every count of, or position in, a sequence: `--dtype length=...` widens them together
+    fields = [Field("person_id", "int64", SCALAR), Field("length", n, SCALAR), Field("n_runs", n, SCALAR)]
     if offline_mlm:
-        fields += [Field("n_targets", "uint16", SCALAR), Field("target_cls", "uint8", SCALAR)]
-    fields += [Field("tokens", token_dtype, RAGGED), Field(RUN_LENGTH, "uint16", RUNS)]
+        fields += [Field("n_targets", n, SCALAR), Field("target_cls", "uint8", SCALAR)]
+    fields += [Field("tokens", token_dtype, RAGGED), Field(RUN_LENGTH, n, RUNS)]
     fields += [Field(name, d[name], RUNS) for name in STAMPS]
     if offline_mlm:
         fields += [
             Field("masked_tokens", token_dtype, RAGGED),
-            Field("target_pos", "uint16", TARGETS),
+            Field("target_pos", n, TARGETS),
             Field("target_tokens", token_dtype, TARGETS),
         ]
     return fields

@@ -3,13 +3,18 @@
 It exists so the data path can be measured under a real training step (tools/train_bench.py): its shape and cost
 match the researchers' model (same hidden/ff/layers/heads sizes, token + segment + time embeddings, pre-norm layers,
 an MLM head on the masked positions and a 3-class sequence-order head on [CLS]), but it is not their code.
+
+Two layouts, one set of weights: the padded seed batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
+one (``lifeseq_shards.device.seed_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens, ``cu_seqlens``
+and a host-side ``max_len``). On the packed layout every layer but attention works on (N, hidden) rows, so no FLOP is
+spent on padding; attention runs per person (:func:`varlen_attention`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -88,15 +93,80 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        tokens, abspos, age, segment = input_ids.unbind(1)
+        """``input_ids`` (B, 4, L) padded or (4, N) packed: the four fields are axis -2 in both."""
+        tokens, abspos, age, segment = input_ids.unbind(-2)
         # ~45 years of days and ~120 years of age: the longest period covers the whole range of each.
         time = torch.cat([sinusoid(abspos, self.hidden, 20_000.0), sinusoid(age, self.hidden, 150.0)], dim=-1)
         x = self.token(tokens) + self.segment(segment) + self.time(time.to(self.time.weight.dtype))
         return self.dropout(self.norm(x))
 
 
+class Packed(NamedTuple):
+    """Where each person's tokens lie in a packed (N, ...) array: ``cu_seqlens`` (B+1,) int32 offsets on the device,
+    and ``max_len``, an upper bound of the lengths known on the host (the kernels size their grids from it, so
+    reading it from the device would sync)."""
+
+    cu_seqlens: Tensor
+    max_len: int
+
+
+def _varlen_kernel():
+    """torch.nn.attention.varlen.varlen_attn (torch >= 2.10: FlashAttention's variable-length kernel), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+_VARLEN_ATTN = _varlen_kernel()
+
+
+def varlen_backend(q: Tensor) -> str:
+    """Which implementation :func:`varlen_attention` uses for ``q`` (N, heads, head_dim), and why that one:
+
+    - ``"flash-varlen"``: ``varlen_attn`` on CUDA in fp16/bf16 (its only dtypes), head dims up to 256 (non-multiples
+      of 8 padded with zeros). No attention-probability dropout: the kernel has no such option.
+    - ``"padded-sdpa"`` everywhere else (CPU, fp32, torch < 2.10): each person's rows padded to ``max_len`` around
+      attention only, then scaled_dot_product_attention with a key mask; the same numbers as the padded model.
+    """
+    flash = _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    return "flash-varlen" if flash and q.shape[-1] <= 256 else "padded-sdpa"
+
+
+def _pad_index(packed: Packed, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, max_len) rows of each person's tokens in the packed array (clamped into range) and which are real; and,
+    for each of the ``n`` packed rows, its slot in the flattened (B * max_len) padded array. Gathers both ways, no
+    boolean indexing (that would sync to learn its size)."""
+    starts = packed.cu_seqlens[:-1].long()
+    lengths = packed.cu_seqlens[1:].long() - starts
+    col = torch.arange(packed.max_len, device=starts.device)
+    rows = torch.arange(n, device=starts.device)
+    person = torch.searchsorted(packed.cu_seqlens[1:].long(), rows, right=True)
+    slot = person * packed.max_len + rows - starts[person]
+    return (starts[:, None] + col).clamp_(max=max(n - 1, 0)), col < lengths[:, None], slot
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed, dropout_p: float = 0.0) -> Tensor:
+    """Bidirectional attention of each person's tokens among themselves on (N, heads, head_dim) rows; see
+    :func:`varlen_backend` for the implementation chosen."""
+    if varlen_backend(q) == "flash-varlen":
+        d = q.shape[-1]
+        pad = -d % 8
+        if pad:  # zero q/k columns add nothing to the scores; q rescaled so the kernel's 1/sqrt(d+pad) is 1/sqrt(d)
+            q = F.pad(q * math.sqrt((d + pad) / d), (0, pad))
+            k, v = F.pad(k, (0, pad)), F.pad(v, (0, pad))
+        cu = packed.cu_seqlens
+        return _VARLEN_ATTN(q, k, v, cu, cu, packed.max_len, packed.max_len)[..., :d]
+    index, real, slot = _pad_index(packed, q.shape[0])
+    qp, kp, vp = (t[index].transpose(1, 2) for t in (q, k, v))  # (B, heads, max_len, head_dim)
+    a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=real[:, None, None, :], dropout_p=dropout_p)
+    return a.transpose(1, 2).flatten(0, 1)[slot]
+
+
 class EncoderLayer(nn.Module):
-    """Pre-norm transformer layer; attention through scaled_dot_product_attention so PyTorch picks the kernel."""
+    """Pre-norm transformer layer; attention through scaled_dot_product_attention so PyTorch picks the kernel, or
+    per person on the packed layout."""
 
     def __init__(self, cfg: EncoderConfig, dropout: float) -> None:
         super().__init__()
@@ -110,12 +180,19 @@ class EncoderLayer(nn.Module):
             nn.Linear(cfg.hidden, cfg.ff), nn.GELU(), nn.Linear(cfg.ff, cfg.hidden), nn.Dropout(dropout)
         )
 
-    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
-        """`attend` (B,1,1,L) bool, True = a real key token."""
-        b, n, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0)
-        x = x + F.dropout(self.out(a.transpose(1, 2).reshape(b, n, h)), self.dropout, self.training)
+    def forward(self, x: Tensor, attend: Tensor | Packed) -> Tensor:
+        """``x`` (B, L, hidden) with ``attend`` (B,1,1,L) bool, True = a real key token; or (N, hidden) with
+        :class:`Packed`."""
+        h = x.shape[-1]
+        p = self.dropout if self.training else 0.0
+        qkv = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, h // self.heads))
+        if isinstance(attend, Packed):
+            a = varlen_attention(*qkv.unbind(-3), attend, dropout_p=p).flatten(-2)
+        else:
+            b, n = x.shape[:2]
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=p).transpose(1, 2).reshape(b, n, h)
+        x = x + F.dropout(self.out(a), self.dropout, self.training)
         return x + self.ff(self.norm2(x))
 
 
@@ -132,24 +209,36 @@ class LifeSeqEncoder(nn.Module):
         self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
         self.cls_head = nn.Linear(cfg.hidden, N_CLS_CLASSES)
 
-    def encode(self, input_ids: Tensor, padding_mask: Tensor) -> Tensor:
-        attend = padding_mask.bool()[:, None, None, :]
+    def encode(self, input_ids: Tensor, layout: Tensor | Packed) -> Tensor:
+        """(B, L, hidden) from a padded batch (``layout`` = its padding_mask), (N, hidden) from a packed one."""
+        attend = layout if isinstance(layout, Packed) else layout.bool()[:, None, None, :]
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, attend)
         return self.norm(x)
 
-    def forward(self, input_ids: Tensor, padding_mask: Tensor, target_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """MLM logits (B,T,vocab) at `target_pos`, and CLS logits (B,3) from position 0."""
-        x = self.encode(input_ids, padding_mask)
-        picked = torch.gather(x, 1, target_pos.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    def forward(self, input_ids: Tensor, layout: Tensor | Packed, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """MLM logits (B,T,vocab) at ``targets`` and CLS logits (B,3) from each person's first token. ``targets``:
+        positions in each row (padded), or rows of the packed array (packed)."""
+        x = self.encode(input_ids, layout)
+        if isinstance(layout, Packed):
+            picked, first = x[targets], x[layout.cu_seqlens[:-1].long()]
+        else:
+            picked, first = torch.gather(x, 1, targets.unsqueeze(-1).expand(-1, -1, x.shape[-1])), x[:, 0]
         mlm = self.mlm_transform(picked) @ self.embed.token.weight.t() + self.mlm_bias
-        return mlm, self.cls_head(x[:, 0])
+        return mlm, self.cls_head(first)
 
 
-def pretrain_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor]:
+    """The encoder's (input_ids, layout, targets) from a seed batch of either layout."""
+    if "cu_seqlens" in batch:
+        return batch["input_ids"], Packed(batch["cu_seqlens"], batch["max_len"]), batch["target_index"]
+    return batch["input_ids"], batch["padding_mask"], batch["target_pos"]
+
+
+def pretrain_losses(model: nn.Module, batch: dict) -> tuple[Tensor, Tensor]:
     """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy."""
-    mlm, cls = model(batch["input_ids"], batch["padding_mask"], batch["target_pos"])
+    mlm, cls = model(*model_inputs(batch))
     mlm_loss = F.cross_entropy(mlm.flatten(0, 1).float(), batch["target_tokens"].flatten(), ignore_index=PAD_ID)
     return mlm_loss, F.cross_entropy(cls.float(), batch["target_cls"])
 
@@ -183,10 +272,13 @@ class PretrainSteps:
             self.encoder.compile()  # in place: parameter names and checkpoints stay those of the eager model
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        if self.hparams.compile and "cu_seqlens" in batch:
+            # the packed token count changes every batch: compile for any count at once, not once per count
+            torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
         mlm_loss, cls_loss = pretrain_losses(self.encoder, batch)
         loss = mlm_loss + cls_loss
         # on_step=False: the values are summed on the device and read once per epoch, so no step blocks on them.
-        n = batch["input_ids"].shape[0]
+        n = batch["target_cls"].shape[0]
         log = {"on_step": False, "on_epoch": True, "sync_dist": False, "batch_size": n}
         self.log("train/loss", loss.detach(), **log)
         self.log("train/mlm_loss", mlm_loss.detach(), **log)

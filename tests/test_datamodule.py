@@ -37,7 +37,7 @@ def fake_trainer(ready: int = 0, epoch: int = 0, batches: float = float("inf")) 
     """What the DataModule reads of a Trainer, for tests that drive its hooks by hand."""
     progress = SimpleNamespace(current=SimpleNamespace(ready=ready))
     return SimpleNamespace(global_rank=0, world_size=1, training=True, predicting=False, current_epoch=epoch,
-                           num_training_batches=batches,
+                           num_training_batches=batches, strategy=SimpleNamespace(root_device=torch.device("cpu")),
                            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
 
 
@@ -57,7 +57,7 @@ def test_vocab_size_comes_from_the_manifest(vocab_dataset: Path, nomlm_dataset: 
     # an .h5 converted without --vocab: the manifest cannot tell, the configuration must
     with pytest.raises(ValueError, match="no vocab_size.*--vocab"):
         module(nomlm_dataset, masking=MaskingConfig())
-    assert module(nomlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS)).masker is not None
+    assert module(nomlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS)).builder.masking is not None
 
 
 def test_readme_example_runs(vocab_dataset: Path) -> None:
@@ -122,6 +122,22 @@ def test_restored_position_reaches_the_loader_whenever_it_is_built(vocab_dataset
     for dm in (before, after):
         assert [ids(b) for b in (dm.train_dataloader() if dm is before else loader)] == rest
     assert head + rest == [ids(b) for b in module(vocab_dataset, fake_trainer()).train_dataloader()]
+
+
+def test_prefetched_batch_is_not_counted_as_trained(vocab_dataset: Path) -> None:
+    """prefetch builds batch i+1 while step i runs: the position saved at step i is i, so the resume gives i+1."""
+    full = [b["person_id"].tolist() for b in module(vocab_dataset, fake_trainer(), prefetch=True).train_dataloader()]
+    dm = module(vocab_dataset, fake_trainer(), prefetch=True)
+    it = iter(dm.train_dataloader())
+    for i in range(3):
+        batch = next(it)
+        dm.trainer = fake_trainer(ready=i)
+        dm.on_after_batch_transfer(batch, 0)  # the check counts the batch ahead out too
+    state = dm.state_dict()
+    assert state["train"]["batches"] == 3
+    resumed = module(vocab_dataset, fake_trainer(), prefetch=True)
+    resumed.load_state_dict(state)
+    assert [b["person_id"].tolist() for b in resumed.train_dataloader()] == full[3:]
 
 
 def test_limited_epoch_checkpoint_resumes_at_the_next_epoch(vocab_dataset: Path) -> None:

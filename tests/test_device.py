@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from lifeseq_shards.device import host_sync_guard, seed_batch, to_device
+from lifeseq_shards.device import (
+    PACKED,
+    BatchBuilder,
+    DevicePrefetcher,
+    host_sync_guard,
+    plan_tokens,
+    seed_batch,
+    split_packed,
+    to_device,
+)
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 
 
@@ -136,6 +145,7 @@ def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None
     assert not torch.equal(out["input_ids"][:, 0], batch["masked_tokens"].long())  # the offline masks were not used
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_transfer_and_widening() -> None:
     host = {k: torch.from_numpy(v).pin_memory() for k, v in _tiny_batch().items()}
@@ -173,3 +183,118 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
             assert torch.equal(seed_from_packed[k], v), k
         n += 1
     assert n == len(padded)
+
+
+def _person(batch: dict[str, torch.Tensor], i: int) -> dict[str, list]:
+    """Person ``i`` of a seed batch of either layout, as plain lists: its tokens and stamps as the model sees them,
+    its MLM targets (position in the person, token) in slot order, and its CLS target."""
+    n = int(batch["lengths"][i])
+    if "cu_seqlens" in batch:
+        start = int(batch["cu_seqlens"][i])
+        assert int(batch["cu_seqlens"][i + 1]) - start == n
+        ids, orig = batch["input_ids"][:, start : start + n], batch["original_sequence"][start : start + n]
+        pos = batch["target_index"][i] - start
+    else:
+        assert batch["padding_mask"][i].tolist() == [1] * n + [0] * (batch["padding_mask"].shape[1] - n)
+        ids, orig, pos = batch["input_ids"][i, :, :n], batch["original_sequence"][i, :n], batch["target_pos"][i]
+    used = batch["target_tokens"][i] != 0
+    return {"ids": ids.tolist(), "orig": orig.tolist(), "targets": list(zip(pos[used].tolist(),
+            batch["target_tokens"][i][used].tolist(), strict=True)), "cls": int(batch["target_cls"][i])}
+
+
+@pytest.mark.parametrize("kind", ["random", "event"])
+def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> None:
+    """The packed layout (cropped on the device to max_len) against the padded path the sweep runs (the reader's
+    pad_to crop): for every person the same tokens, stamps, masks, targets (as rows of the packed array) and CLS
+    task; only the real tokens are kept, and no host sync happens on the device side."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    L = 64  # below the longest persons of the sample: some are cropped
+    masker = DynamicMasker(MaskingConfig(vocab_size=2970, kind=kind, p_reverse=0.3, p_shuffle=0.3, seed=3))
+    padded = ShardedDataset(nomlm_dataset, "train", batch_size=32, seed=2, pad_to=L)
+    packed = ShardedDataset(nomlm_dataset, "train", batch_size=32, seed=2, packed=True)
+    cropped = 0
+    for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
+        planned = plan_tokens(host_packed, L)
+        with host_sync_guard():
+            want = seed_batch(to_device(host_padded, "cpu"), masker, epoch=1)
+            got = seed_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
+        assert got["input_ids"].shape == (4, int(want["padding_mask"].sum())) and got["max_len"] == L
+        assert got["target_index"].shape == want["target_pos"].shape and "padding_mask" not in got
+        assert torch.equal(got["lengths"].long(), want["lengths"].long())
+        for j in range(len(got["lengths"])):
+            assert _person(got, j) == _person(want, j)
+        cropped += int((split_packed(host_packed)["lengths"] > L).sum())
+        if i == 3:
+            break
+    assert cropped > 0
+
+
+class _Counting:
+    """A loader that counts how many host batches were taken from it."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches, self.taken = batches, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for b in self.batches:
+            self.taken += 1
+            yield b
+
+    def state_dict(self, epoch_batches: int | None = None, unconsumed: int = 0) -> dict:
+        return {"taken": self.taken - unconsumed}  # as ShardedLoader: batches returned, less those not used yet
+
+
+def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
+    from lifeseq_shards.reader import ShardedDataset
+
+    hosts = list(ShardedDataset(dataset, "train", batch_size=40, seed=4, packed=True))[:4]
+    if device == "cuda":
+        hosts = [{**h, "packed": torch.from_numpy(h["packed"]).pin_memory()} for h in hosts]
+    builder = BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3)), PACKED, 48)
+    return hosts, builder
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str) -> None:
+    hosts, builder = _prefetch_case(nomlm_dataset, device)
+    direct = [builder(h, device, 2) for h in hosts]
+    loader = _Counting(hosts)
+    prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device)
+    assert len(prefetcher) == 4 and prefetcher.state_dict() == {"taken": 0}  # the loader's own attributes
+    seen = []
+    for i, batch in enumerate(prefetcher):
+        assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
+        assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes after batch i, not i + 1
+        seen.append(batch)
+    assert len(seen) == len(direct)
+    for got, want in zip(seen, direct, strict=True):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], k
+
+
+def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
+    """prefetch=True hands the model batches already built (the hooks pass them through); the same batches as the
+    hooks build from the plain loader's host batches."""
+    from lifeseq_shards.datamodule import LifeSeqDataModule
+
+    def batches(prefetch: bool) -> list[dict]:
+        dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
+                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
+        loader = dm.train_dataloader()
+        assert isinstance(loader, DevicePrefetcher) == prefetch
+        out = []
+        for b, _ in zip(loader, range(3), strict=False):
+            out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))
+        return out
+
+    plain, ahead = batches(False), batches(True)
+    assert len(plain) == len(ahead) == 3
+    for a, b in zip(plain, ahead, strict=True):
+        assert "cu_seqlens" in a and a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)

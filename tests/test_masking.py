@@ -320,6 +320,7 @@ def test_no_host_sync(persons: dict[str, torch.Tensor], kind: str) -> None:
         bool(batch["lengths"].max() > 0)  # the guard does catch a sync
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["random", "event"])
 def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: str) -> None:

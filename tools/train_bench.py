@@ -1,9 +1,11 @@
-"""Training throughput sweep: model size x max length x batch size x precision x torch.compile (x loader workers,
-pinned memory), each point a short Lightning run of lifeseq_shards.model on the real LifeSeqDataModule.
+"""Training throughput sweep: model size x max length x batch size x precision x torch.compile x attention (padded or
+padding-free varlen) x device-side prefetch (x loader workers, pinned memory), each point a short Lightning run of
+lifeseq_shards.model on the real LifeSeqDataModule.
 
 Per point: real (non-padding) tokens/s, samples/s, step time, the share of the step the host spends blocked on the
-loader, peak memory, and MFU against a matmul ceiling measured on this device first. Writes results.csv,
-results.md and PNG plots into --out; docs/tuning.md reads them.
+loader and the device's gap between steps, peak memory, and MFU on real tokens and on computed slots against a matmul
+ceiling measured on this device first. Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads
+them.
 
     python tools/train_bench.py --preset cpu --out docs/results/cpu-DATE
     python tools/train_bench.py --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
@@ -36,6 +38,7 @@ from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, r
 from lifeseq_shards.sources.synth import synth_population
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed")
+ATTENTION = ("padded", "varlen")
 CEILING_DTYPE = {"32-true": "fp32", "tf32": "tf32", "bf16-mixed": "bf16"}
 
 
@@ -48,6 +51,8 @@ class Point:
     compile: bool
     workers: int
     pin_memory: bool = True
+    attention: str = "padded"  # "varlen": the packed layout, attention per person (lifeseq_shards.model.Packed)
+    prefetch: bool = False  # the next batch built on a side CUDA stream (device.DevicePrefetcher)
 
 
 @dataclass(frozen=True)
@@ -71,14 +76,17 @@ class Preset:
         return out
 
 
-def _grid(sizes, lengths, batches, precisions=("32-true",), compile=(False,), workers=(2,), pin=(True,)) -> dict:
+def _grid(sizes, lengths, batches, precisions=("32-true",), compile=(False,), workers=(2,), pin=(True,),
+          attention=("padded",), prefetch=(False,)) -> dict:
     return {"size": sizes, "max_len": lengths, "batch_size": batches, "precision": precisions, "compile": compile,
-            "workers": workers, "pin_memory": pin}
+            "workers": workers, "pin_memory": pin, "attention": attention, "prefetch": prefetch}
 
 
 PRESETS: dict[str, Preset] = {
-    # tests: two points, a few steps.
-    "tiny": Preset((_grid(("small",), (128,), (2, 4), workers=(1,)),), steps=4, warmup=1, people=300, budget_s=300),
+    # tests: both attention modes, a few steps; prefetch through its CPU path.
+    "tiny": Preset((_grid(("small",), (128,), (4,), workers=(1,), attention=("padded", "varlen")),
+                    _grid(("small",), (128,), (2,), workers=(1,), attention=("varlen",), prefetch=(True,))),
+                   steps=4, warmup=1, people=300, budget_s=300),
     # a 2-core CPU: about 5 minutes (medium and large are GPU-only here: a medium step at batch 16 takes ~30 s).
     "cpu": Preset(
         (
@@ -101,6 +109,21 @@ PRESETS: dict[str, Preset] = {
             _grid(("small-tc", "large-tc"), (512,), (256,), ("bf16-mixed",), compile=(True,)),
         ),
         steps=30, warmup=5, people=20000, budget_s=540,
+    ),
+    # issue 13's bars, most important first (tools/device_check.sh; the budget drops what does not fit): bf16,
+    # L=512, batch 256; the old path (padded, no prefetch) against the padding-free one in the same run.
+    "varlen": Preset(
+        tuple(_grid((size,), (512,), (256,), ("bf16-mixed",), compile=(comp,), attention=(attn,), prefetch=(pre,))
+              for size, attn, pre, comp in (
+                  ("large-tc", "padded", False, False), ("large-tc", "varlen", True, False),
+                  ("small-tc", "padded", False, False), ("small-tc", "varlen", True, False),
+                  ("large-tc", "varlen", True, True),
+                  ("small-tc", "varlen", False, False), ("small-tc", "padded", True, False),
+                  ("small-tc", "varlen", True, True), ("large-tc", "padded", False, True),
+                  ("large", "varlen", True, False), ("small", "varlen", True, False),  # the seed's head dims
+                  ("large-tc", "varlen", False, False),
+              )),
+        steps=40, warmup=5, people=20000, budget_s=200,
     ),
 }
 
@@ -144,7 +167,7 @@ class StepMeter(Callback):
         self.wait = self.device_gap = 0.0
         self.last_mark: torch.cuda.Event | float | None = None
         self.gaps: list[tuple[torch.cuda.Event | float, torch.cuda.Event | float]] = []
-        self.steps = self.samples = self.padded = 0
+        self.steps = self.samples = self.padded = self.attended = 0  # attended: padded query-key pairs
         self.counts: torch.Tensor | None = None  # real tokens, sum of squared lengths, used MLM targets
         self.totals: list[float] = []
 
@@ -154,12 +177,14 @@ class StepMeter(Callback):
             return
         self.wait += time.perf_counter() - self.last_end
         self.gaps.append((self.last_mark, _mark(pl_module.device)))  # before this hook queues its own kernels
-        lengths = batch["padding_mask"].sum(1)
+        lengths = batch["lengths"].long()  # as the model sees them (cropped to max_len) in both layouts
         step = torch.stack([lengths.sum(), (lengths * lengths).sum(), (batch["target_tokens"] != 0).sum()])
         self.counts = step if self.counts is None else self.counts + step
         self.steps += 1
-        self.samples += batch["input_ids"].shape[0]
-        self.padded += batch["padding_mask"].numel()
+        self.samples += batch["target_cls"].shape[0]
+        self.padded += batch["input_ids"].numel() // 4  # slots computed: B*L padded, the N real tokens packed
+        if "padding_mask" in batch:  # every query slot attends to all L keys
+            self.attended += batch["padding_mask"].numel() * batch["padding_mask"].shape[1]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -227,6 +252,8 @@ def skip_reason(p: Point, device: torch.device) -> str | None:
         return "this GPU has no bf16"
     if p.pin_memory is False and device.type != "cuda":
         return "pinned memory only matters with a GPU"
+    if p.attention not in ATTENTION:
+        return f"attention must be one of {ATTENTION}"
     return None
 
 
@@ -238,6 +265,7 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
         data_dir, p.batch_size, num_workers=p.workers, seed=seed, pad_to=p.max_len,
         masking=MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed),
         pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
+        layout="packed" if p.attention == "varlen" else "padded", prefetch=p.prefetch,
     )
     module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
     meter = StepMeter(warmup)
@@ -258,6 +286,10 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
     cfg = resolve_size(p.size)
     fpt = model_flops_per_token(cfg, len_sq / real, vocab_size, targets / real)
     ceiling = ceilings.get(CEILING_DTYPE[p.precision], math.nan) * world
+    slots = meter.padded * world
+    # computed slots: padded, every slot runs the layers and attends to all L keys (the mask only zeroes weights)
+    slot_fpt = model_flops_per_token(cfg, meter.attended / slots if meter.attended else len_sq / real, vocab_size,
+                                      targets / slots)
     return {
         "world": world,
         "steps": meter.steps,
@@ -272,12 +304,13 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
         "pad_frac": 1 - real / (meter.padded * world),
         "gflop_per_token": fpt / 1e9,
         "mfu": real / elapsed * fpt / ceiling,
+        "mfu_slots": slots / elapsed * slot_fpt / ceiling,
     }
 
 
 RESULT_KEYS = ("status", "reason", "world", "steps", "step_time_s", "tokens_per_s", "samples_per_s",
                "data_wait_frac", "device_gap_frac", "peak_mem_mb", "real_tokens", "padded_tokens", "pad_frac",
-               "gflop_per_token", "mfu")
+               "gflop_per_token", "mfu", "mfu_slots")
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -296,9 +329,9 @@ def _fmt(v: Any) -> str:
 
 
 def write_markdown(rows: list[dict[str, Any]], env: dict[str, Any], path: Path) -> None:
-    cols = ["size", "max_len", "batch_size", "precision", "compile", "workers", "pin_memory", "tokens_per_s",
-            "samples_per_s", "step_time_s", "data_wait_frac", "device_gap_frac", "peak_mem_mb", "mfu", "pad_frac",
-            "status"]
+    cols = ["size", "max_len", "batch_size", "precision", "compile", "attention", "prefetch", "workers", "pin_memory",
+            "tokens_per_s", "samples_per_s", "step_time_s", "data_wait_frac", "device_gap_frac", "peak_mem_mb", "mfu",
+            "mfu_slots", "pad_frac", "status"]
     lines = ["# train_bench results", "", "```", json.dumps(env, indent=1), "```", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -327,11 +360,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
         for ax, (size, max_len) in zip(axes.flat, panels, strict=False):
             here = [r for r in ok if (r["size"], r["max_len"]) == (size, max_len)]
-            for key in sorted({(r["precision"], r["compile"], r["workers"], r["pin_memory"]) for r in here}):
-                line = sorted((r["batch_size"], r[metric]) for r in here
-                              if (r["precision"], r["compile"], r["workers"], r["pin_memory"]) == key)
-                prec, comp, work, pin = key
-                name = f"{prec}{' compiled' if comp else ''} w{work}{'' if pin else ' unpinned'}"
+            setting = ("precision", "compile", "workers", "pin_memory", "attention", "prefetch")
+            for key in sorted({tuple(r[k] for k in setting) for r in here}):
+                line = sorted((r["batch_size"], r[metric]) for r in here if tuple(r[k] for k in setting) == key)
+                prec, comp, work, pin, attn, pre = key
+                name = (f"{prec}{' compiled' if comp else ''} w{work}{'' if pin else ' unpinned'}"
+                        f"{' varlen' if attn == 'varlen' else ''}{' prefetch' if pre else ''}")
                 ax.plot(*zip(*line, strict=True), marker="o", label=name)
             ax.set_title(f"{size}, L={max_len}")
             ax.set_xscale("log", base=2)
@@ -387,12 +421,14 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                     row[k] = v
                 else:
                     row[k] = float(v) if v else math.nan
-            rows.append({**{k: math.nan for k in RESULT_KEYS}, **row})  # columns added since that run: NaN
+            defaults = {f.name: f.default for f in fields(Point) if f.name not in row}  # axes added since that run
+            rows.append({**{k: math.nan for k in RESULT_KEYS}, **defaults, **row})  # results added since: NaN
     return rows
 
 
 def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup: int, budget_s: float,
-              seed: int = 0, preset: str = "custom", done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+              seed: int = 0, preset: str = "custom", done: list[dict[str, Any]] | None = None,
+              plots: bool = True) -> list[dict[str, Any]]:
     """Runs each point not already among the ok rows of `done` (an earlier, interrupted sweep), in order."""
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -424,7 +460,7 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
         if lead:  # after every point, so a sweep stopped by a time limit still leaves its rows
             write_csv(rows, out / "results.csv")
             write_markdown(rows, environment(device, ceilings, preset, steps, warmup), out / "results.md")
-    if lead:
+    if lead and plots:
         plot(rows, out)
     return rows
 
@@ -440,14 +476,19 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
 @click.option("--precisions", default=None, help=f"comma list of {', '.join(PRECISIONS)}")
 @click.option("--compile", "compile_", type=click.Choice(["off", "on", "both"]), default=None)
 @click.option("--workers", default=None, help="comma list of loader workers per GPU")
+@click.option("--attention", default=None, help="comma list of padded, varlen (packed layout, attention per person)")
+@click.option("--prefetch", type=click.Choice(["off", "on", "both"]), default=None,
+              help="build the next batch on a side CUDA stream during the step")
 @click.option("--steps", type=int, default=None)
 @click.option("--warmup", type=int, default=None)
 @click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="keep the ok rows of OUT/results.csv; run only the other points")
+@click.option("--plots/--no-plots", default=True, show_default=True, help="the PNGs (off: only results.csv/.md)")
 def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: str | None, batch_sizes: str | None,
-         precisions: str | None, compile_: str | None, workers: str | None, steps: int | None, warmup: int | None,
-         budget_s: float | None, seed: int, resume: bool) -> None:
+         precisions: str | None, compile_: str | None, workers: str | None, attention: str | None,
+         prefetch: str | None, steps: int | None, warmup: int | None, budget_s: float | None, seed: int,
+         resume: bool, plots: bool) -> None:
     """Sweep training throughput; each option given replaces that axis in every grid of the preset."""
     pre = PRESETS[preset]
     overrides = {
@@ -457,17 +498,20 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
         "precision": precisions and tuple(precisions.split(",")),
         "compile": compile_ and {"off": (False,), "on": (True,), "both": (False, True)}[compile_],
         "workers": workers and tuple(int(x) for x in workers.split(",")),
+        "attention": attention and tuple(attention.split(",")),
+        "prefetch": prefetch and {"off": (False,), "on": (True,), "both": (False, True)}[prefetch],
     }
     grids = tuple({**g, **{k: v for k, v in overrides.items() if v}} for g in pre.grids)
     bad = {x for g in grids for x in g["precision"]} - set(PRECISIONS)
+    bad |= {x for g in grids for x in g["attention"]} - set(ATTENTION)
     if bad:
-        raise click.BadParameter(f"unknown precision {sorted(bad)}")
+        raise click.BadParameter(f"unknown precision or attention {sorted(bad)}")
     pre = Preset(grids, steps or pre.steps, warmup or pre.warmup, pre.people, budget_s or pre.budget_s)
     data_dir = data or synth_dataset(out / "data", pre.people, seed)
     for noise in (".*does not have many workers.*", ".*no `validation_step`.*"):
         warnings.filterwarnings("ignore", noise)
     done = read_csv(out / "results.csv") if resume and (out / "results.csv").exists() else []
-    rows = run_sweep(pre.points(), data_dir, out, pre.steps, pre.warmup, pre.budget_s, seed, preset, done)
+    rows = run_sweep(pre.points(), data_dir, out, pre.steps, pre.warmup, pre.budget_s, seed, preset, done, plots)
     ok = sum(r["status"] == "ok" for r in rows)
     click.echo(f"{ok}/{len(rows)} points ran; results in {out}")
 

@@ -1,5 +1,6 @@
 """Input readers. Each kind splits its file into independent *tasks* (row groups, row ranges) that a process pool
-turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them."""
+turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them. Besides the
+schema's fields a source block holds ``row``: each person's row in its file, for errors (it is not stored)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def open_sources(
         return Source(kind, tasks, encode_h5_task, infos[0][1], vocab_size, sum(i[0] for i in infos))
     if vocab is None:
         raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
-    from .parquet import encode_parquet_task, parquet_rows, parquet_tasks
+    from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks
 
+    if max_seq_len <= PREFIX_LEN:
+        raise SourceError(f"--max-seq-len {max_seq_len}: a sequence must stay below it, and its {PREFIX_LEN}-token "
+                          "prefix ([CLS], background, [SEP]) alone does not")
     vocab_map = read_vocab(vocab)
     tasks = [t for p in inputs for t in parquet_tasks(p)]
     encode = partial(encode_parquet_task, vocab=vocab_map, max_seq_len=max_seq_len, time_range=time_range)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import h5py
 import numpy as np
 
 from ..format import Block
 from .errors import SourceError
+from .exact import exact_int64
 
 ROWS_PER_TASK = 2048
 REQUIRED = ("input_ids", "padding_mask", "original_sequence", "sequence_id")
@@ -23,17 +26,29 @@ def _open(path: str) -> h5py.File:
 
 
 def h5_info(path: str) -> tuple[int, bool, int]:
-    """(rows, has offline MLM fields, max sequence length); checks the datasets the converter needs."""
+    """(rows, has offline MLM fields, max sequence length); checks that the datasets the converter needs are there,
+    numeric, and of the seed's shapes (N, 4, L), (N, L) and (N,) with one N and one L."""
     with _open(path) as f:
         missing = [k for k in REQUIRED if k not in f]
         if missing:
             raise SourceError(f"{path}: missing dataset(s) {', '.join(missing)}")
-        n, four, width = f["input_ids"].shape
-        if four != 4:
-            raise SourceError(f"{path}: input_ids has shape {f['input_ids'].shape}, expected (N, 4, L)")
         mlm_present = [k in f for k in MLM]
         if any(mlm_present) and not all(mlm_present):
             raise SourceError(f"{path}: has some but not all of the MLM datasets {', '.join(MLM)}")
+        shape = f["input_ids"].shape
+        if len(shape) != 3 or shape[1] != 4:
+            raise SourceError(f"{path}: input_ids has shape {shape}, expected (N, 4, L)")
+        n, _, width = shape
+        expected = {"input_ids": shape, "padding_mask": (n, width), "original_sequence": (n, width),
+                    "sequence_id": (n,), "target_tokens": (n, width), "target_pos": (n, width), "target_cls": (n,)}
+        for k in (*REQUIRED, *MLM):
+            if k not in f:
+                continue
+            if f[k].shape != expected[k]:
+                raise SourceError(f"{path}: {k} has shape {f[k].shape}, expected {expected[k]} "
+                                  f"(input_ids is {shape})")
+            if f[k].dtype.kind not in "biuf":
+                raise SourceError(f"{path}: {k} holds {f[k].dtype}, not numbers")
         if n == 0:
             raise SourceError(f"{path}: no rows")
         return n, all(mlm_present), width
@@ -49,28 +64,36 @@ def target_slots(width: int) -> int:
     return int(np.floor(0.3 * width))
 
 
+def _row_of(path: str, start: int, per_row: int, i: int) -> str:
+    """The file row of flat position ``i`` of rows [start, ...) of a dataset with ``per_row`` values a row."""
+    return f"{path}: row {start + i // per_row}"
+
+
 def encode_h5_task(task: tuple[str, int, int]) -> Block:
     """Rows [start, stop) as an int64 Block: unpadded sequences and, for the MLM file, its offline masks."""
     path, start, stop = task
     try:
         with _open(path) as f:
-            ids = f["input_ids"][start:stop]
-            pad = f["padding_mask"][start:stop]
-            orig = f["original_sequence"][start:stop]
-            pid = f["sequence_id"][start:stop]
-            mlm = {k: f[k][start:stop] for k in MLM} if all(k in f for k in MLM) else None
+            raw = {k: f[k][start:stop] for k in (*REQUIRED, *MLM) if k in f}
     except SourceError:
         raise
     except (OSError, KeyError) as e:
         raise SourceError(f"{path}: rows {start}-{stop} unreadable ({e})") from None
+    data = {k: exact_int64(a, k, partial(_row_of, path, start, a.size // len(a))) for k, a in raw.items()}
+    ids, pad, orig, pid = (data[k] for k in REQUIRED)
+    mlm = {k: data[k] for k in MLM} if all(k in data for k in MLM) else None
     n, _, width = ids.shape
     lengths = pad.sum(axis=1)
     real = np.arange(width)[None, :] < lengths[:, None]
     bad = np.nonzero((pad != real.astype(pad.dtype)).any(axis=1))[0]
     if len(bad):
         raise SourceError(f"{path}: row {start + bad[0]}: padding_mask is not a prefix of ones")
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:  # a person of no tokens: the reader has nothing to train on, and verify refuses it
+        raise SourceError(f"{path}: row {start + empty[0]} (person {pid[empty[0]]}): no tokens (padding_mask all 0)")
     cols = {
-        "person_id": pid.astype(np.int64),
+        "person_id": pid,
+        "row": start + np.arange(n),  # for errors that name the file row (a duplicated id); not stored
         "length": lengths.astype(np.int64),
         "tokens": orig[real],
         "abspos": ids[:, 1][real],

@@ -14,7 +14,9 @@ code runs per token or per event. One row group is read at a time, which bounds 
 from __future__ import annotations
 
 import csv
+import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pyarrow.parquet as pq
 
 from ..format import Block
 from .errors import SourceError
+from .exact import exact_int64
 
 PERSON, BACKGROUND, SENTENCE = "RINPERSOON", "background", "sentence"
 PER_EVENT = ("abspos", "age", "segment")
@@ -33,19 +36,25 @@ SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
 MIN_EVENTS = 5
 PREFIX_LEN = 2 + len(BACKGROUND_ORDER)
 DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
+TOKEN_ID_MAX = np.iinfo(np.uint32).max
 
 
 def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
     """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous or the specials unknown."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = {"TOKEN", "ID"} - set(reader.fieldnames or ())
-            if missing:
-                raise SourceError(f"{path}: vocabulary lacks column(s) {', '.join(sorted(missing))}")
-            rows = [(r["TOKEN"], r["ID"], reader.line_num) for r in reader]
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise SourceError(f"{path}: cannot read vocabulary ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise SourceError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = {"TOKEN", "ID"} - set(reader.fieldnames or ())
+    if missing:
+        raise SourceError(f"{path}: vocabulary lacks column(s) {', '.join(sorted(missing))}")
+    rows = [(r["TOKEN"], r["ID"], reader.line_num) for r in reader]
     vocab: dict[str, int] = {}
     seen: dict[int, str] = {}
     for token, raw_id, line in rows:
@@ -53,8 +62,8 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
             i = int(raw_id)
         except (TypeError, ValueError):
             raise SourceError(f"{path}: line {line}: ID {raw_id!r} is not an integer") from None
-        if i < 0:
-            raise SourceError(f"{path}: line {line}: negative ID {i}")
+        if not 0 <= i <= TOKEN_ID_MAX:
+            raise SourceError(f"{path}: line {line}: ID {i} outside [0, {TOKEN_ID_MAX}] (token ids are uint32 at most)")
         if i in seen:
             raise SourceError(f"{path}: line {line}: ID {i} given to both {seen[i]!r} and {token!r}")
         if token in vocab:
@@ -91,9 +100,35 @@ def parquet_tasks(path: str | os.PathLike[str]) -> list[tuple[str, int]]:
     for col in COLUMNS:
         if col not in names:
             raise SourceError(f"{p}: missing column {col!r} (has {', '.join(pf.schema_arrow.names)})")
+        typ = pf.schema_arrow.field(col).type
+        expected, fits = COLUMN_TYPES[col]
+        if not fits(typ):
+            raise SourceError(f"{p}: column {col!r} is {typ}, expected {expected}")
     if pf.metadata.num_rows == 0 or pf.num_row_groups == 0:
         raise SourceError(f"{p}: no rows")
     return [(p, g) for g in range(pf.num_row_groups)]
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        pa.types.is_dictionary(t) and _is_text(t.value_type))
+
+
+def _is_list_of(t: pa.DataType, inner: Callable[[pa.DataType], bool]) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and inner(t.value_type)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+# per column: (what it must be, its test); strings must be UTF-8 text (binary would never match the vocabulary)
+COLUMN_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
+    PERSON: ("integers", _is_number),
+    BACKGROUND: ("struct<string fields>", lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)),
+    SENTENCE: ("list<list<string>>", lambda t: _is_list_of(t, lambda e: _is_list_of(e, _is_text))),
+    **{c: ("list<integer>", lambda t: _is_list_of(t, _is_number)) for c in PER_EVENT},
+}
 
 
 def parquet_rows(path: str | os.PathLike[str]) -> int:
@@ -107,6 +142,31 @@ def _list_offsets(arr: pa.Array) -> np.ndarray:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
+
+
+def _first_invalid_utf8(strings: pa.Array) -> int | None:
+    """Position of the first string that is not UTF-8 (parquet does not check; the vocabulary lookup would make it
+    [UNK] without a word), or None. Validates a dictionary's distinct strings only; the search runs only on failure."""
+    values = strings.dictionary if pa.types.is_dictionary(strings.type) else strings
+    try:
+        values.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    bad = [i for i, b in enumerate(values.cast(pa.binary()).to_pylist()) if b is not None and not _decodes(b)]
+    if values is strings:
+        return bad[0]
+    used = pc.is_in(strings.indices, value_set=pa.array(bad, type=strings.indices.type))
+    at = np.flatnonzero(pc.fill_null(used, False).to_numpy(zero_copy_only=False))
+    return int(at[0]) if at.size else None  # an unused bad dictionary entry harms nothing
+
+
+def _decodes(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _token_index(strings: pa.Array, keys: pa.Array, ids: np.ndarray, unk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,14 +189,19 @@ def _lookup(strings: pa.Array, keys: pa.Array, ids: np.ndarray, unk: int) -> np.
     return table[index]
 
 
-def _prefix(background: pa.Array, keys: pa.Array, ids: np.ndarray, vocab: dict[str, int]) -> np.ndarray:
-    """(n, PREFIX_LEN) prefix tokens; a null background (or field) gives [UNK]."""
+def _prefix(background: pa.Array, keys: pa.Array, ids: np.ndarray, vocab: dict[str, int],
+            row: Callable[[int], str]) -> np.ndarray:
+    """(n, PREFIX_LEN) prefix tokens; a null background (or field) gives [UNK], a string that is not UTF-8 an error
+    naming ``row(r)``."""
     n = len(background)
     out = np.empty((n, PREFIX_LEN), dtype=np.int64)
     out[:, 0], out[:, -1] = vocab["[CLS]"], vocab["[SEP]"]
     fields = dict(zip([f.name for f in background.type], background.flatten(), strict=True))  # applies parent nulls
     for j, name in enumerate(BACKGROUND_ORDER, start=1):
         col = fields.get(name)
+        bad = None if col is None else _first_invalid_utf8(col)
+        if bad is not None:
+            raise SourceError(f"{row(bad)}: {BACKGROUND}.{name} is not UTF-8")
         out[:, j] = vocab["[UNK]"] if col is None else _lookup(col, keys, ids, vocab["[UNK]"])
     return out
 
@@ -159,7 +224,8 @@ def encode_parquet_task(
     path, group = task
     where = f"{path}: row group {group}"
     try:
-        table = _open(path, dictionary=True).read_row_group(group, columns=list(COLUMNS))
+        pf = _open(path, dictionary=True)
+        table = pf.read_row_group(group, columns=list(COLUMNS))
     except SourceError:
         raise
     except (OSError, pa.ArrowException) as e:
@@ -167,12 +233,18 @@ def encode_parquet_task(
     except KeyError as e:
         raise SourceError(f"{where}: missing column {e}") from None
     cols = {c: table.column(c).combine_chunks() for c in COLUMNS}
-    person = cols[PERSON].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    first = sum(pf.metadata.row_group(g).num_rows for g in range(group))  # the file row of the group's row 0
+
+    def row(r: int) -> str:
+        return f"{path}: row {first + r}"
+
     if cols[PERSON].null_count:
-        row = int(np.flatnonzero(cols[PERSON].is_null().to_numpy(zero_copy_only=False))[0])
-        raise SourceError(f"{where}: row {row} has no person id")
-    if not pa.types.is_struct(cols[BACKGROUND].type):
-        raise SourceError(f"{where}: column {BACKGROUND!r} is {cols[BACKGROUND].type}, not a struct")
+        r = int(np.flatnonzero(cols[PERSON].is_null().to_numpy(zero_copy_only=False))[0])
+        raise SourceError(f"{row(r)}: no person id in column {PERSON!r}")
+    person = exact_int64(cols[PERSON].to_numpy(zero_copy_only=False), f"column {PERSON!r}", row)
+
+    def person_row(r: int) -> str:
+        return f"{row(r)} (person {person[r]})"
 
     keys = pa.array(list(vocab), type=pa.string())
     ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
@@ -183,7 +255,16 @@ def encode_parquet_task(
     ev_off = _list_offsets(sentence)
     events = sentence.flatten()
     tok_off = _list_offsets(events)
-    tok_table, tok_index = _token_index(events.flatten(), keys, ids, unk)
+
+    def event_row(k: int) -> str:  # the person row of flat event k
+        return person_row(int(np.searchsorted(ev_off, k, "right")) - 1)
+
+    strings = events.flatten()
+    bad_token = _first_invalid_utf8(strings)
+    if bad_token is not None:
+        k = int(np.searchsorted(tok_off, bad_token, "right")) - 1
+        raise SourceError(f"{event_row(k)}: column {SENTENCE!r} holds a token that is not UTF-8")
+    tok_table, tok_index = _token_index(strings, keys, ids, unk)
     n_events = np.diff(ev_off)
     per_event = {}
     for c in PER_EVENT:
@@ -191,14 +272,12 @@ def encode_parquet_task(
         bad = np.flatnonzero(np.diff(off) != n_events)
         if bad.size:
             r = int(bad[0])
-            raise SourceError(
-                f"{where}: row {r} (person {person[r]}): {c} has {off[r + 1] - off[r]} values for {n_events[r]} events"
-            )
+            raise SourceError(f"{person_row(r)}: {c} has {off[r + 1] - off[r]} values for {n_events[r]} events")
         values = cols[c].flatten()
         if values.null_count:
             k = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-            raise SourceError(f"{where}: person {person[np.searchsorted(ev_off, k, 'right') - 1]}: null {c} value")
-        per_event[c] = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            raise SourceError(f"{event_row(k)}: null {c} value")
+        per_event[c] = exact_int64(values.to_numpy(zero_copy_only=False), f"column {c!r} value", event_row)
 
     # time slice, then the minimum number of events
     keep = np.ones(len(tok_off) - 1, dtype=bool)
@@ -242,8 +321,9 @@ def encode_parquet_task(
     tokens = tok_table[np.take(tok_index, src, mode="clip")] if len(tok_index) else np.zeros(total, np.int64)
     tokens[unit_out[is_event] + ev_len - 1] = sep
     prefix_at = (unit_out[prefix_unit][:, None] + np.arange(PREFIX_LEN)).ravel()
-    tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab)[persons].ravel()
-    out = {"person_id": person[persons], "length": PREFIX_LEN + _segment_sums(ev_len, counts), "tokens": tokens}
+    tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab, person_row)[persons].ravel()
+    out = {"person_id": person[persons], "row": first + persons, "tokens": tokens,
+           "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
     out_event = np.repeat(unit_event, unit_len)
     for c in PER_EVENT:
         values = np.take(per_event[c], out_event) if m else np.zeros(total, np.int64)
