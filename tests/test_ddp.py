@@ -204,7 +204,8 @@ def torchrun_two(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 # resume tests start from, each configuration repeated by its resumes. Together they cover both Lightning packages,
 # ddp and ddp_spawn, 2 and 0 workers, persistent workers on and off, the sanity check on and off, validation
 # mid-epoch, limit_train_batches and limit_val_batches, and mid-epoch and end-of-epoch checkpoints.
-DDP_RUN = ("--masking", "dynamic", "--val-check-interval", "0.5")  # lightning, 2 persistent workers, sanity check
+# lightning, 2 persistent workers, sanity check; the batch built ahead during each step, as on CUDA by default
+DDP_RUN = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
 SPAWN_RUN = ("--flavour", "pytorch_lightning", "--strategy", "ddp_spawn", "--no-persistent", "--no-sanity",
              "--limit-val", "2")
 ZERO_WORKERS_RUN = ("--flavour", "pytorch_lightning", "--workers", "0", "--limit-train", "30")

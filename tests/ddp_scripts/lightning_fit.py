@@ -28,6 +28,7 @@ def main() -> None:
     p.add_argument("--no-persistent", action="store_true", help="persistent_workers=False")
     p.add_argument("--batches-per-message", type=int, default=None)
     p.add_argument("--masking", choices=("none", "dynamic"), default="none")
+    p.add_argument("--prefetch", action="store_true", help="build the next batch during the step (CUDA's default)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--ckpt-dir")
@@ -69,7 +70,7 @@ def main() -> None:
                          val_check_interval=args.val_check_interval)
     dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers,
                            persistent_workers=not args.no_persistent, batches_per_message=args.batches_per_message,
-                           masking=MaskingConfig() if args.masking == "dynamic" else None)
+                           masking=MaskingConfig() if args.masking == "dynamic" else None, prefetch=args.prefetch)
     if args.predict:
         trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
     else:
