@@ -50,7 +50,9 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Dataset directory to write.")
-@click.option("--vocab", type=click.Path(), help="vocab.csv (TOKEN, CATEGORY, ID); required for parquet input.")
+@click.option("--vocab", type=click.Path(),
+              help="vocab.csv (TOKEN, CATEGORY, ID); required for parquet input; with .h5 input it records the "
+              "vocabulary size in the manifest (LifeSeqDataModule's masking takes it from there).")
 @click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
               help="Share of persons for val.")
 @click.option("--num-val", type=COUNT, help="Exactly this many persons for val (instead of --val-fraction).")

@@ -1,9 +1,18 @@
 """A LightningDataModule over a converted dataset: rank and world size from the Trainer, exact per-rank lengths,
 packed narrow batches over the bus (only real tokens), the seed's batch (and dynamic MLM masks) built on the
-device."""
+device, and a resume that is exact whenever Lightning builds the train loader.
+
+Lightning ships as two packages whose classes are distinct: a ``pytorch_lightning`` Trainer refuses a
+``lightning`` DataModule ("Expected a parent"). :class:`LifeSeqDataHooks` holds all the behaviour; each package
+gets a class that only adds its base: :class:`LifeSeqDataModule` here for ``import lightning``, and
+``lifeseq_shards.pl.LifeSeqDataModule`` for ``import pytorch_lightning``. Both have the same qualified name, the key
+Lightning files their data position under in a checkpoint.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from typing import Any
 
@@ -16,19 +25,51 @@ from .masking import DynamicMasker, MaskingConfig
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
 
 
-class LifeSeqDataModule(L.LightningDataModule):
-    """Drop-in data for the seed's ``pretrain.py`` (docs/ddp.md lists the lines to change).
+def resolve_masking(masking: str | MaskingConfig | None, manifest: dict[str, Any],
+                    root: str) -> str | MaskingConfig | None:
+    """The masking with the dataset's vocabulary size filled in (random replacements are drawn below it); a
+    configuration that names another size is refused, since ids past the model's embedding crash it."""
+    if masking == "offline":
+        if not any(f["name"] == "masked_tokens" for f in manifest["schema"]):
+            raise ValueError(f"{root}: masking='offline' but the dataset has no offline MLM fields")
+        return masking
+    if masking is None:
+        return None
+    if not isinstance(masking, MaskingConfig):
+        raise ValueError(f"masking must be None, 'offline' or a MaskingConfig, not {masking!r}")
+    vocab = manifest.get("params", {}).get("vocab_size")
+    if masking.vocab_size is None:
+        if vocab is None:
+            raise ValueError(f"{root}: the manifest has no vocab_size (an .h5 converted without --vocab): reconvert "
+                             "with --vocab vocab.csv, or pass MaskingConfig(vocab_size=<number of token ids>)")
+        return dataclasses.replace(masking, vocab_size=vocab)
+    if vocab is not None and masking.vocab_size != vocab:
+        raise ValueError(f"{root}: MaskingConfig(vocab_size={masking.vocab_size}) but the dataset's vocabulary has "
+                         f"{vocab} ids (manifest params.vocab_size): leave vocab_size unset to take the dataset's")
+    return masking
+
+
+class LifeSeqDataHooks:
+    """What ``LifeSeqDataModule`` does, for either Lightning package (docs/ddp.md has the seed's diff).
 
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
-    bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id)).
-    Validation reads the val split without shuffling but with the training plan, so every rank gets the same number
-    of batches (a val step that logs with ``sync_dist=True`` would otherwise hang); predict reads every person once
-    (train and val with their remainders, unless ``predict_split`` names others).
+    bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
+    its ``vocab_size`` comes from the dataset's manifest). Validation reads the val split without shuffling but with
+    the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
+    would otherwise hang); predict reads every person once (train and val with their remainders, unless
+    ``predict_split`` names others), never masked and never permuted.
 
     ``layout="packed"`` hands the model only the real tokens (``device.seed_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
     training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
+
+    Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
+    loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
+    builds it before); every training batch is checked against Lightning's epoch and batch count, so a loader that
+    is not where the trainer thinks raises instead of replaying or skipping batches.
     """
+
+    trainer: Any  # Lightning's Trainer once attached (either package's)
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
                  seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
@@ -44,16 +85,19 @@ class LifeSeqDataModule(L.LightningDataModule):
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
-        has_offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
-        if masking == "offline" and not has_offline:
-            raise ValueError(f"{self.data_dir}: masking='offline' but the dataset has no offline MLM fields")
-        if has_offline and layout == PACKED and pad_to is not None:  # the reader refuses this for padded batches
-            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
-        self.masking = masking
-        masker = DynamicMasker(masking) if isinstance(masking, MaskingConfig) else masking
-        self.builder = BatchBuilder(masker, layout, pad_to if layout == PACKED else None)
+        self.masking = resolve_masking(masking, self.manifest, self.data_dir)
+        offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
+        if offline and layout == PACKED and pad_to is not None:  # cropped on the device, where no person is named
+            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
+                             "layout='padded' (it refuses only a person longer than pad_to, by name)")
+        masker = DynamicMasker(self.masking) if isinstance(self.masking, MaskingConfig) else self.masking
+        max_len = pad_to if layout == PACKED else None
+        self.builder = BatchBuilder(masker, layout, max_len)
+        self.predict_builder = BatchBuilder(None, layout, max_len)  # predict embeds the sequences as they are
         self.prefetch = prefetch
         self.vocab_size: int | None = self.manifest.get("params", {}).get("vocab_size")
+        self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
+        self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -61,7 +105,7 @@ class LifeSeqDataModule(L.LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def _loader(self, split: str, mode: str, shuffle: bool) -> ShardedLoader:
+    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool) -> ShardedLoader:
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
@@ -74,22 +118,77 @@ class LifeSeqDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
         loader = self._loader("train", TRAIN, shuffle=True)
+        # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
+        loader.set_epoch(self._epoch())
+        if self._resume is not None:
+            loader.load_state_dict(self._resume)
+            self._resume = None
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        if not (self.prefetch if self.prefetch is not None else device.type == "cuda"):
-            return loader
-        return DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
+        if self.prefetch if self.prefetch is not None else device.type == "cuda":
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
+        else:
+            self._train = loader
+        return self._train
 
     def val_dataloader(self) -> ShardedLoader:
         return self._loader("val", TRAIN, shuffle=False)
 
     def predict_dataloader(self) -> ShardedLoader:
+        if any(f["name"] == "masked_tokens" for f in self.manifest["schema"]):
+            raise ValueError(
+                f"{self.data_dir}: converted from an offline-MLM file, whose sequences are stored after the seed's "
+                "CLS task (about 10% with their events reversed or shuffled): predict would embed those. Predict "
+                "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
         return self._loader(self.predict_split, INFERENCE, shuffle=False)
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0
 
+    # -- resume: Lightning saves state_dict() in every checkpoint and hands it back before the fit goes on --------
+    def state_dict(self) -> dict[str, Any]:
+        if self._train is None:
+            return {}
+        n = self.trainer.num_training_batches if self.trainer is not None else math.inf
+        # limit_train_batches ends an epoch early: a checkpoint at its end resumes at the next epoch's start
+        return {"train": self._train.state_dict(epoch_batches=int(n) if math.isfinite(n) else None)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "train" not in state:
+            return
+        if self._train is None:
+            self._resume = state["train"]
+        else:  # strategies that restore after setup: the loader exists, its pass has not begun (it refuses else)
+            self._train.load_state_dict(state["train"])
+
+    # -- the batch on the device -------------------------------------------------------------------------------
+    def _builder(self) -> BatchBuilder:
+        predicting = self.trainer is not None and self.trainer.predicting
+        return self.predict_builder if predicting else self.builder
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return self.builder.transfer(batch, device)
+        return self._builder().transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return self.builder.widen(batch, self._epoch())
+        if self.trainer is not None and self.trainer.training:
+            self._check_position(self.trainer)
+        return self._builder().widen(batch, self._epoch())
+
+    def _check_position(self, trainer: Any) -> None:
+        """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""
+        if self._train is None:
+            return
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches before this one
+        expected = (trainer.current_epoch, ready + 1)
+        if self._train.position != expected:
+            epoch, batches = self._train.position
+            raise RuntimeError(
+                f"{self.data_dir}: the train loader is at batch {batches} of epoch {epoch} but the trainer at batch "
+                f"{ready + 1} of epoch {trainer.current_epoch}: the run would replay or skip batches. The loader's "
+                "position was restored from a checkpoint in a way LifeSeqDataModule does not handle (a loader built "
+                "outside the DataModule, or a checkpoint without its state): resume with "
+                "trainer.fit(model, datamodule=dm, ckpt_path=...)")
+
+
+class LifeSeqDataModule(LifeSeqDataHooks, L.LightningDataModule):
+    """:class:`LifeSeqDataHooks` for a ``lightning`` Trainer (``lifeseq_shards.pl`` has the ``pytorch_lightning``
+    one)."""

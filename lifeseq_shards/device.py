@@ -236,30 +236,27 @@ class DevicePrefetcher:
     Each batch is handed out only after the current stream is made to wait for its side-stream work (an event), and
     its tensors are marked as used by the current stream (``record_stream``), so the allocator does not reuse their
     memory for the side stream's next batch before the step that reads them has run. Off CUDA the same code builds
-    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``), so Lightning
-    does not fetch ahead itself; otherwise the wrapped loader (its attributes), except that ``state_dict`` is the
-    loader's as of the batch handed out, not of the one built ahead.
+    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``) and otherwise
+    the wrapped loader (attributes such as ``load_state_dict`` are its own), so Lightning does not fetch ahead
+    itself. Its ``position`` and ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) leave out the
+    batch built ahead: a checkpoint resumes at the batch the step has not had yet, not one past it.
     """
 
     def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
                  device: torch.device | str) -> None:
         self.loader, self.build, self.device = loader, build, torch.device(device)
-        self._state: dict[str, Any] | None = None  # the loader's state as of the last batch handed out
+        self.ahead = 0  # batches taken from the loader and built, not yet handed out
+
+    @property
+    def position(self) -> tuple[int, int]:
+        epoch, batches = self.loader.position  # type: ignore[attr-defined]
+        return epoch, batches - self.ahead
+
+    def state_dict(self, epoch_batches: int | None = None) -> dict[str, Any]:
+        return self.loader.state_dict(epoch_batches, unconsumed=self.ahead)  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's state as of the batch the step has, not the one built ahead: a checkpoint resumes with the
-        next batch, none skipped."""
-        return self._state if self._state is not None else self.loader.state_dict()  # type: ignore[attr-defined]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._state = None
-        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
-
-    def _loader_state(self) -> dict[str, Any] | None:
-        return self.loader.state_dict() if hasattr(self.loader, "state_dict") else None
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet (unpickling): no recursion through __getattr__
@@ -269,18 +266,17 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         host = iter(self.loader)
-        ahead, ahead_state = self._start(next(host, None), side), self._loader_state()
+        ahead = self._start(next(host, None), side)
         while ahead is not None:
-            (batch, ready), state = ahead, ahead_state
+            batch, ready = ahead
             ahead = self._start(next(host, None), side)  # queued before batch i is handed out: overlaps step i
-            ahead_state = self._loader_state()
+            self.ahead = int(ahead is not None)
             if ready is not None:
                 current = torch.cuda.current_stream(self.device)
                 current.wait_event(ready)
                 for value in batch.values():
                     if isinstance(value, torch.Tensor) and value.device.type == "cuda":
                         value.record_stream(current)
-            self._state = state
             yield batch
 
     def _start(self, host: dict[str, Any] | None,

@@ -72,7 +72,11 @@ def random_bits(keys: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class MaskingConfig:
-    """The seed's defaults; ``keep`` and ``mask`` are shares of the targets, the rest get a random token."""
+    """The seed's defaults; ``keep`` and ``mask`` are shares of the targets, the rest get a random token.
+
+    ``vocab_size`` is the number of token ids (the largest id + 1; random replacements are drawn below it). Leave it
+    unset with ``LifeSeqDataModule``, which fills it in from the dataset's manifest.
+    """
 
     kind: str = "random"
     ratio: float = DEFAULT_RATIO
@@ -81,7 +85,7 @@ class MaskingConfig:
     p_shuffle: float = 0.05
     keep: float = 0.1
     mask: float = 0.8
-    vocab_size: int
+    vocab_size: int | None = None
     n_special: int = 5
     seed: int = 0
 
@@ -94,7 +98,7 @@ class MaskingConfig:
             raise ValueError("keep, mask, p_reverse and p_shuffle must be >= 0")
         if self.keep + self.mask > 1.0 or self.p_reverse + self.p_shuffle > 1.0:
             raise ValueError("keep + mask and p_reverse + p_shuffle must be <= 1")
-        if not self.n_special < self.vocab_size <= self.n_special + 2**31:
+        if self.vocab_size is not None and not self.n_special < self.vocab_size <= self.n_special + 2**31:
             raise ValueError(f"vocab_size {self.vocab_size} must exceed n_special {self.n_special} (and be < 2**31)")
 
     @property
@@ -107,7 +111,8 @@ def fill_target_slots(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, len
     """(B, slots) target_pos / target_tokens: the first ``n`` of ``pos``/``tok``, the rest position L-1 / token 0.
 
     The seed fills unused slots with position 511 and token 0 for L = 512; token 0 is the loss's ignore index. A
-    target at or past ``length`` (a sequence cropped by the reader's pad_to) becomes an unused slot too.
+    target at or past ``length`` (outside the batch) becomes an unused slot too; the reader never crops offline
+    targets (it refuses a pad_to below a person's length for offline-mask data).
     """
     if pos.shape[1] < slots:
         pad = slots - pos.shape[1]
@@ -134,6 +139,9 @@ class DynamicMasker:
     """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract."""
 
     def __init__(self, cfg: MaskingConfig) -> None:
+        if cfg.vocab_size is None:
+            raise ValueError("MaskingConfig.vocab_size is unset: pass the number of token ids (LifeSeqDataModule "
+                             "fills it in from the dataset's manifest)")
         self.cfg = cfg
 
     def __call__(

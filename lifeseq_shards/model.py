@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -243,11 +243,16 @@ def pretrain_losses(model: nn.Module, batch: dict) -> tuple[Tensor, Tensor]:
     return mlm_loss, F.cross_entropy(cls.float(), batch["target_cls"])
 
 
-class LifeSeqPretrainModule(L.LightningModule):
+class PretrainSteps:
     """MLM + CLS pre-training; the step never waits for the device (no .item(), step-free logging).
 
-    `compile=True` compiles the encoder only (the loss and the Lightning glue stay eager).
+    `compile=True` compiles the encoder only (the loss and the Lightning glue stay eager). The behaviour of
+    `LifeSeqPretrainModule` for either Lightning package: the classes add only the LightningModule base a Trainer
+    checks for (this module's for `import lightning`, `lifeseq_shards.pl`'s for `import pytorch_lightning`).
     """
+
+    hparams: Any  # the flavour's LightningModule provides these
+    trainer: Any
 
     def __init__(
         self,
@@ -300,3 +305,7 @@ class LifeSeqPretrainModule(L.LightningModule):
             opt, max_lr=self.hparams.lr, total_steps=int(total), pct_start=self.hparams.pct_start
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class LifeSeqPretrainModule(PretrainSteps, L.LightningModule):
+    """:class:`PretrainSteps` for a `lightning` Trainer."""

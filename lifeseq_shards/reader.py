@@ -72,11 +72,26 @@ RING_PERSON_BYTES = 1024  # ring bytes per person in flight (a packed person is 
 SHM_DIR = "/dev/shm"
 
 
+# (rank, world size) variables of the launchers, in the order they are asked: torchrun's, then Slurm's (srun sets
+# them for every task; a script run by srun without torchrun has only these)
+LAUNCHER_VARS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+
+
 def default_rank_world() -> tuple[int, int]:
-    """torch.distributed when initialised, else RANK / WORLD_SIZE, else a single process."""
+    """torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE, else srun's SLURM_PROCID /
+    SLURM_NTASKS, else a single process. Refuses an environment that announces several processes without saying
+    which one this is: every process would read everything."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    for rank_var, world_var in LAUNCHER_VARS:
+        rank, world = os.environ.get(rank_var), os.environ.get(world_var)
+        if rank is not None:
+            return int(rank), int(world if world is not None else 1)
+        if world is not None and int(world) > 1:
+            raise RuntimeError(f"{world_var}={world} says there are {world} processes but {rank_var} is not set: "
+                               "this process cannot tell which part of the data is its own. Launch with torchrun or "
+                               "srun, or pass rank= and world_size= to ShardedDataset")
+    return 0, 1
 
 
 class DatasetChanged(RuntimeError):
@@ -128,9 +143,10 @@ class ShardedDataset(IterableDataset):
         if len(splits) > 1 and mode != INFERENCE:
             raise ValueError("several splits are read together only in mode='inference' (training shards of "
                              "different splits differ in size)")
-        d_rank, d_world = default_rank_world()
-        self.rank = d_rank if rank is None else rank
-        self.world_size = d_world if world_size is None else world_size
+        if rank is None or world_size is None:
+            d_rank, d_world = default_rank_world()
+            rank, world_size = d_rank if rank is None else rank, d_world if world_size is None else world_size
+        self.rank, self.world_size = rank, world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
         if not 0 <= num_workers <= MAX_WORKERS:
@@ -142,8 +158,8 @@ class ShardedDataset(IterableDataset):
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
         self.schema = schema_from_json(self.manifest["schema"])
-        if pad_to is not None and any(f.name == "masked_tokens" for f in self.schema):
-            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop")
+        # offline MLM targets point into the whole sequence: such a dataset is padded to pad_to, never cropped
+        self.offline_mlm = any(f.name == "masked_tokens" for f in self.schema)
         if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
@@ -516,6 +532,11 @@ def collate_padded(block: Block, ds: ShardedDataset) -> dict[str, torch.Tensor]:
     if ds.pad_to is not None:
         width = ds.pad_to
         keep = np.minimum(lengths, width)
+        if ds.offline_mlm and (lengths > width).any():
+            i = int(np.argmax(lengths > width))
+            raise ValueError(f"{ds.root}: person {int(c['person_id'][i])} has {int(lengths[i])} tokens, more than "
+                             f"pad_to={width}: cropping would lose tokens that its offline MLM targets point to; "
+                             "set pad_to to at least the longest person (the seed's 512), or leave it unset")
     else:
         width = _padded_width(lengths, ds.pad_multiple)
         keep = lengths
@@ -556,6 +577,15 @@ def _prefix_mask(lengths: np.ndarray, width: int) -> np.ndarray:
 
 def _as_is(batch: Any) -> Any:
     return batch
+
+
+def _quiet_lightning_len_warning() -> None:
+    """Lightning warns that the ``__len__`` of any loader over an IterableDataset "could be inaccurate"; this
+    loader's is exact (each rank's count from the plan, tested). Python's filters cannot tell loaders apart, so the
+    filter is as narrow as they allow: that one message, from Lightning's ``utilities.data`` (either package), only
+    in a process that has built a ShardedLoader (adding it again replaces it: no duplicates)."""
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
+                            module=r"(lightning\.pytorch|pytorch_lightning)\.utilities\.data")
 
 
 class _WorkerContext(multiprocessing.context.ForkServerContext):
@@ -631,6 +661,8 @@ class ShardedLoader(DataLoader):
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
         self._epoch = 0
         self._yielded = 0
+        _quiet_lightning_len_warning()
+        self._live: object | None = None  # the pass under way (begun, not finished): its position cannot move
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -646,6 +678,7 @@ class ShardedLoader(DataLoader):
             iteration = int(rings.ctl[0]) + 1
             rings.ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
         items = super().__iter__()
+        self._live = this_pass = object()
         try:
             for item in items:
                 group = item if isinstance(item, list) else [item]
@@ -658,6 +691,8 @@ class ShardedLoader(DataLoader):
             # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
             if rings is not None and int(rings.ctl[0]) == iteration:
                 rings.ctl[0] = iteration + 1
+            if self._live is this_pass:  # a later pass may have begun before this one was closed
+                self._live = None
             del items
 
     def _start_rings(self) -> RingViews | None:
@@ -700,19 +735,34 @@ class ShardedLoader(DataLoader):
             for worker, end in released.items():
                 rings.ctl[1 + worker] = end
 
-    def state_dict(self) -> dict[str, Any]:
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it returned so far) of the current or last pass."""
+        return self._epoch, self._yielded
+
+    def state_dict(self, epoch_batches: int | None = None, unconsumed: int = 0) -> dict[str, Any]:
+        """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
+        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``unconsumed``: batches returned but not
+        used yet (a prefetcher's batch built ahead), which the resumed pass returns again."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        done = self._yielded >= len(ds)
+        consumed = self._yielded - unconsumed
+        done = consumed >= (len(ds) if epoch_batches is None else epoch_batches)
         return {
             "fingerprint": ds.fingerprint,
             "split": ds.split,
             "epoch": self._epoch + 1 if done else self._epoch,
-            "batches": 0 if done else self._yielded,
+            "batches": 0 if done else consumed,
             "layout": self._layout(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next pass where ``state`` says. Refused once a pass has begun: its workers already read on."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if self._live is not None:
+            raise RuntimeError(
+                f"{ds.root}: load_state_dict() after this loader began a pass ({self._yielded} batches into epoch "
+                f"{self._epoch}): resuming now would replay or skip batches. Load the state before iterating "
+                "(LifeSeqDataModule does, whenever Lightning builds the loader)")
         if state["fingerprint"] != ds.fingerprint:
             raise DatasetChanged(
                 f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"

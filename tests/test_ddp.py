@@ -21,6 +21,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
@@ -136,12 +137,44 @@ def lightning(data: Path, out: Path, *extra: str) -> list[str]:
             "--batches-per-message", str(MESSAGE_BATCHES), *extra]
 
 
+def fit_with_checkpoints(data: Path, out: Path, *extra: str, timeout: float = LIGHTNING_S) -> Path:
+    """An uninterrupted 2-epoch fit that checkpoints every CKPT_STEP steps, after each validation and at each epoch's
+    end in <dir>/ckpt; returns its result file. ``extra`` is the run's configuration, which its resumes repeat."""
+    launch([lightning(data, out, "--epochs", "2", "--ckpt-every", str(CKPT_STEP), "--ckpt-dir",
+                      str(out.parent / "ckpt"), *extra)], out.parent, timeout)
+    return out
+
+
+def assert_resume_exact(full: Path, data: Path, ckpt: str, tmp_path: Path, *extra: str,
+                        timeout: float = LIGHTNING_S) -> None:
+    """fit(ckpt_path=<the full run's checkpoint ``ckpt``>) with the same configuration trains on exactly the batches
+    the uninterrupted run had left after it, batch for batch, on every rank: the rest of the epoch it stopped in
+    (none for an end-of-epoch checkpoint), then the next epochs in full."""
+    path = full.parent / "ckpt" / ckpt
+    assert path.exists(), sorted(p.name for p in path.parent.iterdir())
+    step = int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    out = tmp_path / "resumed.json"
+    launch([lightning(data, out, "--epochs", "2", "--resume", str(path), *extra)], tmp_path, timeout)
+    for f, r in zip(read_ranks(full), read_ranks(out), strict=True):
+        expected, done = {}, step  # epoch -> the full run's batches of it that come after the checkpoint
+        for e in sorted(f["train"], key=int):
+            if done < len(f["train"][e]):
+                expected[e] = f["train"][e][done:]
+            done = max(0, done - len(f["train"][e]))
+        assert 0 < step and expected, f"checkpoint at step {step}: should fall inside the run"
+        got = {e: len(b) for e, b in r["train"].items()}
+        assert got == {e: len(b) for e, b in expected.items()}, f"rank {f['rank']}: batches per epoch after resume"
+        assert r["train"] == expected, f"rank {f['rank']}: the resumed batches differ from the uninterrupted run's"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # datasets and shared runs
 
 
 def _convert(sample: Path, out: Path, shards: int) -> Path:
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, shards=shards))
+    """With the vocabulary, so that the manifest has the vocab_size that dynamic masking takes."""
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=shards))
     return out
 
 
@@ -166,13 +199,32 @@ def torchrun_two(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# The Lightning runs: each an uninterrupted 2-epoch fit of the researcher-style model (OneCycleLR over
+# estimated_stepping_batches, which builds the train loader before a checkpoint is restored) whose checkpoints the
+# resume tests start from, each configuration repeated by its resumes. Together they cover both Lightning packages,
+# ddp and ddp_spawn, 2 and 0 workers, persistent workers on and off, the sanity check on and off, validation
+# mid-epoch, limit_train_batches and limit_val_batches, and mid-epoch and end-of-epoch checkpoints.
+# lightning, 2 persistent workers, sanity check; the batch built ahead during each step, as on CUDA by default
+DDP_RUN = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
+SPAWN_RUN = ("--flavour", "pytorch_lightning", "--strategy", "ddp_spawn", "--no-persistent", "--no-sanity",
+             "--limit-val", "2")
+ZERO_WORKERS_RUN = ("--flavour", "pytorch_lightning", "--workers", "0", "--limit-train", "30")
+SPAWN_S = LIGHTNING_S + 60
+
+
 @pytest.fixture(scope="module")
 def lightning_ddp(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One epoch under strategy="ddp", with a checkpoint every CKPT_STEP steps in <dir>/ckpt."""
-    out = tmp_path_factory.mktemp("ddp") / "result.json"
-    launch([lightning(ds8, out, "--ckpt-every", str(CKPT_STEP), "--ckpt-dir", str(out.parent / "ckpt"))],
-           out.parent, LIGHTNING_S)
-    return out
+    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("ddp") / "result.json", *DDP_RUN)
+
+
+@pytest.fixture(scope="module")
+def lightning_spawn(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("spawn") / "result.json", *SPAWN_RUN, timeout=SPAWN_S)
+
+
+@pytest.fixture(scope="module")
+def lightning_zero_workers(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("zero") / "result.json", *ZERO_WORKERS_RUN)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,43 +300,57 @@ def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -
 def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) -> None:
     ranks = read_ranks(lightning_ddp)
     assert [r["world_size"] for r in ranks] == [2, 2]
-    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
-    assert_exactly_once([r["train"] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+    train = set().union(*shard_ids(ds8, "train")[0])
+    for epoch in ("0", "1"):
+        assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
+        assert_exactly_once([r["train"][epoch] for r in ranks], train)
     # validation: no shuffle, same plan: every val person once, equal batches (val_loss is logged with sync_dist)
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
     assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds8, "val")[0]))
-    for r in ranks:  # the seed batch, built on the device by the datamodule
+    for r in ranks:  # the seed batch, built on the device by the datamodule, with dynamic MLM targets
         seed = r["seed_batch"]
         (ids_dtype, (b, rows, width)), (mask_dtype, mask_shape) = seed["input_ids"], seed["padding_mask"]
         assert (ids_dtype, mask_dtype, rows, mask_shape) == ("torch.int64", "torch.int64", 4, [b, width])
         assert b == 64 and width % 8 == 0
         assert seed["real_tokens"] == seed["lengths"]
+        assert seed["targets"] == ["target_cls", "target_pos", "target_tokens"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 30)
-def test_lightning_ddp_resumes_mid_epoch_checkpoint_exactly(lightning_ddp: Path, ds8: Path, tmp_path: Path) -> None:
-    """fit(ckpt_path=<checkpoint of step CKPT_STEP>) trains on exactly the batches the full run had left, per rank."""
-    ckpt = lightning_ddp.parent / "ckpt" / f"step={CKPT_STEP}.ckpt"
-    assert ckpt.exists(), sorted(p.name for p in ckpt.parent.iterdir())
-    out = tmp_path / "resumed.json"
-    launch([lightning(ds8, out, "--resume", str(ckpt), "--no-val")], tmp_path, LIGHTNING_S)
-    full, resumed = read_ranks(lightning_ddp), read_ranks(out)
-    for f, r in zip(full, resumed, strict=True):
-        assert r["train"] == f["train"][CKPT_STEP:]
-    seen_before = [f["train"][:CKPT_STEP] for f in full]
-    assert_exactly_once(seen_before + [r["train"] for r in resumed], set().union(*shard_ids(ds8, "train")[0]))
+@pytest.mark.parametrize("ckpt", [f"step={CKPT_STEP}.ckpt", "val-step=22.ckpt", "end-epoch=0.ckpt"])
+def test_lightning_ddp_resumes_exactly(lightning_ddp: Path, ds8: Path, tmp_path: Path, ckpt: str) -> None:
+    """Mid-epoch: step 7 falls inside worker 1's second message (2 batches per message), so the resumed loader must
+    let worker 0 play worker 1 and start inside a message. After the mid-epoch validation at step 22 (the seed's
+    checkpoints: val_check_interval=0.5, ModelCheckpoint on val_loss_track). End of epoch: the resume starts epoch 1."""
+    assert_resume_exact(lightning_ddp, ds8, ckpt, tmp_path, *DDP_RUN)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(LIGHTNING_S + 60)
-def test_lightning_ddp_spawn_reads_each_person_once(ds8: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(SPAWN_S + 30)
+def test_lightning_ddp_spawn_reads_each_person_once(lightning_spawn: Path, ds8: Path) -> None:
     """Spawned ranks and spawned DataLoader workers (no RANK/WORLD_SIZE there) must still split the data."""
-    out = tmp_path / "result.json"
-    launch([lightning(ds8, out, "--strategy", "ddp_spawn", "--no-val")], tmp_path, LIGHTNING_S + 30)
-    ranks = read_ranks(out)
-    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
-    assert_exactly_once([r["train"] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+    ranks = read_ranks(lightning_spawn)
+    for epoch in ("0", "1"):
+        assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
+        assert_exactly_once([r["train"][epoch] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SPAWN_S + 30)
+def test_lightning_ddp_spawn_resumes_mid_epoch_exactly(lightning_spawn: Path, ds8: Path, tmp_path: Path) -> None:
+    assert_resume_exact(lightning_spawn, ds8, f"step={CKPT_STEP}.ckpt", tmp_path, *SPAWN_RUN, timeout=SPAWN_S)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIGHTNING_S + 30)
+@pytest.mark.parametrize("ckpt", [f"step={CKPT_STEP}.ckpt", "end-epoch=0.ckpt"])
+def test_lightning_zero_workers_limited_epochs_resume_exactly(lightning_zero_workers: Path, ds8: Path,
+                                                               tmp_path: Path, ckpt: str) -> None:
+    """limit_train_batches=30 ends each epoch 14 batches early: the end-of-epoch checkpoint resumes at the start
+    of epoch 1, not at batch 30 of epoch 0."""
+    assert [len(e) for e in read_ranks(lightning_zero_workers)[0]["train"].values()] == [30, 30]
+    assert_resume_exact(lightning_zero_workers, ds8, ckpt, tmp_path, *ZERO_WORKERS_RUN)
 
 
 @pytest.mark.slow
@@ -294,14 +360,14 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
     out = tmp_path / "result.json"
     launch([lightning(ds7, out)], tmp_path, LIGHTNING_S)
     ranks = read_ranks(out)
-    assert_equal_batches([r["train"] for r in ranks], [r["num_training_batches"] for r in ranks])
+    assert_equal_batches([r["train"]["0"] for r in ranks], [r["num_training_batches"] for r in ranks])
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
     shards, _ = shard_ids(ds7, "train")
     train = set().union(*shards)
     slots, n = 2 * WORKERS, len(shards[0])
     pooled = len(shards) % slots * n  # persons of the shards that do not go round whole
     assert pooled % slots, "the fixture should leave someone out, or this test checks less than it says"
-    seen = flat([b for r in ranks for b in r["train"]])
+    seen = flat([b for r in ranks for b in r["train"]["0"]])
     assert len(seen) == len(set(seen)) and set(seen) <= train
     assert len(train) - len(seen) == pooled % slots
     assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds7, "val")[0]))
@@ -309,11 +375,20 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 30)
-def test_lightning_ddp_predict_embeds_every_person_once(ds7: Path, sample: Path, tmp_path: Path) -> None:
-    """predict reads train and val with their remainders: every input person exactly once, uneven ranks allowed."""
+def test_lightning_ddp_predict_embeds_every_person_once_unmasked(ds7: Path, sample: Path, tmp_path: Path) -> None:
+    """predict reads train and val with their remainders: every input person exactly once, uneven ranks allowed;
+    with a DataModule configured for dynamic masking, each person's tokens as the seed's unmasked file has them
+    (no [MASK], no replacement, no reversed or shuffled events) and no MLM targets."""
     out = tmp_path / "result.json"
-    launch([lightning(ds7, out, "--predict")], tmp_path, LIGHTNING_S)
+    launch([lightning(ds7, out, "--predict", "--masking", "dynamic")], tmp_path, LIGHTNING_S)
     ranks = read_ranks(out)
     with h5py.File(sample / "encoded_nomlm.h5") as h:
-        everyone = set(h["sequence_id"][:].tolist())
-    assert_exactly_once([r["predict"] for r in ranks], everyone)
+        ids = h["sequence_id"][:].tolist()
+        truth = {i: row[:n].tolist() for i, row, n in zip(ids, h["input_ids"][:, 0], h["padding_mask"][:].sum(1),
+                                                          strict=True)}
+    assert_exactly_once([[b["ids"] for b in r["predict"]] for r in ranks], set(ids))
+    batches = [b for r in ranks for b in r["predict"]]
+    assert {tuple(b["keys"]) for b in batches} == {("input_ids", "lengths", "original_sequence", "padding_mask",
+                                                    "person_id")}
+    got = {i: t for b in batches for i, t in zip(b["ids"], b["tokens"], strict=True)}
+    assert got == truth, f"{sum(got[i] != truth[i] for i in truth)} persons predicted on other tokens"

@@ -244,8 +244,8 @@ class _Counting:
             self.taken += 1
             yield b
 
-    def state_dict(self) -> dict:
-        return {"taken": self.taken}
+    def state_dict(self, epoch_batches: int | None = None, unconsumed: int = 0) -> dict:
+        return {"taken": self.taken - unconsumed}  # as ShardedLoader: batches returned, less those not used yet
 
     def load_state_dict(self, state: dict) -> None:
         self.taken = state["taken"]
@@ -272,7 +272,7 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
     seen = []
     for i, batch in enumerate(prefetcher):
         assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
-        assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes at batch i + 1
+        assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes after batch i, not i + 1
         seen.append(batch)
     assert len(seen) == len(direct)
     prefetcher.load_state_dict({"taken": 1})

@@ -168,12 +168,18 @@ def test_random_tokens_are_uniform_over_ordinary_ids(persons: dict[str, torch.Te
     n = (out["target_tokens"] != 0).sum(1)
     used = torch.arange(out["target_pos"].shape[1]) < n[:, None]
     shown = out["masked_tokens"].gather(1, out["target_pos"])[used].double()
-    assert shown.min() >= 5 and shown.max() < VOCAB
+    assert shown.min() == 5 and shown.max() == VOCAB - 1  # the whole range of ordinary ids, nothing past it
     span = VOCAB - 5
     mean, sd = 5 + (span - 1) / 2, math.sqrt((span**2 - 1) / 12 / shown.numel())
     assert abs(shown.mean().item() - mean) < 4 * sd
     low_half = (shown < 5 + span / 2).sum().item()
     assert abs(low_half - shown.numel() / 2) < _tolerance(0.5, shown.numel())
+
+
+def test_vocab_size_must_be_set_before_masking() -> None:
+    """Unset, it is the DataModule's to fill in from the manifest (tests/test_datamodule.py); a masker needs it."""
+    with pytest.raises(ValueError, match="vocab_size is unset"):
+        DynamicMasker(MaskingConfig())
 
 
 # ---------------------------------------------------------------------------------------------------------------

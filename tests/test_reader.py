@@ -12,6 +12,7 @@ import functools
 import gc
 import json
 import pickle
+import re
 import shutil
 import struct
 import tarfile
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.device import unpack
+from lifeseq_shards.device import seed_batch, unpack
 from lifeseq_shards.format import (
     ManifestError,
     ShardFile,
@@ -330,6 +331,19 @@ def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: in
     assert_same_batches(head + list(resume(ld.state_dict())), e1)
 
 
+def test_resume_refused_once_a_pass_has_begun(nomlm_dataset: Path) -> None:
+    """The pass's position is fixed when it begins: a state loaded then would be ignored, replaying or skipping."""
+    ld = loader(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    state = ld.state_dict()
+    it = iter(ld)
+    ld.load_state_dict(state)  # created, not begun: still fine
+    next(it)
+    with pytest.raises(RuntimeError, match="after this loader began a pass"):
+        ld.load_state_dict(state)
+    del it
+    ld.load_state_dict(state)  # the pass was closed
+
+
 def test_resume_refuses_another_dataset(nomlm_dataset: Path, other_dataset: Path) -> None:
     ld = loader(nomlm_dataset, batch_size=100)
     take(iter(ld), 2)
@@ -398,8 +412,6 @@ def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> Non
 
 def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
     c = mlm_rows.cols
-    with pytest.raises(ValueError, match="pad_to"):
-        ShardedDataset(mlm_dataset, pad_to=128, rank=0, world_size=1)
     ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1)
     for b in ds:
         rows = check_batch(b, mlm_rows)
@@ -414,6 +426,29 @@ def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
         np.testing.assert_array_equal(b["target_cls"].numpy(), c["target_cls"][rows])
         assert (b["target_pos"].dtype, b["target_tokens"].dtype, b["target_cls"].dtype) == (
             torch.uint16, torch.uint16, torch.uint8)
+
+
+def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
+    """pad_to=512 on an offline-mask dataset: seed_batch gives the seed's h5 rows exactly (width 512, 153 target
+    slots: unused ones position 511 and token 0)."""
+    c = mlm_rows.cols
+    for b in ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=SEED_WIDTH):
+        out, rows = seed_batch(b), mlm_rows.rows(b["person_id"])
+        assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
+        for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
+                           ("original_sequence", c["original_sequence"][rows]),
+                           ("target_pos", c["target_pos"][rows, :SEED_SLOTS]),
+                           ("target_tokens", c["target_tokens"][rows, :SEED_SLOTS]),
+                           ("target_cls", c["target_cls"][rows])):
+            np.testing.assert_array_equal(out[name].numpy(), want, name)
+
+
+def test_offline_mlm_pad_to_refuses_to_crop_naming_the_person(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
+    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=128)
+    with pytest.raises(ValueError, match=r"person (\d+) has (\d+) tokens, more than pad_to=128") as err:
+        list(ds)
+    person, n = (int(x) for x in re.search(r"person (\d+) has (\d+)", str(err.value)).groups())  # type: ignore[union-attr]
+    assert mlm_rows.length[mlm_rows.row[person]] == n > 128
 
 
 def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows) -> None:
@@ -513,6 +548,30 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
     for d in (ds, copy):
         assert (d.rank, d.world_size) == (1, 2)
         assert_same_batches(list(d), want)
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}, (3, 4)),  # srun without torchrun
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "2"}, (1, 2)),  # torchrun under srun
+    ({"SLURM_NTASKS": "4"}, "SLURM_NTASKS=4 says there are 4 processes but SLURM_PROCID is not set"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 says there are 2 processes but RANK is not set"),
+    ({"SLURM_NTASKS": "1"}, (0, 1)),
+])
+def test_rank_from_slurm(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                         want: tuple[int, int] | str) -> None:
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    if isinstance(want, str):
+        with pytest.raises(RuntimeError, match=want):
+            ShardedDataset(nomlm_dataset, batch_size=200)
+        assert ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1).rank == 0  # explicit wins
+        return
+    ds = ShardedDataset(nomlm_dataset, batch_size=200)
+    assert (ds.rank, ds.world_size) == want
+    assert_same_batches(list(ds), list(ShardedDataset(nomlm_dataset, batch_size=200, rank=want[0],
+                                                      world_size=want[1])))
 
 
 def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path) -> None:

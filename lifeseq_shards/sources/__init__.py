@@ -22,7 +22,7 @@ class Source:
     tasks: list[Any]
     encode: Callable[[Any], Block]  # picklable: runs in worker processes
     offline_mlm: bool
-    vocab_size: int | None  # None: unknown (HDF5 carries no vocabulary)
+    vocab_size: int | None  # None: unknown (an HDF5 input converted without --vocab)
     rows: int  # input rows (persons before filtering), for progress
 
 
@@ -34,6 +34,8 @@ def open_sources(
     if len(kinds) != 1:
         raise SourceError(f"{inputs[0]}: inputs mix kinds {sorted(kinds)}; convert one kind at a time")
     kind = kinds.pop()
+    from .parquet import read_vocab
+
     for p in inputs:
         if not Path(p).exists():
             raise SourceError(f"{p}: no such file")
@@ -44,10 +46,12 @@ def open_sources(
         if len({i[1] for i in infos}) != 1:
             raise SourceError(f"{inputs[0]}: inputs mix MLM and non-MLM encoded files")
         tasks = [t for p in inputs for t in h5_tasks(p)]
-        return Source(kind, tasks, encode_h5_task, infos[0][1], None, sum(i[0] for i in infos))
+        # the encoded file holds ids only: its vocabulary (when given) says how many there are, for the manifest
+        vocab_size = max(read_vocab(vocab).values()) + 1 if vocab is not None else None
+        return Source(kind, tasks, encode_h5_task, infos[0][1], vocab_size, sum(i[0] for i in infos))
     if vocab is None:
         raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
-    from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks, read_vocab
+    from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks
 
     if max_seq_len <= PREFIX_LEN:
         raise SourceError(f"--max-seq-len {max_seq_len}: a sequence must stay below it, and its {PREFIX_LEN}-token "

@@ -1,47 +1,76 @@
-"""Train a tiny model for one epoch with LifeSeqDataModule under Lightning DDP on CPU; rank 0 writes, per rank, the
-person ids of every training and validation batch, the loader lengths and the seed batch's shape (tiny_model.py).
+"""Train the researcher-style model of tiny_model.py with LifeSeqDataModule under Lightning DDP on CPU; rank 0 writes,
+per rank, the person ids of every training batch (per epoch) and validation batch, the loader lengths and the seed
+batch's shape.
 
-``--predict`` runs ``trainer.predict`` instead (rank 0 writes every rank's predicted person ids). ``--ckpt-every K``
-saves a checkpoint every K steps (mid-epoch, through ModelCheckpoint); ``--resume CKPT`` continues the fit from one;
-``--no-val`` skips validation. ``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the
-ranks, and their DataLoader workers are spawned too and re-import this file (not running main): Lightning is imported
-inside main() so that those workers start in about a second instead of importing it each."""
+``--flavour pytorch_lightning`` runs it all with ``import pytorch_lightning`` (the researchers' imports, and
+``lifeseq_shards.pl``'s DataModule), the default with ``import lightning``. ``--predict`` runs ``trainer.predict``
+instead (rank 0 writes every rank's predicted person ids and token fingerprints). ``--ckpt-every K`` saves a
+checkpoint every K steps (mid-epoch), one at each epoch's end and one after each validation (as the seed's
+``pretrain.py`` does); ``--resume CKPT`` continues the fit from one.
+``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the ranks, and their DataLoader workers re-import this
+file (not running main): Lightning is imported inside main() so that those workers start in about a second instead
+of importing it each."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("data")
     p.add_argument("out")
+    p.add_argument("--flavour", choices=("lightning", "pytorch_lightning"), default="lightning")
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no-persistent", action="store_true", help="persistent_workers=False")
     p.add_argument("--batches-per-message", type=int, default=None)
+    p.add_argument("--masking", choices=("none", "dynamic"), default="none")
+    p.add_argument("--prefetch", action="store_true", help="build the next batch during the step (CUDA's default)")
+    p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--ckpt-dir")
     p.add_argument("--resume")
     p.add_argument("--no-val", action="store_true")
+    p.add_argument("--no-sanity", action="store_true", help="num_sanity_val_steps=0")
+    p.add_argument("--val-check-interval", type=float, default=1.0)
+    p.add_argument("--limit-train", type=int, default=None, help="limit_train_batches")
+    p.add_argument("--limit-val", type=int, default=None, help="limit_val_batches")
     p.add_argument("--predict", action="store_true", help="run trainer.predict (every person once) instead of fit")
     args = p.parse_args()
 
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    os.environ["LIFESEQ_FLAVOUR"] = args.flavour  # read by tiny_model, in this process and in the ranks it starts
+    if args.flavour == "pytorch_lightning":
+        import pytorch_lightning as pl
+
+        from lifeseq_shards.pl import LifeSeqDataModule
+    else:
+        import lightning.pytorch as pl
+
+        from lifeseq_shards import LifeSeqDataModule
     from tiny_model import Tiny
 
-    from lifeseq_shards.datamodule import LifeSeqDataModule
+    from lifeseq_shards.masking import MaskingConfig
 
     callbacks = []
     if args.ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.ckpt_every,
-                                         save_top_k=-1, save_on_train_epoch_end=False))
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=1, logger=False,
-                        enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0 if args.no_val else None)
+        callbacks += [pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="{step}", save_top_k=-1,
+                                                   every_n_train_steps=args.ckpt_every, save_on_train_epoch_end=False),
+                      pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="end-{epoch}", save_top_k=-1,
+                                                   every_n_epochs=1, save_on_train_epoch_end=True)]
+        if not args.no_val:  # as the seed's pretrain.py: after each validation (mid-epoch with val_check_interval)
+            callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="val-{step}",
+                                                          monitor="val_loss_track", save_top_k=-1))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=args.epochs, logger=False,
+                         enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0 if args.no_val else args.limit_val,
+                         limit_train_batches=args.limit_train, num_sanity_val_steps=0 if args.no_sanity else None,
+                         val_check_interval=args.val_check_interval)
     dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers,
-                           batches_per_message=args.batches_per_message)
+                           persistent_workers=not args.no_persistent, batches_per_message=args.batches_per_message,
+                           masking=MaskingConfig() if args.masking == "dynamic" else None, prefetch=args.prefetch)
     if args.predict:
         trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
     else:

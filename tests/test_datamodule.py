@@ -1,0 +1,177 @@
+"""LifeSeqDataModule in one process: both Lightning packages, the vocabulary from the manifest, the README example,
+the resume position handed over whenever the loader is built, and the check that refuses a loader out of step.
+The multi-process runs (DDP, ddp_spawn, resume under Lightning, predict) are in tests/test_ddp.py."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.datamodule import LifeSeqDataModule
+from lifeseq_shards.device import unpack
+from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.model import EncoderConfig
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SAMPLE_IDS = 2970  # vocab.csv of the sample: ids 0..2969
+LEN_WARNING = "Your `IterableDataset` has `__len__` defined"
+
+
+@pytest.fixture(scope="module")
+def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """encoded_nomlm.h5 converted with --vocab: the manifest knows the vocabulary size."""
+    out = tmp_path_factory.mktemp("vocab")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=4))
+    return out
+
+
+def fake_trainer(ready: int = 0, epoch: int = 0, batches: float = float("inf")) -> Any:
+    """What the DataModule reads of a Trainer, for tests that drive its hooks by hand."""
+    progress = SimpleNamespace(current=SimpleNamespace(ready=ready))
+    return SimpleNamespace(global_rank=0, world_size=1, training=True, predicting=False, current_epoch=epoch,
+                           num_training_batches=batches, strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+
+
+def module(root: Path, trainer: Any = None, **kw: Any) -> LifeSeqDataModule:
+    dm = LifeSeqDataModule(root, batch_size=64, num_workers=0, **kw)
+    dm.trainer = trainer
+    return dm
+
+
+# -- the vocabulary -----------------------------------------------------------------------------------------------
+def test_vocab_size_comes_from_the_manifest(vocab_dataset: Path, nomlm_dataset: Path) -> None:
+    dm = module(vocab_dataset, masking=MaskingConfig())
+    assert dm.masking.vocab_size == dm.vocab_size == SAMPLE_IDS  # type: ignore[union-attr]
+    assert module(vocab_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS)).masking == dm.masking
+    with pytest.raises(ValueError, match=f"vocab_size=2971.*has {SAMPLE_IDS} ids"):
+        module(vocab_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS + 1))
+    # an .h5 converted without --vocab: the manifest cannot tell, the configuration must
+    with pytest.raises(ValueError, match="no vocab_size.*--vocab"):
+        module(nomlm_dataset, masking=MaskingConfig())
+    assert module(nomlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS)).builder.masking is not None
+
+
+def test_readme_example_runs(vocab_dataset: Path) -> None:
+    """The README's Python example, on the sample converted with its vocabulary."""
+    block = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    namespace: dict[str, Any] = {}
+    exec(block.group(1).replace('"ds/"', repr(str(vocab_dataset))), namespace)  # noqa: S102 (our own README)
+    assert namespace["dm"].masking.vocab_size == SAMPLE_IDS
+
+
+# -- both Lightning packages ----------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flavour", ["lightning", "pytorch_lightning"])
+def test_trainer_of_either_package_fits_without_the_len_warning(vocab_dataset: Path, flavour: str) -> None:
+    """First contact: the user's Trainer, ours from the module of their package; dynamic masking with the
+    manifest's vocabulary (the model's embedding takes every drawn id); Lightning's "__len__ could be inaccurate"
+    warning not raised for our loaders."""
+    if flavour == "pytorch_lightning":
+        import pytorch_lightning as pl
+
+        from lifeseq_shards.pl import LifeSeqDataModule as DataModule
+        from lifeseq_shards.pl import LifeSeqPretrainModule as Model
+    else:
+        import lightning.pytorch as pl
+
+        from lifeseq_shards import LifeSeqDataModule as DataModule
+        from lifeseq_shards.model import LifeSeqPretrainModule as Model
+    dm = DataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+    assert isinstance(dm, pl.LightningDataModule) and type(dm).__qualname__ == "LifeSeqDataModule"
+    model = Model(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=3, limit_val_batches=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, datamodule=dm)
+    assert trainer.global_step == 3
+    assert not [w for w in caught if LEN_WARNING in str(w.message)]
+
+
+# -- resume -------------------------------------------------------------------------------------------------------
+def ids(batch: dict[str, Any]) -> list[int]:
+    return unpack(batch)["person_id"].tolist()
+
+
+def test_restored_position_reaches_the_loader_whenever_it_is_built(vocab_dataset: Path) -> None:
+    """Lightning restores the DataModule's state before the train loader exists (ddp, and the loader that
+    estimated_stepping_batches builds), or after (strategies that restore after setup): the same batches follow."""
+    first = module(vocab_dataset, fake_trainer())
+    it = iter(first.train_dataloader())
+    head = [ids(next(it)) for _ in range(3)]
+    state = first.state_dict()
+    rest = [ids(b) for b in it]
+    assert state["train"]["batches"] == 3 and len(rest) > 3
+
+    before = module(vocab_dataset, fake_trainer())
+    before.load_state_dict(state)
+    after = module(vocab_dataset, fake_trainer())
+    loader = after.train_dataloader()
+    after.load_state_dict(state)
+    for dm in (before, after):
+        assert [ids(b) for b in (dm.train_dataloader() if dm is before else loader)] == rest
+    assert head + rest == [ids(b) for b in module(vocab_dataset, fake_trainer()).train_dataloader()]
+
+
+def test_prefetched_batch_is_not_counted_as_trained(vocab_dataset: Path) -> None:
+    """prefetch builds batch i+1 while step i runs: the position saved at step i is i, so the resume gives i+1."""
+    full = [b["person_id"].tolist() for b in module(vocab_dataset, fake_trainer(), prefetch=True).train_dataloader()]
+    dm = module(vocab_dataset, fake_trainer(), prefetch=True)
+    it = iter(dm.train_dataloader())
+    for i in range(3):
+        batch = next(it)
+        dm.trainer = fake_trainer(ready=i)
+        dm.on_after_batch_transfer(batch, 0)  # the check counts the batch ahead out too
+    state = dm.state_dict()
+    assert state["train"]["batches"] == 3
+    resumed = module(vocab_dataset, fake_trainer(), prefetch=True)
+    resumed.load_state_dict(state)
+    assert [b["person_id"].tolist() for b in resumed.train_dataloader()] == full[3:]
+
+
+def test_limited_epoch_checkpoint_resumes_at_the_next_epoch(vocab_dataset: Path) -> None:
+    """limit_train_batches=3: after 3 batches the epoch is over, so the state points at the next one."""
+    dm = module(vocab_dataset, fake_trainer(batches=3))
+    it = iter(dm.train_dataloader())
+    for _ in range(3):
+        next(it)
+    assert (dm.state_dict()["train"]["epoch"], dm.state_dict()["train"]["batches"]) == (1, 0)
+
+
+def test_loader_out_of_step_with_the_trainer_is_refused(vocab_dataset: Path) -> None:
+    """The failure this guards against: the loader replays the epoch from batch 0 while the trainer resumes at
+    batch 7 (a position restored after the pass began, or never)."""
+    dm = module(vocab_dataset, fake_trainer(ready=7))
+    batch = next(iter(dm.train_dataloader()))
+    with pytest.raises(RuntimeError, match="loader is at batch 1 of epoch 0 but the trainer at batch 8 of epoch 0"):
+        dm.on_after_batch_transfer(batch, 0)
+    dm.trainer = fake_trainer(ready=0)
+    assert dm.on_after_batch_transfer(batch, 0)["input_ids"].dtype == torch.int64
+
+
+# -- predict ------------------------------------------------------------------------------------------------------
+def test_predict_refuses_an_offline_mlm_dataset(mlm_dataset: Path) -> None:
+    """Its stored sequences are the seed's after the CLS task (some reversed or shuffled): not what to embed."""
+    with pytest.raises(ValueError, match="offline-MLM.*reversed or shuffled"):
+        module(mlm_dataset, masking="offline").predict_dataloader()
+
+
+def test_predict_batches_are_never_masked(vocab_dataset: Path) -> None:
+    dm = module(vocab_dataset, SimpleNamespace(global_rank=0, world_size=1, training=False, predicting=True,
+                                               current_epoch=0), masking=MaskingConfig(p_reverse=0.5, p_shuffle=0.5))
+    for host in dm.predict_dataloader():
+        out = dm.on_after_batch_transfer(host, 0)
+        assert not [k for k in out if k.startswith("target_")]
+        tokens = unpack(host)["tokens"].long()  # as read: not masked, not reversed or shuffled
+        assert torch.equal(out["input_ids"][:, 0], tokens) and torch.equal(out["original_sequence"], tokens)
