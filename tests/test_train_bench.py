@@ -114,14 +114,15 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
     bench = _load_bench()
     pre = bench.PRESETS["tiny"]
     points = pre.points()
-    assert [(p.attention, p.prefetch) for p in points] == [("padded", False), ("varlen", False), ("varlen", True)]
+    assert [(p.attention, p.prefetch, p.prefetch_thread) for p in points] == [
+        ("padded", False, False), ("varlen", False, False), ("varlen", True, False), ("varlen", True, True)]
     rows = bench.run_sweep(points, shards, tmp_path, pre.steps, pre.warmup, pre.budget_s, seed=0, preset="tiny")
-    assert [r["status"] for r in rows] == ["ok"] * 3, rows
+    assert [r["status"] for r in rows] == ["ok"] * 4, rows
     for name in ("results.csv", "results.md", "tokens_per_s.png", "data_wait_frac.png", "device_gap_frac.png"):
         assert (tmp_path / name).stat().st_size > 0
     with (tmp_path / "results.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 3
+    assert len(table) == 4
     for r, p in zip(table, points, strict=True):
         assert float(r["tokens_per_s"]) > 0 and float(r["samples_per_s"]) > 0 and float(r["step_time_s"]) > 0
         assert 0 <= float(r["data_wait_frac"]) <= 1
@@ -144,7 +145,7 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
             assert int(r["padded_tokens"]) == int(r["real_tokens"]) and float(r["pad_frac"]) == 0
             assert float(r["mfu_slots"]) == pytest.approx(float(r["mfu"]))
     md = (tmp_path / "results.md").read_text()
-    assert md.count("| small | 128 |") == 3
+    assert md.count("| small | 128 |") == 4
 
     # --resume after a stop: the ok rows come back exactly as measured, and only the other points run again.
     table[1]["status"] = "skipped"

@@ -93,7 +93,7 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
 
     padded = [seed_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
     args = [(b["input_ids"][:, 0], *b["input_ids"][:, 1:].unbind(1), b["lengths"], b["person_id"]) for b in padded]
-    eager = masker.__call__
+    eager = masker.draw
     for mode in ("eager", "default", "reduce-overhead"):
         fn = eager if mode == "eager" else torch.compile(eager, mode=mode, dynamic=False)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
