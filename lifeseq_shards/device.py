@@ -297,8 +297,8 @@ class DevicePrefetcher:
             yield current
 
     def _started_in_thread(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
-        """As :meth:`_started`, from a background thread; stopping the iteration (the end of ``max_steps``) stops
-        the thread within one poll of its full queue, and an error in it is raised here."""
+        """As :meth:`_started`, from a background thread (a daemon); stopping the iteration (the end of
+        ``max_steps``) stops the thread within one poll of its full queue, and an error in it is raised here."""
         handed: queue.Queue[Any] = queue.Queue(maxsize=1)
         stop = threading.Event()
         done = object()
@@ -331,7 +331,7 @@ class DevicePrefetcher:
                 yield item
         finally:
             stop.set()
-            thread.join()
+            thread.join(timeout=10)  # it polls `stop` every 50 ms; a loader stuck in its `next` is left behind
 
     def _start(self, host: dict[str, Any] | None,
                side: torch.cuda.Stream | None) -> tuple[dict[str, Any], torch.cuda.Event | None] | None:
