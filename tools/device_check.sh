@@ -53,10 +53,11 @@ case "$MODE" in small|small-cpu)
     SWEEP=(--sizes small-tc --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2
            --compile off --masker eager --budget-s 60)
     KERNELS=(--batch-size 8 --max-len 64 --reps 2)
-    DEADLINE=$((T0 + ${DEADLINE_S:-1800}))
+    DEADLINE=$((T0 + ${DEADLINE_S:-1800})) T_PREP=900  # inductor's C++ compiles of the masker take minutes here
   else
     SWEEP=(--budget-s "${SWEEP_BUDGET:-110}")
     KERNELS=(--batch-size 256 --max-len 512 --reps 20)
+    T_PREP=45
   fi
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
     $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)"
@@ -72,7 +73,7 @@ case "$MODE" in small|small-cpu)
     echo "compiled sweep exit $?"
   fi
   stamp "bench_kernels prep"
-  timeout "$(cap 45 25)" $PY tools/bench_kernels.py "$DATA" --out "$OUT" --parts prep "${KERNELS[@]}"
+  timeout "$(cap "$T_PREP" 25)" $PY tools/bench_kernels.py "$DATA" --out "$OUT" --parts prep "${KERNELS[@]}"
   echo "kernels exit $?"
   stamp "pytest -m cuda (masking, device)"
   timeout "$(cap 40 3)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_masking.py tests/test_device.py \

@@ -136,7 +136,7 @@ def prep(rows: list[dict[str, str]]) -> list[str]:
 
 def main(folder: Path) -> str:
     results = _read(folder / "results.csv")
-    parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep (train_bench --preset varlen)", "",
+    parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep (train_bench)", "",
              *sweep(results)]
     if attn := _read(folder / "attn.csv"):
         parts += ["", "### Attention alone, forward + backward, per head layout", "", *attention(attn)]
