@@ -14,7 +14,9 @@ negative numbers never occur. docs/masking.md gives the rules and what was check
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,7 +25,7 @@ DEFAULT_RATIO = 0.30
 
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # added before each mix so that the all-zero input is not a fixed point
-_ABSENT = 1 << 40  # sort key above any 32-bit random key: pushes non-candidates behind every candidate
+_ABSENT = 1 << 32  # sort key above any 32-bit random key: pushes non-candidates behind every candidate
 
 # One stream per independent decision, so that e.g. the shuffle order and the target choice never share bits.
 _STREAM_CLS, _STREAM_SHUFFLE, _STREAM_SELECT, _STREAM_TOKEN, _STREAM_EVENT = 1, 2, 3, 4, 5
@@ -130,21 +132,58 @@ def _groups(tokens: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, t
     return group, size.scatter_add_(1, group, weight.long())
 
 
+def _sort_sizes(order: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the column indices that sort ``order`` (stable: ties keep column order) and ``size`` in that order:
+    ``(sort(order, stable=True).indices, size.gather(1, indices))``, bit for bit, for ``order`` in [0, 2**33) and
+    ``size`` in [0, width).
+
+    The column and the size ride in the low bits of one sort key instead of being gathered after the sort. A cumsum
+    follows, and torch.compile (inductor, CUDA, torch 2.11) fails to generate a split scan whose input is a gather
+    (``TypeError: list indices must be integers or slices, not NoneType``); a sort's values are a plain load.
+    """
+    width = order.shape[1]
+    bits = max(width - 1, 1).bit_length()
+    if 33 + 2 * bits > 63:
+        raise ValueError(f"{width} columns do not fit the packed sort key; at most {2**15}")
+    low = (1 << bits) - 1
+    col = torch.arange(width, device=order.device)
+    packed = torch.sort((order << (2 * bits)) | (col << bits) | size, dim=1).values  # distinct keys: stable anyway
+    return (packed >> bits) & low, packed & low
+
+
 def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
     """``floor(share * n)`` exactly as Python computes ``int(share * n)`` (float64 product, then floor)."""
     return (n.double() * share).floor().long()
 
 
 class DynamicMasker:
-    """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract."""
+    """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
 
-    def __init__(self, cfg: MaskingConfig) -> None:
+    ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
+    the first call: the same masks bit for bit in a few fused kernels instead of ~250 launches, which is what a
+    host-bound step pays for (docs/tuning.md). Opt-in until a GPU run says it pays; each new (B, L) and each epoch
+    (a Python int, so a constant of the graph) compiles once more, and past dynamo's recompile limit (8) the masker
+    runs eagerly.
+    """
+
+    def __init__(self, cfg: MaskingConfig, compile: bool = False) -> None:
         if cfg.vocab_size is None:
             raise ValueError("MaskingConfig.vocab_size is unset: pass the number of token ids (LifeSeqDataModule "
                              "fills it in from the dataset's manifest)")
-        self.cfg = cfg
+        self.cfg, self.compile = cfg, compile
+        self._compiled: Callable[..., dict[str, torch.Tensor]] | None = None  # built lazily: the masker pickles
 
-    def __call__(
+    def __call__(self, *args: Any) -> dict[str, torch.Tensor]:
+        if not self.compile:
+            return self.draw(*args)
+        if self._compiled is None:
+            self._compiled = torch.compile(self.draw, dynamic=False)
+        return self._compiled(*args)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_compiled": None}  # a compiled function does not pickle; it is rebuilt on use
+
+    def draw(
         self,
         tokens: torch.Tensor,
         abspos: torch.Tensor,
@@ -214,9 +253,10 @@ class DynamicMasker:
         cls = target_cls[:, None]
         order = torch.where(cls == 1, K - k, torch.where(cls == 2, random_bits(keys, k), k))
         order = torch.where(size[:, 1:] > 0, order, _ABSENT + k)
-        old_of_slot = torch.cat([torch.zeros_like(order[:, :1]), torch.sort(order, dim=1, stable=True).indices + 1], 1)
-        new_size = size.gather(1, old_of_slot)
-        new_end = torch.cumsum(new_size, 1)
+        moved, moved_size = _sort_sizes(order, size[:, 1:])
+        old_of_slot = torch.cat([torch.zeros_like(moved[:, :1]), moved + 1], 1)
+        new_size = torch.cat([size[:, :1], moved_size], 1)
+        new_end = torch.cat([size[:, :1], size[:, :1] + torch.cumsum(moved_size, 1)], 1)
         slot = torch.searchsorted(new_end, pos.expand(B, L).contiguous(), right=True).clamp_max(K - 1)
         offset = pos - (new_end - new_size).gather(1, slot)
         src_token = start.gather(1, old_of_slot.gather(1, slot)) + offset
@@ -245,8 +285,7 @@ class DynamicMasker:
         segment, size = _groups(tokens, candidate)
         K = size.shape[1]
         k = torch.arange(K, device=tokens.device)
-        order = torch.sort(torch.where(size > 0, random_bits(keys, k), _ABSENT + k), dim=1, stable=True).indices
-        size_in_order = size.gather(1, order)
+        order, size_in_order = _sort_sizes(torch.where(size > 0, random_bits(keys, k), _ABSENT + k), size)
         taken_in_order = (torch.cumsum(size_in_order, 1) <= budget[:, None]) & (size_in_order > 0)
         taken = torch.zeros_like(taken_in_order).scatter_(1, order, taken_in_order)
         rank = torch.empty_like(order).scatter_(1, order, k.expand(B, K).contiguous())

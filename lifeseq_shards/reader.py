@@ -740,17 +740,19 @@ class ShardedLoader(DataLoader):
         """(epoch, batches of it returned so far) of the current or last pass."""
         return self._epoch, self._yielded
 
-    def state_dict(self, epoch_batches: int | None = None, unconsumed: int = 0) -> dict[str, Any]:
+    def state_dict(self, epoch_batches: int | None = None,
+                   position: tuple[int, int] | None = None) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
-        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``unconsumed``: batches returned but not
-        used yet (a prefetcher's batch built ahead), which the resumed pass returns again."""
+        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``position``: (epoch, batches) as of the
+        batch the consumer uses now, when it has taken more (a prefetcher's batches built ahead, which the resumed
+        pass returns again); default :attr:`position`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        consumed = self._yielded - unconsumed
+        epoch, consumed = self.position if position is None else position
         done = consumed >= (len(ds) if epoch_batches is None else epoch_batches)
         return {
             "fingerprint": ds.fingerprint,
             "split": ds.split,
-            "epoch": self._epoch + 1 if done else self._epoch,
+            "epoch": epoch + 1 if done else epoch,
             "batches": 0 if done else consumed,
             "layout": self._layout(),
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -244,8 +245,12 @@ class _Counting:
             self.taken += 1
             yield b
 
-    def state_dict(self, epoch_batches: int | None = None, unconsumed: int = 0) -> dict:
-        return {"taken": self.taken - unconsumed}  # as ShardedLoader: batches returned, less those not used yet
+    @property
+    def position(self) -> tuple[int, int]:
+        return 0, self.taken
+
+    def state_dict(self, epoch_batches: int | None = None, position: tuple[int, int] | None = None) -> dict:
+        return {"taken": (position or self.position)[1]}  # as ShardedLoader: batches returned as of `position`
 
     def load_state_dict(self, state: dict) -> None:
         self.taken = state["taken"]
@@ -261,17 +266,21 @@ def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
     return hosts, builder
 
 
+@pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str) -> None:
+def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str, threaded: bool) -> None:
     hosts, builder = _prefetch_case(nomlm_dataset, device)
     direct = [builder(h, device, 2) for h in hosts]
     loader = _Counting(hosts)
-    prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device)
+    prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device, threaded=threaded)
     assert len(prefetcher) == 4 and prefetcher.state_dict() == {"taken": 0}  # the loader's own attributes
     seen = []
     for i, batch in enumerate(prefetcher):
-        assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
+        if threaded:  # the thread runs up to two batches ahead, at its own pace
+            assert i + 1 <= loader.taken <= min(i + 3, 4)
+        else:
+            assert loader.taken == min(i + 2, 4)  # one batch ahead of the step
         assert prefetcher.state_dict() == {"taken": i + 1}  # a checkpoint now resumes after batch i, not i + 1
         seen.append(batch)
     assert len(seen) == len(direct)
@@ -281,6 +290,25 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
         assert got.keys() == want.keys()
         for k in want:
             assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], k
+
+
+def test_threaded_prefetch_stops_its_thread_and_raises_its_errors(nomlm_dataset: Path) -> None:
+    hosts, builder = _prefetch_case(nomlm_dataset, "cpu")
+    before = threading.active_count()
+    prefetcher = DevicePrefetcher(_Counting(hosts * 50), lambda h: builder(h, "cpu", 2), "cpu", threaded=True)
+    batches = iter(prefetcher)
+    for _ in range(3):
+        next(batches)
+    assert threading.active_count() == before + 1
+    batches.close()  # Lightning's max_steps: the iteration ends with the loader far from done
+    assert threading.active_count() == before
+
+    def broken(_host: dict) -> dict:
+        raise OSError("a shard went missing")
+
+    with pytest.raises(OSError, match="went missing"):
+        list(DevicePrefetcher(_Counting(hosts), broken, "cpu", threaded=True))
+    assert threading.active_count() == before
 
 
 def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:

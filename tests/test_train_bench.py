@@ -114,14 +114,15 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
     bench = _load_bench()
     pre = bench.PRESETS["tiny"]
     points = pre.points()
-    assert [(p.attention, p.prefetch) for p in points] == [("padded", False), ("varlen", False), ("varlen", True)]
+    assert [(p.attention, p.prefetch, p.prefetch_thread) for p in points] == [
+        ("padded", False, False), ("varlen", False, False), ("varlen", True, False), ("varlen", True, True)]
     rows = bench.run_sweep(points, shards, tmp_path, pre.steps, pre.warmup, pre.budget_s, seed=0, preset="tiny")
-    assert [r["status"] for r in rows] == ["ok"] * 3, rows
+    assert [r["status"] for r in rows] == ["ok"] * 4, rows
     for name in ("results.csv", "results.md", "tokens_per_s.png", "data_wait_frac.png", "device_gap_frac.png"):
         assert (tmp_path / name).stat().st_size > 0
     with (tmp_path / "results.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 3
+    assert len(table) == 4
     for r, p in zip(table, points, strict=True):
         assert float(r["tokens_per_s"]) > 0 and float(r["samples_per_s"]) > 0 and float(r["step_time_s"]) > 0
         assert 0 <= float(r["data_wait_frac"]) <= 1
@@ -144,7 +145,7 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
             assert int(r["padded_tokens"]) == int(r["real_tokens"]) and float(r["pad_frac"]) == 0
             assert float(r["mfu_slots"]) == pytest.approx(float(r["mfu"]))
     md = (tmp_path / "results.md").read_text()
-    assert md.count("| small | 128 |") == 3
+    assert md.count("| small | 128 |") == 4
 
     # --resume after a stop: the ok rows come back exactly as measured, and only the other points run again.
     table[1]["status"] = "skipped"
@@ -178,3 +179,29 @@ def test_training_step_never_pulls_a_value_to_the_host() -> None:
     trainer.fit(module, loader)
     assert trainer.global_step == 3
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def test_varlen_tables_judge_small_tc_at_its_fastest_point(tmp_path: Path) -> None:
+    """The first run's results.csv (no masker / prefetch_thread columns) and a later one with them: the original bars
+    read the default-lever points, the two extra rows the fastest padding-free small-tc point, gap and speed-up."""
+    spec = importlib.util.spec_from_file_location("varlen_tables", ROOT / "tools" / "varlen_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    axes = ("size", "attention", "prefetch", "compile", "status", "tokens_per_s", "device_gap_frac")
+    old = [("small-tc", "padded", "False", "False", "ok", "1000", "0.05"),
+           ("small-tc", "varlen", "True", "False", "ok", "1150", "0.18"),
+           ("small-tc", "varlen", "True", "True", "ok", "1360", "0.36")]
+    new = [(*r, "eager", "False") for r in old] + [
+        ("small-tc", "varlen", "True", "True", "ok", "1900", "0.03", "compiled", "True"),
+        ("small-tc", "varlen", "True", "False", "skipped", "", "", "compiled", "False")]
+    for rows, cols, best, gap, ratio in ((old, axes, "varlen prefetch compiled", "0.36", "1.36"),
+                                         (new, (*axes, "masker", "prefetch_thread"),
+                                          "varlen prefetch in a thread compiled + masker compiled", "0.03", "1.9")):
+        with (tmp_path / "results.csv").open("w", newline="") as f:  # the other columns blank
+            out = csv.DictWriter(f, [*cols, *(k for k in tables.NUMBERS if k not in cols)], restval="")
+            out.writeheader()
+            out.writerows(dict(zip(cols, r, strict=True)) for r in rows)
+        md = tables.main(tmp_path)
+        assert "| small-tc varlen (prefetch) / padded eager, real tokens/s | 1.15 | >= 1.5x | NO |" in md
+        assert f"| small-tc fastest padding-free point ({best}) device_gap_frac | {gap} | < 5 % |" in md
+        assert f"| small-tc fastest padding-free point ({best}) / padded eager, real tokens/s | {ratio} |" in md

@@ -1,9 +1,9 @@
 """The parts of a GPU step that issue 13 changes, timed one by one on real batches (tools/device_check.sh runs it):
 
 - ``prep``: a batch's preparation (copy, unpack, masking, and the packing for the padding-free layout) per layout,
-  host time to launch it and device time to run it; and the masker alone, eager against ``torch.compile`` (default,
-  and "reduce-overhead", which replays CUDA graphs: the shapes are fixed at (B, L)). Compiled outputs are checked
-  equal to eager ones bit for bit.
+  host time to launch it and device time to run it; the masker alone, eager against ``torch.compile`` (default,
+  and "reduce-overhead", which replays CUDA graphs: the shapes are fixed at (B, L)), compiled outputs checked equal
+  to eager ones bit for bit; and the packed preparation with ``DynamicMasker(compile=True)``.
 - ``attn``: one attention forward + backward at the reference model's head layouts (the seed's 10 heads of 16, 28 or
   50 dims, the "-tc" sizes' heads of 64), padded with a key mask (scaled_dot_product_attention) against per person
   (``lifeseq_shards.model.varlen_attention``), on the lengths of real batches.
@@ -54,6 +54,11 @@ def timed(fn: Callable[[int], Any], reps: int, device: torch.device) -> tuple[fl
     return (t1 - t0) / reps * 1e3, (t2 - t0) / reps * 1e3
 
 
+def _error(e: Exception) -> str:
+    """An exception as a CSV cell: a kernel or compile failure is a result too."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+
+
 class Rows:
     """A CSV written again after every row, so a run stopped by a time limit keeps what it measured."""
 
@@ -93,7 +98,7 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
 
     padded = [seed_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
     args = [(b["input_ids"][:, 0], *b["input_ids"][:, 1:].unbind(1), b["lengths"], b["person_id"]) for b in padded]
-    eager = masker.__call__
+    eager = masker.draw
     for mode in ("eager", "default", "reduce-overhead"):
         fn = eager if mode == "eager" else torch.compile(eager, mode=mode, dynamic=False)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -109,7 +114,20 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
                      first_call_s=compile_s, equal_to_eager=same,
                      graphs_compiled=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
         except Exception as e:  # a compile failure is a result too
-            rows.add(part="prep", what="masker", mode=mode, error=f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
+            rows.add(part="prep", what="masker", mode=mode, error=_error(e))
+
+    compiled = DynamicMasker(masker.cfg, compile=True)  # what train_bench's masker=compiled runs in the step
+
+    def prep_compiled(i: int) -> dict[str, Any]:
+        host = plan_tokens(batches[i % len(batches)], max_len)
+        return seed_batch(to_device(host, device), compiled, epoch=0, layout=PACKED, max_len=max_len)
+
+    what = f"copy+unpack+mask ({PACKED})"
+    try:
+        host_ms, device_ms = timed(prep_compiled, reps, device)
+        rows.add(part="prep", what=what, mode="masker compiled", host_ms=host_ms, device_ms=device_ms)
+    except Exception as e:
+        rows.add(part="prep", what=what, mode="masker compiled", error=_error(e))
 
 
 def attention_pair(lengths: torch.Tensor, max_len: int, heads: int, d: int, dtype: torch.dtype):
@@ -140,7 +158,7 @@ def bench_attention(batches: list[dict[str, Any]], max_len: int, device: torch.d
         try:
             padded, varlen, backend = attention_pair(lengths, max_len, heads, d, dtype)
         except Exception as e:
-            rows.add(part="attn", what=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
+            rows.add(part="attn", what=name, error=_error(e))
             continue
         for mode, fn, kernel in (("padded", padded, "sdpa+mask"), ("varlen", varlen, backend)):
             try:
@@ -152,7 +170,7 @@ def bench_attention(batches: list[dict[str, Any]], max_len: int, device: torch.d
                          mean_len=float(lengths.float().mean()), max_len=max_len)
             except Exception as e:
                 rows.add(part="attn", what=name, mode=mode, backend=kernel, heads=heads, head_dim=d,
-                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
+                         error=_error(e))
 
 
 @click.command()

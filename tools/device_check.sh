@@ -15,6 +15,13 @@
 #   synth_dataset; synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/); all three are
 #   in .git/info/exclude. Then run `bash tools/device_check.sh` there, carrying .whl and .devshared.
 #   A dry run on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python OUT=/tmp/dc bash tools/device_check.sh cpu
+#
+# `bash tools/device_check.sh small` runs only what decides issue 13's small-tc bars after the first run missed them,
+# in at most DEADLINE_S (230) seconds from its start, wheel install included (every stage's timeout is cut to what
+# is left): the `small` preset of train_bench (8 small-tc points: padded eager, then the padding-free step with the
+# compiled masker, the prefetch thread and both, ~2 minutes), bench_kernels' prep part (masker eager vs compiled,
+# the packed preparation with the compiled masker), then `pytest -m cuda` on the masking and device tests, tables.
+# Dry run: PYTHON=.venv/bin/python OUT=/tmp/dcs bash tools/device_check.sh small-cpu
 set -uo pipefail
 MODE=${1:-gpu}
 PY=${PYTHON:-python3}
@@ -23,6 +30,8 @@ export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log.txt") 2>&1
 T0=$SECONDS
 stamp() { echo "== $(date -u +%H:%M:%S) (+$((SECONDS - T0)) s) $*"; }
+DEADLINE=$((T0 + ${DEADLINE_S:-230}))
+cap() { local left=$((DEADLINE - SECONDS - ${2:-0})); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }  # cap T [RESERVE]
 
 if ! $PY -c "import webdataset, zstandard" 2>/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -38,6 +47,43 @@ if [ ! -e "$DATA/manifest.json" ]; then
   $PY -c 'import sys; sys.path.insert(0, "tools"); from pathlib import Path; from train_bench import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
 fi
+
+case "$MODE" in small|small-cpu)
+  if [ "$MODE" = small-cpu ]; then  # the same stages and points at sizes a 2-core CPU runs (no compile: minutes)
+    SWEEP=(--sizes small-tc --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2
+           --compile off --masker eager --budget-s 60)
+    KERNELS=(--batch-size 8 --max-len 64 --reps 2)
+    DEADLINE=$((T0 + ${DEADLINE_S:-1800})) T_PREP=900  # inductor's C++ compiles of the masker take minutes here
+  else
+    SWEEP=(--budget-s "${SWEEP_BUDGET:-100}")  # no point starts after this: leaves the prep its ~30-45 s
+    KERNELS=(--batch-size 256 --max-len 512 --reps 20)
+    T_PREP=45
+  fi
+  { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
+    $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "train_bench --preset small"
+  timeout "$(cap 160 45)" $PY tools/train_bench.py --preset small --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
+  echo "sweep exit $?"
+  if [ "$MODE" = small-cpu ]; then  # every lever at once (one point, smallest size), so the compiled path is dry-run
+    timeout "$(cap 900 45)" $PY tools/train_bench.py --preset small --out "$OUT/compiled" --data "$DATA" --no-plots \
+      --sizes small-tc --lengths 32 --batch-sizes 2 --precisions 32-true --workers 1 --steps 3 --warmup 1 \
+      --attention varlen --prefetch on --prefetch-thread on --compile on --masker compiled
+    echo "compiled sweep exit $?"
+  fi
+  stamp "bench_kernels prep"
+  timeout "$(cap "$T_PREP" 25)" $PY tools/bench_kernels.py "$DATA" --out "$OUT" --parts prep "${KERNELS[@]}"
+  echo "kernels exit $?"
+  stamp "pytest -m cuda (masking, device)"
+  timeout "$(cap 40 3)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_masking.py tests/test_device.py \
+    >"$OUT/tests.log" 2>&1
+  echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
+  stamp tables
+  $PY tools/varlen_tables.py "$OUT" >"$OUT/tables.md" && cat "$OUT/tables.md"
+  stamp done
+  exit 0;;
+esac
 
 if [ "$MODE" = cpu ]; then  # the same stages at sizes a 2-core CPU runs in minutes
   SWEEP=(--sizes small --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2

@@ -14,6 +14,7 @@ them.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -34,12 +35,14 @@ from tqdm import tqdm
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
-from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.device import DevicePrefetcher
+from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
 from lifeseq_shards.sources.synth import synth_population
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed")
 ATTENTION = ("padded", "varlen")
+MASKERS = ("eager", "compiled")
 CEILING_DTYPE = {"32-true": "fp32", "tf32": "tf32", "bf16-mixed": "bf16"}
 
 
@@ -54,6 +57,8 @@ class Point:
     pin_memory: bool = True
     attention: str = "padded"  # "varlen": the packed layout, attention per person (lifeseq_shards.model.Packed)
     prefetch: bool = False  # the next batch built on a side CUDA stream (device.DevicePrefetcher)
+    prefetch_thread: bool = False  # ... launched from a background thread (DevicePrefetcher(threaded=True))
+    masker: str = "eager"  # "compiled": DynamicMasker(compile=True)
 
 
 @dataclass(frozen=True)
@@ -78,15 +83,17 @@ class Preset:
 
 
 def _grid(sizes, lengths, batches, precisions=("32-true",), compile=(False,), workers=(2,), pin=(True,),
-          attention=("padded",), prefetch=(False,)) -> dict:
+          attention=("padded",), prefetch=(False,), prefetch_thread=(False,), masker=("eager",)) -> dict:
     return {"size": sizes, "max_len": lengths, "batch_size": batches, "precision": precisions, "compile": compile,
-            "workers": workers, "pin_memory": pin, "attention": attention, "prefetch": prefetch}
+            "workers": workers, "pin_memory": pin, "attention": attention, "prefetch": prefetch,
+            "prefetch_thread": prefetch_thread, "masker": masker}
 
 
 PRESETS: dict[str, Preset] = {
-    # tests: both attention modes, a few steps; prefetch through its CPU path.
+    # tests: both attention modes, a few steps; prefetch (and its thread) through its CPU path.
     "tiny": Preset((_grid(("small",), (128,), (4,), workers=(1,), attention=("padded", "varlen")),
-                    _grid(("small",), (128,), (2,), workers=(1,), attention=("varlen",), prefetch=(True,))),
+                    _grid(("small",), (128,), (2,), workers=(1,), attention=("varlen",), prefetch=(True,),
+                          prefetch_thread=(False, True))),
                    steps=4, warmup=1, people=300, budget_s=300),
     # a 2-core CPU: about 5 minutes (medium and large are GPU-only here: a medium step at batch 16 takes ~30 s).
     "cpu": Preset(
@@ -125,6 +132,19 @@ PRESETS: dict[str, Preset] = {
                   ("large-tc", "padded", False, True), ("large-tc", "varlen", False, False),
               )),
         steps=40, warmup=5, people=20000, budget_s=200,
+    ),
+    # issue 13's small-tc bars after the first run missed them (host-bound step): the reference and the first run's
+    # best points again, then the host-cost levers, most decisive first (tools/device_check.sh small).
+    "small": Preset(
+        tuple(_grid(("small-tc",), (512,), (256,), ("bf16-mixed",), compile=(comp,), attention=(attn,),
+                    prefetch=(pre,), prefetch_thread=(thread,), masker=(masker,))
+              for attn, pre, thread, comp, masker in (
+                  ("padded", False, False, False, "eager"), ("varlen", True, False, True, "compiled"),
+                  ("varlen", True, True, True, "compiled"), ("varlen", True, False, False, "eager"),
+                  ("varlen", True, False, True, "eager"), ("varlen", True, True, False, "eager"),
+                  ("varlen", True, False, False, "compiled"), ("varlen", True, True, True, "eager"),
+              )),
+        steps=40, warmup=5, people=20000, budget_s=120,
     ),
 }
 
@@ -255,18 +275,40 @@ def skip_reason(p: Point, device: torch.device) -> str | None:
         return "pinned memory only matters with a GPU"
     if p.attention not in ATTENTION:
         return f"attention must be one of {ATTENTION}"
+    if p.masker not in MASKERS:
+        return f"masker must be one of {MASKERS}"
+    if p.prefetch_thread and not p.prefetch:
+        return "prefetch_thread needs prefetch"
     return None
+
+
+class BenchDataModule(LifeSeqDataModule):
+    """The DataModule with issue 13's opt-in host-cost levers, which are not DataModule options until a GPU run
+    says they pay: the compiled masker and the prefetch's background thread."""
+
+    def __init__(self, *args: Any, masker: str = "eager", prefetch_thread: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if masker == "compiled":
+            self.builder = dataclasses.replace(self.builder, masking=DynamicMasker(self.masking, compile=True))
+        self.prefetch_thread = prefetch_thread
+
+    def train_dataloader(self) -> Any:
+        loader = super().train_dataloader()
+        if isinstance(loader, DevicePrefetcher):
+            loader.threaded = self.prefetch_thread
+        return loader
 
 
 def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int, seed: int,
               device: torch.device, ceilings: dict[str, float]) -> dict[str, Any]:
     """One short fit; returns the measured row (or raises, for the caller to record as a skip)."""
     torch.set_float32_matmul_precision("high" if p.precision == "tf32" else "highest")
-    dm = LifeSeqDataModule(
+    dm = BenchDataModule(
         data_dir, p.batch_size, num_workers=p.workers, seed=seed, pad_to=p.max_len,
         masking=MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed),
         pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
         layout="packed" if p.attention == "varlen" else "padded", prefetch=p.prefetch,
+        masker=p.masker, prefetch_thread=p.prefetch_thread,
     )
     module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
     meter = StepMeter(warmup)
@@ -330,7 +372,8 @@ def _fmt(v: Any) -> str:
 
 
 def write_markdown(rows: list[dict[str, Any]], env: dict[str, Any], path: Path) -> None:
-    cols = ["size", "max_len", "batch_size", "precision", "compile", "attention", "prefetch", "workers", "pin_memory",
+    cols = ["size", "max_len", "batch_size", "precision", "compile", "attention", "prefetch", "prefetch_thread",
+            "masker", "workers", "pin_memory",
             "tokens_per_s", "samples_per_s", "step_time_s", "data_wait_frac", "device_gap_frac", "peak_mem_mb", "mfu",
             "mfu_slots", "pad_frac", "status"]
     lines = ["# train_bench results", "", "```", json.dumps(env, indent=1), "```", "",
@@ -361,12 +404,14 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
         for ax, (size, max_len) in zip(axes.flat, panels, strict=False):
             here = [r for r in ok if (r["size"], r["max_len"]) == (size, max_len)]
-            setting = ("precision", "compile", "workers", "pin_memory", "attention", "prefetch")
+            setting = ("precision", "compile", "workers", "pin_memory", "attention", "prefetch", "prefetch_thread",
+                       "masker")
             for key in sorted({tuple(r[k] for k in setting) for r in here}):
                 line = sorted((r["batch_size"], r[metric]) for r in here if tuple(r[k] for k in setting) == key)
-                prec, comp, work, pin, attn, pre = key
+                prec, comp, work, pin, attn, pre, thread, masker = key
                 name = (f"{prec}{' compiled' if comp else ''} w{work}{'' if pin else ' unpinned'}"
-                        f"{' varlen' if attn == 'varlen' else ''}{' prefetch' if pre else ''}")
+                        f"{' varlen' if attn == 'varlen' else ''}{' prefetch' if pre else ''}"
+                        f"{' thread' if thread else ''}{' masker compiled' if masker == 'compiled' else ''}")
                 ax.plot(*zip(*line, strict=True), marker="o", label=name)
             ax.set_title(f"{size}, L={max_len}")
             ax.set_xscale("log", base=2)
@@ -481,6 +526,9 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
 @click.option("--attention", default=None, help="comma list of padded, varlen (packed layout, attention per person)")
 @click.option("--prefetch", type=click.Choice(["off", "on", "both"]), default=None,
               help="build the next batch on a side CUDA stream during the step")
+@click.option("--prefetch-thread", type=click.Choice(["off", "on", "both"]), default=None,
+              help="launch the prefetch's preparation from a background thread")
+@click.option("--masker", default=None, help="comma list of eager, compiled (DynamicMasker(compile=True))")
 @click.option("--steps", type=int, default=None)
 @click.option("--warmup", type=int, default=None)
 @click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")
@@ -489,8 +537,8 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
 @click.option("--plots/--no-plots", default=True, show_default=True, help="the PNGs (off: only results.csv/.md)")
 def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: str | None, batch_sizes: str | None,
          precisions: str | None, compile_: str | None, workers: str | None, attention: str | None,
-         prefetch: str | None, steps: int | None, warmup: int | None, budget_s: float | None, seed: int,
-         resume: bool, plots: bool) -> None:
+         prefetch: str | None, prefetch_thread: str | None, masker: str | None, steps: int | None,
+         warmup: int | None, budget_s: float | None, seed: int, resume: bool, plots: bool) -> None:
     """Sweep training throughput; each option given replaces that axis in every grid of the preset."""
     pre = PRESETS[preset]
     overrides = {
@@ -502,6 +550,8 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
         "workers": workers and tuple(int(x) for x in workers.split(",")),
         "attention": attention and tuple(attention.split(",")),
         "prefetch": prefetch and {"off": (False,), "on": (True,), "both": (False, True)}[prefetch],
+        "prefetch_thread": prefetch_thread and {"off": (False,), "on": (True,), "both": (False, True)}[prefetch_thread],
+        "masker": masker and tuple(masker.split(",")),
     }
     grids = tuple({**g, **{k: v for k, v in overrides.items() if v}} for g in pre.grids)
     bad = {x for g in grids for x in g["precision"]} - set(PRECISIONS)
