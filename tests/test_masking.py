@@ -24,6 +24,7 @@ from lifeseq_shards.masking import (
     random_bits,
 )
 
+TORCH_BEFORE_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 VOCAB = 2970  # vocab.csv of the sample
 FIELDS = ("tokens", "abspos", "age", "segment")
 
@@ -384,6 +385,8 @@ def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: st
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.xfail(TORCH_BEFORE_2_13, strict=False, reason="torch 2.11's inductor generates Triton that holds a 64-bit "
+                   "constant of the sort keys as int32 (H200, docs/results/gpu-2026-11-30-small/tests.log)")
 @pytest.mark.parametrize("kind", ["random", pytest.param("event", marks=pytest.mark.xfail(
     strict=False, reason="event targets scan the permuted tokens' [SEP]s, a cumsum over a gather: may still hit the "
     "torch 2.11 split-scan bug"))])
