@@ -45,6 +45,7 @@ from .format import (
     fingerprint,
     make_schema,
     narrowest_token_dtype,
+    shard_entries,
     to_runs,
     token_schema,
     write_manifest,
@@ -302,8 +303,7 @@ def _listed_files(manifest: Path) -> list[str]:
     """The shard files a manifest lists, relative to its directory: all that replacing its dataset may delete."""
     try:
         text = manifest.read_text()
-        splits = json.loads(text)["splits"].values() if text.strip() else []
-        files = [e["file"] for s in splits for e in [*s["shards"], *([s["remainder"]] if s["remainder"] else [])]]
+        files = [e["file"] for _, e in shard_entries(json.loads(text))] if text.strip() else []
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConvertError(f"{manifest}: cannot tell which files it lists ({type(e).__name__}: {e}); move the old "
                            "dataset away by hand") from None
