@@ -93,6 +93,11 @@ def schema_tag(schema: list[Field]) -> int:
     return zlib.crc32(schema_json(schema))
 
 
+def manifest_tag(manifest: dict[str, Any], schema: list[Field]) -> int | None:
+    """The schema tag a manifest's blocks carry, or None for formats before it (no tag, no head checksum)."""
+    return schema_tag(schema) if manifest["format_version"] >= TAGGED_VERSION else None
+
+
 def narrowest_token_dtype(vocab_size: int) -> str:
     for dt in ("uint8", "uint16", "uint32"):
         if vocab_size - 1 <= np.iinfo(dt).max:
@@ -401,10 +406,10 @@ class ShardFile:
     tag: int | None = None  # format 3: the schema tag in every block's header
 
     @classmethod
-    def of(cls, url: str, entry: dict[str, Any], manifest: dict[str, Any], schema: list[Field]) -> ShardFile:
-        tagged = manifest["format_version"] >= TAGGED_VERSION
-        return cls(url, entry["samples"], manifest["block_persons"], entry["head_checksum"] if tagged else None,
-                   schema_tag(schema) if tagged else None)
+    def of(cls, url: str, entry: dict[str, Any], manifest: dict[str, Any], tag: int | None) -> ShardFile:
+        """``tag``: :func:`manifest_tag`, computed once for all of a manifest's shards."""
+        return cls(url, entry["samples"], manifest["block_persons"], entry["head_checksum"] if tag is not None
+                   else None, tag)
 
     @property
     def blocks(self) -> int:

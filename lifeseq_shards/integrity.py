@@ -17,6 +17,7 @@ from .format import (
     decode_member,
     iter_tar_members,
     manifest_fingerprint,
+    manifest_tag,
     read_manifest,
     schema_from_json,
     sha256_file,
@@ -36,6 +37,7 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     vocab_size = manifest.get("params", {}).get("vocab_size")
     problems: list[str] = []
     entries = list(shard_entries(manifest))
+    tag = manifest_tag(manifest, schema)
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
     for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
@@ -47,7 +49,7 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
             problems.append(f"{e['file']}: {path.stat().st_size} bytes, manifest says {e['bytes']}")
         if sha256_file(path) != e["sha256"]:
             problems.append(f"{e['file']}: sha256 differs from the manifest")
-        persons, tokens = _check_records(path, ShardFile.of(e["file"], e, manifest, schema), schema, vocab_size,
+        persons, tokens = _check_records(path, ShardFile.of(e["file"], e, manifest, tag), schema, vocab_size,
                                          problems, seen.setdefault(split, set()))
         tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
         if persons != e["samples"]:

@@ -53,6 +53,7 @@ from .format import (
     is_local,
     iter_tar_members,
     manifest_fingerprint,
+    manifest_tag,
     ragged_counts,
     read_manifest,
     schema_from_json,
@@ -167,8 +168,8 @@ class ShardedDataset(IterableDataset):
         for name in splits:
             info = self.manifest["splits"][name]
             entries += info["shards"] + ([info["remainder"]] if mode == INFERENCE and info["remainder"] else [])
-        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, self.schema)
-                       for e in entries]
+        tag = manifest_tag(self.manifest, self.schema)
+        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, tag) for e in entries]
         self.sizes = [e["samples"] for e in entries]
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))

@@ -39,6 +39,7 @@ from lifeseq_shards.format import (
     ManifestError,
     ShardFile,
     fingerprint,
+    manifest_tag,
     read_shard_blocks,
     schema_from_json,
     token_schema,
@@ -516,8 +517,9 @@ def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:
     entry = m["splits"]["train"]["shards"][3]
     path = nomlm_dataset / entry["file"]
     want = shard_ids(path)
+    shard = ShardFile.of(f"pipe:cat {path}", entry, m, manifest_tag(m, schema))
     for start, stop in ((0, PER_SHARD), (20, 60)):
-        blocks = read_piece(Piece(ShardFile.of(f"pipe:cat {path}", entry, m, schema), start, stop), schema)
+        blocks = read_piece(Piece(shard, start, stop), schema)
         ids = np.concatenate([b.columns["person_id"] for b in blocks])
         np.testing.assert_array_equal(ids, want[start:stop])
 
