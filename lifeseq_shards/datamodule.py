@@ -20,7 +20,7 @@ import lightning as L
 import torch
 
 from .device import PACKED, BatchBuilder, DevicePrefetcher
-from .format import read_manifest
+from .format import has_offline_mlm, read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
 
@@ -30,7 +30,7 @@ def resolve_masking(masking: str | MaskingConfig | None, manifest: dict[str, Any
     """The masking with the dataset's vocabulary size filled in (random replacements are drawn below it); a
     configuration that names another size is refused, since ids past the model's embedding crash it."""
     if masking == "offline":
-        if not any(f["name"] == "masked_tokens" for f in manifest["schema"]):
+        if not has_offline_mlm(manifest):
             raise ValueError(f"{root}: masking='offline' but the dataset has no offline MLM fields")
         return masking
     if masking is None:
@@ -86,8 +86,9 @@ class LifeSeqDataHooks:
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
         self.masking = resolve_masking(masking, self.manifest, self.data_dir)
-        offline = any(f["name"] == "masked_tokens" for f in self.manifest["schema"])
-        if offline and layout == PACKED and pad_to is not None:  # cropped on the device, where no person is named
+        self.offline_mlm = has_offline_mlm(self.manifest)
+        # the packed layout crops on the device, where no person can be named
+        if self.offline_mlm and layout == PACKED and pad_to is not None:
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
                              "layout='padded' (it refuses only a person longer than pad_to, by name)")
         masker = DynamicMasker(self.masking) if isinstance(self.masking, MaskingConfig) else self.masking
@@ -134,7 +135,7 @@ class LifeSeqDataHooks:
         return self._loader("val", TRAIN, shuffle=False)
 
     def predict_dataloader(self) -> ShardedLoader:
-        if any(f["name"] == "masked_tokens" for f in self.manifest["schema"]):
+        if self.offline_mlm:
             raise ValueError(
                 f"{self.data_dir}: converted from an offline-MLM file, whose sequences are stored after the seed's "
                 "CLS task (about 10% with their events reversed or shuffled): predict would embed those. Predict "

@@ -72,6 +72,11 @@ def make_schema(token_dtype: str, dtypes: dict[str, str] | None = None, offline_
     return fields
 
 
+def has_offline_mlm(manifest: dict[str, Any]) -> bool:
+    """Whether the dataset carries the seed's offline MLM fields (converted from its encoded_mlm.h5)."""
+    return any(f["name"] == "masked_tokens" for f in manifest["schema"])
+
+
 def token_schema(schema: list[Field]) -> list[Field]:
     """The schema with the stamps once per token (format 1's layout): what sources produce and padded batches hold."""
     return [Field(f.name, f.dtype, RAGGED if f.kind == RUNS else f.kind) for f in schema

@@ -50,6 +50,7 @@ from .format import (
     dataset_url,
     decode_member,
     expand_runs,
+    has_offline_mlm,
     is_local,
     iter_tar_members,
     manifest_fingerprint,
@@ -160,7 +161,7 @@ class ShardedDataset(IterableDataset):
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
         self.schema = schema_from_json(self.manifest["schema"])
         # offline MLM targets point into the whole sequence: such a dataset is padded to pad_to, never cropped
-        self.offline_mlm = any(f.name == "masked_tokens" for f in self.schema)
+        self.offline_mlm = has_offline_mlm(self.manifest)
         if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
