@@ -136,7 +136,7 @@ def inspect(root: str) -> None:
 def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:
     """Show which rank and worker reads what; exit 1 when the shards do not divide evenly."""
     from .format import read_manifest
-    from .plan import describe
+    from .plan_report import describe
 
     m = read_manifest(root)
     if split not in m["splits"]:

@@ -22,7 +22,8 @@ import torch
 from .device import PACKED, BatchBuilder, DevicePrefetcher
 from .format import has_offline_mlm, read_manifest
 from .masking import DynamicMasker, MaskingConfig
-from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
+from .plan import BALANCED, COMPLETE
+from .reader import ShardedDataset, ShardedLoader
 
 
 def resolve_masking(masking: str | MaskingConfig | None, manifest: dict[str, Any],
@@ -110,7 +111,7 @@ class LifeSeqDataHooks:
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=self.drop_last and mode == TRAIN,
+                            drop_last=self.drop_last and mode == BALANCED,
                             pad_to=None if self.builder.layout == PACKED else self.pad_to,
                             packed=self.pad_to is None or self.builder.layout == PACKED)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
@@ -118,7 +119,7 @@ class LifeSeqDataHooks:
                              batches_per_message=self.batches_per_message, **extra)
 
     def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
-        loader = self._loader("train", TRAIN, shuffle=True)
+        loader = self._loader("train", BALANCED, shuffle=True)
         # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
         loader.set_epoch(self._epoch())
         if self._resume is not None:
@@ -132,7 +133,7 @@ class LifeSeqDataHooks:
         return self._train
 
     def val_dataloader(self) -> ShardedLoader:
-        return self._loader("val", TRAIN, shuffle=False)
+        return self._loader("val", BALANCED, shuffle=False)
 
     def predict_dataloader(self) -> ShardedLoader:
         if self.offline_mlm:
@@ -140,7 +141,7 @@ class LifeSeqDataHooks:
                 f"{self.data_dir}: converted from an offline-MLM file, whose sequences are stored after the seed's "
                 "CLS task (about 10% with their events reversed or shuffled): predict would embed those. Predict "
                 "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
-        return self._loader(self.predict_split, INFERENCE, shuffle=False)
+        return self._loader(self.predict_split, COMPLETE, shuffle=False)
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0

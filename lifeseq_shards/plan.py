@@ -4,35 +4,78 @@ Under DDP with R ranks and K DataLoader workers per rank, N = R * max(K, 1) *slo
 without talking to each other. Two invariants make this safe:
 
 * every rank yields the same number of batches, otherwise the gradient all-reduce of the longer ranks hangs;
-* every person is read at most once per epoch (exactly once in inference, where nothing may be dropped).
+* every person is read at most once per epoch (exactly once in complete mode, for inference, where nothing may be
+  dropped).
 
-Training shards all hold the same number n of persons, so whole shards dealt round-robin give every slot the same
-budget; the S % N shards that do not go round evenly are pooled and cut into N equal slices, and the few persons that
-still do not divide (fewer than N) are left out for this epoch only - the shard order changes with the epoch, so a
-different tail is left out each time. Everything here is a pure function of its arguments (no I/O, no global RNG), so
-all slots compute the same plan independently and a resumed run recomputes it exactly.
+In balanced mode (training) the shards all hold the same number n of persons, so whole shards dealt round-robin
+give every slot the same budget; the S % N shards that do not go round evenly are pooled and cut into N equal
+slices, and the few persons that still do not divide (fewer than N) are left out for this epoch only - the shard
+order changes with the epoch, so a different tail is left out each time.
+
+Where a resumed pass starts is computed here too: which stream each DataLoader worker plays (``pass_roles``), which
+windows of it are loaded (``windows``), the epoch of each pass (``pass_start``) and a saved position
+(``resume_point``). Everything here is a pure function of its arguments (no I/O, no global RNG), so all slots compute
+the same plan independently and a resumed run recomputes it exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
-TRAIN, INFERENCE = "train", "inference"
+# balanced: every rank the same number of batches (training, validation); persons that do not divide are left out
+# and change with the epoch. complete: every person exactly once (inference); ranks may yield different counts.
+BALANCED, COMPLETE = "balanced", "complete"
+_OLD_MODES = {"train": BALANCED, "inference": COMPLETE}  # deprecated names, still accepted
+# the names a checkpoint's loader layout records: states saved before the rename keep resuming
+STORED_MODE = {BALANCED: "train", COMPLETE: "inference"}
 # Constant tags mixed into the RNG seeds so the shard order and the window shuffles never share a stream.
 _ORDER_TAG = 0x4F524452  # "ORDR"
 _WINDOW_TAG = 0x57494E44  # "WIND"
-_MAX_SLOT_LINES = 16
-_MAX_SEGMENTS_SHOWN = 6
+
+
+_RENAMED = {"TRAIN": "BALANCED", "INFERENCE": "COMPLETE"}
+_MOVED = ("describe", "PlanReport")  # now in lifeseq_shards.plan_report
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        warnings.warn(f"lifeseq_shards.plan.{name} is deprecated: use {_RENAMED[name]}", DeprecationWarning,
+                      stacklevel=2)
+        return globals()[_RENAMED[name]]
+    if name in _MOVED:
+        from . import plan_report
+
+        warnings.warn(f"lifeseq_shards.plan.{name} is deprecated: use lifeseq_shards.plan_report.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(plan_report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def mode_name(mode: str) -> str:
+    """``mode`` by its current name; the old names still work, with a DeprecationWarning."""
+    if mode in _OLD_MODES:
+        warnings.warn(f"mode={mode!r} is deprecated: use mode={_OLD_MODES[mode]!r}", DeprecationWarning,
+                      stacklevel=3)
+        return _OLD_MODES[mode]
+    if mode not in (BALANCED, COMPLETE):
+        raise ValueError(f"mode must be {BALANCED!r} or {COMPLETE!r}, not {mode!r}")
+    return mode
+
+
+ShardT = TypeVar("ShardT")
 
 
 @dataclass(frozen=True)
-class Segment:
-    """Persons [start, stop) of shard number `shard` (an index into the shard_sizes list the plan was made from)."""
+class Segment(Generic[ShardT]):
+    """Persons [start, stop) of one shard: here its number (an index into the shard_sizes list the plan was made
+    from); the reader swaps in the shard's file."""
 
-    shard: int
+    shard: ShardT
     start: int
     stop: int
 
@@ -70,17 +113,17 @@ def epoch_shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
 def _train_size(shard_sizes: Sequence[int]) -> int:
     """The common shard size n; training balance relies on it, so unequal sizes are an error, not a warning."""
     if not shard_sizes:
-        raise ValueError("train mode needs at least one shard")
+        raise ValueError("balanced mode needs at least one shard")
     sizes = set(shard_sizes)
     if len(sizes) != 1:
-        raise ValueError(f"train shards must all hold the same number of persons, got sizes {sorted(sizes)}")
+        raise ValueError(f"balanced mode needs shards of one size, got sizes {sorted(sizes)}")
     n = sizes.pop()
     if n < 0:
         raise ValueError(f"shard size must be >= 0, got {n}")
     return n
 
 
-def _pool_slice(pool: Sequence[int], n: int, start: int, stop: int) -> list[Segment]:
+def _pool_slice(pool: Sequence[int], n: int, start: int, stop: int) -> list[Segment[int]]:
     """Pool positions [start, stop) as segments; the pool is the concatenation of shards `pool`, n persons each."""
     segments = []
     pos = start
@@ -101,20 +144,18 @@ def assign(
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
-) -> list[list[Segment]]:
+) -> list[list[Segment[int]]]:
     """The segments each slot reads, in reading order; list index = slot_index(rank, worker, num_workers).
 
-    train: equal shards; whole shards round-robin, then an equal slice of the pooled tail shards per slot.
-    inference: any sizes (the remainder shard last); slot j reads whole shards j, j+N, ... - nothing is dropped,
+    balanced: equal shards; whole shards round-robin, then an equal slice of the pooled tail shards per slot.
+    complete: any sizes (the remainder shard last); slot j reads whole shards j, j+N, ... - nothing is dropped,
     slot counts may differ.
     """
     slots = num_slots(world_size, num_workers)
-    if mode == INFERENCE:
+    if mode_name(mode) == COMPLETE:
         if any(size < 0 for size in shard_sizes):
             raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
         return [[Segment(s, 0, int(shard_sizes[s])) for s in range(j, len(shard_sizes), slots)] for j in range(slots)]
-    if mode != TRAIN:
-        raise ValueError(f"mode must be {TRAIN!r} or {INFERENCE!r}, got {mode!r}")
     n = _train_size(shard_sizes)
     num_shards = len(shard_sizes)
     order = epoch_shard_order(num_shards, seed, epoch) if shuffle else np.arange(num_shards)
@@ -128,17 +169,15 @@ def assign(
 
 
 def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str) -> int:
-    """Persons no slot reads this epoch: (r*n) % N in train (always < N), 0 in inference."""
+    """Persons no slot reads this epoch: (r*n) % N when balanced (always < N), 0 when complete."""
     slots = num_slots(world_size, num_workers)
-    if mode == INFERENCE:
+    if mode_name(mode) == COMPLETE:
         return 0
-    if mode != TRAIN:
-        raise ValueError(f"mode must be {TRAIN!r} or {INFERENCE!r}, got {mode!r}")
     n = _train_size(shard_sizes)
     return len(shard_sizes) % slots * n % slots
 
 
-def slot_persons(segments: list[Segment]) -> int:
+def slot_persons(segments: Sequence[Segment[ShardT]]) -> int:
     return sum(seg.size for seg in segments)
 
 
@@ -160,10 +199,10 @@ def rank_batches(
 ) -> list[int]:
     """Batches per rank (sum over its slots). Slot budgets do not depend on the shard order, hence not on seed/epoch."""
     plan = assign(shard_sizes, world_size, num_workers, mode=mode, shuffle=False)
-    return _per_rank([num_batches(slot_persons(segments), batch_size, drop_last) for segments in plan], num_workers)
+    return sum_per_rank([num_batches(slot_persons(segments), batch_size, drop_last) for segments in plan], num_workers)
 
 
-def _per_rank(per_slot: list[int], num_workers: int) -> list[int]:
+def sum_per_rank(per_slot: list[int], num_workers: int) -> list[int]:
     """Sum per-slot values over each rank's contiguous block of slots."""
     k = max(num_workers, 1)
     return [sum(per_slot[start : start + k]) for start in range(0, len(per_slot), k)]
@@ -228,9 +267,110 @@ def worker_batches_consumed(n: int, num_workers: int, per_worker: list[int], per
     return [int(x) for x in taken]
 
 
-def coverage(plan: list[list[Segment]]) -> tuple[int, int]:
+def first_due(consumed: Sequence[int], per_worker: Sequence[int], per_message: int) -> int:
+    """The worker whose message an in-order DataLoader returns after ``consumed`` batches: the unfinished one with
+    the fewest whole messages returned, the lowest id among equals (round-robin that skips exhausted workers)."""
+    due = [(c // per_message, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
+    return min(due)[1] if due else 0
+
+
+def pass_roles(skip_total: int, num_workers: int, per_worker: list[int],
+               per_message: int = 1) -> list[tuple[int, int]]:
+    """(role, batches to skip) of each worker of a pass that resumes after ``skip_total`` batches: worker k reads
+    the stream of worker role_k from its batch ``skip`` on. A fresh DataLoader asks worker 0 first, but the batch
+    due next may be another worker's, so the roles rotate: the worker asked first plays the one whose batch is due."""
+    consumed = worker_batches_consumed(skip_total, num_workers, per_worker, per_message)
+    shift = first_due(consumed, per_worker, per_message)
+    roles = [(k + shift) % len(per_worker) for k in range(len(per_worker))]
+    return [(role, consumed[role]) for role in roles]
+
+
+def pass_start(epoch: int, resume_skip: int, passes: int) -> tuple[int, int]:
+    """(epoch, batches to skip) of a worker's pass after ``passes`` passes since the epoch was set to ``epoch``
+    (resuming ``resume_skip`` batches into it): only the first pass resumes; each later one is a whole next epoch."""
+    return epoch + passes, resume_skip if passes == 0 else 0
+
+
+def resume_point(epoch: int, consumed: int, epoch_batches: int) -> tuple[int, int]:
+    """(epoch, batches to skip) where the pass after ``consumed`` batches of ``epoch`` resumes: the next epoch's
+    start once the epoch's ``epoch_batches`` are all taken."""
+    return (epoch + 1, 0) if consumed >= epoch_batches else (epoch, consumed)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Window ``index`` of a slot's stream: positions [start, stop), loaded and shuffled together, held by
+    ``segments`` in stream order."""
+
+    index: int
+    start: int
+    stop: int
+    segments: tuple[Segment[int], ...]
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop_last: bool,
+            skip: int = 0) -> Iterator[Window]:
+    """The windows of a slot's stream (``segments`` in reading order) that hold its batches from batch ``skip`` on;
+    a resumed pass starts inside the first one, and one with no batch left loads none."""
+    total = slot_persons(segments)
+    first = min(skip * batch_size, total)
+    last = min(num_batches(total, batch_size, drop_last) * batch_size, total)
+    starts = np.cumsum([0] + [s.size for s in segments])
+    for w in range(first // window, -(-last // window) if first < last else 0):
+        lo, hi = w * window, min((w + 1) * window, total)
+        cut = []
+        s = int(np.searchsorted(starts, lo, side="right")) - 1  # the segment holding position lo
+        while s < len(segments) and starts[s] < hi:
+            a, b = max(lo, int(starts[s])), min(hi, int(starts[s + 1]))
+            if a < b:
+                seg = segments[s]
+                cut.append(Segment(seg.shard, seg.start + a - int(starts[s]), seg.start + b - int(starts[s])))
+            s += 1
+        yield Window(w, lo, hi, tuple(cut))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The plan's inputs for one dataset read by one world of ranks: which persons each slot reads, in which
+    order, in how many batches, follows from these alone."""
+
+    sizes: tuple[int, ...]
+    world_size: int
+    num_workers: int
+    mode: str
+    seed: int
+    shuffle: bool
+    batch_size: int
+    drop_last: bool
+    window: int  # persons loaded and shuffled together
+
+    def segments(self, slot: int, epoch: int) -> list[Segment[int]]:
+        return assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, seed=self.seed, epoch=epoch,
+                      shuffle=self.shuffle)[slot]
+
+    def worker_batches(self, rank: int) -> list[int]:
+        """Batches each worker of ``rank`` yields per epoch (the same every epoch)."""
+        plan = assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, shuffle=False)
+        return [num_batches(slot_persons(plan[slot_index(rank, w, self.num_workers)]), self.batch_size,
+                            self.drop_last) for w in range(max(1, self.num_workers))]
+
+    def ordered_windows(self, slot: int, epoch: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
+        """:func:`windows` of the slot's stream this epoch, each with the order its persons are yielded in
+        (indices into the window)."""
+        segments = self.segments(slot, epoch)
+        total = slot_persons(segments)
+        for win in windows(segments, self.window, self.batch_size, self.drop_last, skip):
+            yield win, (window_order(total, self.window, self.seed, epoch, slot, win.index) - win.start
+                        if self.shuffle else np.arange(win.size))
+
+
+def coverage(plan: list[list[Segment[int]]]) -> tuple[int, int]:
     """(persons read, distinct (shard, person) positions read); the two are equal iff no position is read twice."""
-    by_shard: dict[int, list[Segment]] = {}
+    by_shard: dict[int, list[Segment[int]]] = {}
     for seg in (seg for segments in plan for seg in segments):
         by_shard.setdefault(seg.shard, []).append(seg)
     read = distinct = 0
@@ -241,105 +381,3 @@ def coverage(plan: list[list[Segment]]) -> tuple[int, int]:
             distinct += max(0, seg.stop - max(seg.start, reach))
             reach = max(reach, seg.stop)
     return read, distinct
-
-
-@dataclass
-class PlanReport:
-    ok: bool
-    text: str
-
-
-def _segments_text(segments: list[Segment], shard_sizes: Sequence[int]) -> str:
-    """'#3 #7 #9[0:40)': whole shards by number, partial ones with their person range."""
-    items = [
-        f"#{seg.shard}" if seg.size == shard_sizes[seg.shard] else f"#{seg.shard}[{seg.start}:{seg.stop})"
-        for seg in segments
-    ]
-    if len(items) > _MAX_SEGMENTS_SHOWN:
-        items = items[: _MAX_SEGMENTS_SHOWN - 1] + [f"... +{len(items) - _MAX_SEGMENTS_SHOWN + 1} more"]
-    return " ".join(items) or "-"
-
-
-def _span(values: Iterable[int]) -> str:
-    """'5' when all values agree, else '4-5'."""
-    values = list(values)
-    lo, hi = min(values), max(values)
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
-def describe(
-    shard_sizes: Sequence[int],
-    remainder: int,
-    nodes: int,
-    gpus: int,
-    workers: int,
-    batch_size: int,
-    *,
-    drop_last: bool = False,
-    seed: int = 0,
-) -> PlanReport:
-    """The epoch-0 training plan as `shardify plan` prints it, with a check of its invariants and a verdict.
-
-    ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole shards and
-    nothing is left out.
-    """
-    world = nodes * gpus
-    slots = num_slots(world, workers)
-    k = max(workers, 1)
-    num_shards = len(shard_sizes)
-    plan = assign(shard_sizes, world, workers, mode=TRAIN, seed=seed, epoch=0)
-    persons = [slot_persons(segments) for segments in plan]
-    batches = [num_batches(p, batch_size, drop_last) for p in persons]
-    per_rank = _per_rank(batches, workers)
-    total = sum(shard_sizes)
-    dropped = left_out(shard_sizes, world, workers, TRAIN)
-    read, distinct = coverage(plan)
-
-    lines = [
-        f"train split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} persons "
-        "(inference only)",
-        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
-        f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}",
-        "",
-        f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards",
-    ]
-    shown = range(min(slots, _MAX_SLOT_LINES))
-    for j in shown:
-        worker = str(j % k) if workers else "-"
-        lines.append(
-            f"{j // k:>5} {worker:>6} {j:>5} {persons[j]:>8} {batches[j]:>8}  {_segments_text(plan[j], shard_sizes)}"
-        )
-    if slots > len(shown):
-        rest = range(len(shown), slots)
-        lines.append(
-            f"  ... {len(rest)} more slots: {_span(persons[j] for j in rest)} persons, "
-            f"{_span(batches[j] for j in rest)} batches each"
-        )
-    equal = min(per_rank) == max(per_rank)
-    lines += [
-        "",
-        f"batches per rank: {_span(per_rank)}" + (" (all equal)" if equal else " (UNEQUAL: the all-reduce would hang)"),
-        f"coverage: {distinct} distinct (shard, person) positions read, {read} reads, "
-        f"{'no overlap' if read == distinct else f'{read - distinct} OVERLAPPING'}; "
-        f"{distinct} read + {dropped} left out = {distinct + dropped} of {total}",
-    ]
-    if persons[0] == 0:
-        lines.append(f"WARNING: {slots} slots for {total} persons - every slot reads nothing")
-    ok = num_shards % slots == 0 and equal and read == distinct and distinct + dropped == total
-    if num_shards % slots:
-        fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
-        loss = (
-            f"{dropped} persons per epoch are left out (which ones changes with the epoch's shard order)"
-            if dropped
-            else "nothing is left out, but those shards are split between slots"
-        )
-        lines += [
-            "",
-            f"NOT EXACT: {num_shards} shards do not divide into {slots} slots ({num_shards} % {slots} = "
-            f"{num_shards % slots} shards pooled and sliced); {loss}.",
-            f"worker counts in 1..16 that divide exactly for {nodes} x {gpus}: "
-            + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
-        ]
-    elif ok:
-        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s); nothing is left out."]
-    return PlanReport(ok=ok, text="\n".join(lines))

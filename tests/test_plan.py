@@ -7,25 +7,33 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lifeseq_shards import plan as plan_module
 from lifeseq_shards.plan import (
-    INFERENCE,
-    TRAIN,
+    BALANCED,
+    COMPLETE,
+    Partition,
     Segment,
     assign,
     batch_positions,
     coverage,
-    describe,
     epoch_shard_order,
+    first_due,
     left_out,
+    mode_name,
     num_batches,
     num_slots,
+    pass_roles,
+    pass_start,
     rank_batches,
+    resume_point,
     slot_index,
     slot_persons,
     window_order,
     window_permutation,
+    windows,
     worker_batches_consumed,
 )
+from lifeseq_shards.plan_report import describe
 
 worlds = st.integers(1, 8)
 workers = st.integers(0, 8)
@@ -48,10 +56,10 @@ def read_counts(plan: list[list[Segment]], shard_sizes: list[int]) -> list[np.nd
 def test_train_plan_is_disjoint_and_balanced(world, k, num_shards, n, batch, seed, epoch, shuffle, drop_last):
     sizes = [n] * num_shards
     slots = world * max(k, 1)
-    plan = assign(sizes, world, k, mode=TRAIN, seed=seed, epoch=epoch, shuffle=shuffle)
+    plan = assign(sizes, world, k, mode=BALANCED, seed=seed, epoch=epoch, shuffle=shuffle)
     assert len(plan) == slots
     counts = read_counts(plan, sizes)
-    dropped = left_out(sizes, world, k, TRAIN)
+    dropped = left_out(sizes, world, k, BALANCED)
     assert max(c.max() for c in counts) <= 1
     assert sum(int(c.sum()) for c in counts) == num_shards * n - dropped
     assert 0 <= dropped < slots
@@ -64,20 +72,20 @@ def test_train_plan_is_disjoint_and_balanced(world, k, num_shards, n, batch, see
     assert budgets == {(num_shards * n - dropped) // slots}
     for segments in plan:
         assert sum(seg.size < n for seg in segments) <= 2  # a pool slice is shorter than n, so spans <= 2 shards
-    per_rank = rank_batches(sizes, world, k, batch, mode=TRAIN, drop_last=drop_last)
+    per_rank = rank_batches(sizes, world, k, batch, mode=BALANCED, drop_last=drop_last)
     assert len(per_rank) == world and len(set(per_rank)) == 1
     assert per_rank[0] == max(k, 1) * num_batches(budgets.pop(), batch, drop_last)
 
 
 @given(worlds, workers, st.lists(st.integers(0, 50), min_size=0, max_size=60), batches)
 def test_inference_reads_every_person_exactly_once(world, k, sizes, batch):
-    plan = assign(sizes, world, k, mode=INFERENCE, seed=7, epoch=3)
+    plan = assign(sizes, world, k, mode=COMPLETE, seed=7, epoch=3)
     assert all((c == 1).all() for c in read_counts(plan, sizes))
-    assert left_out(sizes, world, k, INFERENCE) == 0
+    assert left_out(sizes, world, k, COMPLETE) == 0
     slots = num_slots(world, k)
     for j, segments in enumerate(plan):
         assert [seg.shard for seg in segments] == list(range(j, len(sizes), slots))
-    assert sum(rank_batches(sizes, world, k, batch, mode=INFERENCE)) == sum(
+    assert sum(rank_batches(sizes, world, k, batch, mode=COMPLETE)) == sum(
         num_batches(slot_persons(segments), batch) for segments in plan
     )
 
@@ -152,31 +160,31 @@ HAND_CASES = [
 
 @pytest.mark.parametrize(("sizes", "world", "k", "expected", "dropped"), HAND_CASES)
 def test_train_plan_by_hand(sizes, world, k, expected, dropped):
-    plan = assign(sizes, world, k, mode=TRAIN, shuffle=False)
+    plan = assign(sizes, world, k, mode=BALANCED, shuffle=False)
     assert [[(s.shard, s.start, s.stop) for s in segments] for segments in plan] == expected
-    assert left_out(sizes, world, k, TRAIN) == dropped
+    assert left_out(sizes, world, k, BALANCED) == dropped
 
 
 def test_shuffled_plan_uses_the_epoch_order():
     order = epoch_shard_order(5, seed=3, epoch=2).tolist()
-    plan = assign([10] * 5, 2, 0, mode=TRAIN, seed=3, epoch=2)
+    plan = assign([10] * 5, 2, 0, mode=BALANCED, seed=3, epoch=2)
     assert plan[0] == [Segment(order[0], 0, 10), Segment(order[2], 0, 10), Segment(order[4], 0, 5)]
     assert plan[1] == [Segment(order[1], 0, 10), Segment(order[3], 0, 10), Segment(order[4], 5, 10)]
 
 
 def test_inference_plan_and_batches_by_hand():
-    plan = assign([5, 5, 5, 2], 2, 0, mode=INFERENCE, shuffle=True, seed=9)
+    plan = assign([5, 5, 5, 2], 2, 0, mode=COMPLETE, shuffle=True, seed=9)
     assert plan == [[Segment(0, 0, 5), Segment(2, 0, 5)], [Segment(1, 0, 5), Segment(3, 0, 2)]]
-    assert rank_batches([5, 5, 5, 2], 2, 0, 4, mode=INFERENCE) == [3, 2]  # 10 persons -> 3, 7 persons -> 2
+    assert rank_batches([5, 5, 5, 2], 2, 0, 4, mode=COMPLETE) == [3, 2]  # 10 persons -> 3, 7 persons -> 2
 
 
 def test_counts_by_hand():
     assert num_slots(4, 0) == 4 and num_slots(2, 3) == 6
     assert slot_index(1, 2, 3) == 5 and slot_index(3, 0, 0) == 3
     assert num_batches(10, 4) == 3 and num_batches(10, 4, drop_last=True) == 2 and num_batches(0, 4) == 0
-    assert rank_batches([10] * 5, 2, 0, 4, mode=TRAIN) == [7, 7]  # 25 persons per slot
-    assert rank_batches([10] * 5, 2, 0, 4, mode=TRAIN, drop_last=True) == [6, 6]
-    assert rank_batches([6] * 4, 1, 2, 5, mode=TRAIN) == [6]  # two slots of 12 persons, 3 batches each
+    assert rank_batches([10] * 5, 2, 0, 4, mode=BALANCED) == [7, 7]  # 25 persons per slot
+    assert rank_batches([10] * 5, 2, 0, 4, mode=BALANCED, drop_last=True) == [6, 6]
+    assert rank_batches([6] * 4, 1, 2, 5, mode=BALANCED) == [6]  # two slots of 12 persons, 3 batches each
     assert batch_positions(2, 4, 10) == range(8, 10) and len(batch_positions(3, 4, 10)) == 0
     assert window_permutation(5, 1, 0, 0, 0).tolist() == [0, 1, 2, 3, 4]
     assert window_permutation(0, 4, 0, 0, 0).size == 0
@@ -192,11 +200,11 @@ def test_counts_by_hand():
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: assign([3, 4], 1, 0, mode=TRAIN),
-        lambda: assign([], 1, 0, mode=TRAIN),
+        lambda: assign([3, 4], 1, 0, mode=BALANCED),
+        lambda: assign([], 1, 0, mode=BALANCED),
         lambda: assign([3], 1, 0, mode="eval"),
-        lambda: assign([3], 0, 0, mode=TRAIN),
-        lambda: assign([3], 1, -1, mode=TRAIN),
+        lambda: assign([3], 0, 0, mode=BALANCED),
+        lambda: assign([3], 1, -1, mode=BALANCED),
         lambda: slot_index(0, 2, 2),
         lambda: num_batches(3, 0),
         lambda: worker_batches_consumed(5, 2, [1, 3]),
@@ -234,3 +242,98 @@ def test_describe_stays_short_for_many_slots():
     assert report.ok
     assert len(report.text.splitlines()) < 40
     assert "112 more slots" in report.text
+
+
+# -- resume and window arithmetic (the reader only composes these) ------------------------------------------------
+def segments_of(sizes: list[int], cuts: list[tuple[int, int]]) -> list[Segment[int]]:
+    """A slot's stream: shard i from person a to b (a <= b <= sizes[i]), one segment per shard, in order."""
+    return [Segment(i, min(a, b, n), min(max(a, b), n)) for i, (n, (a, b)) in enumerate(zip(sizes, cuts, strict=False))]
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(0, 40)), max_size=8),
+       st.integers(1, 50), batches, st.booleans(), st.integers(0, 30))
+def test_windows_cover_the_slot_from_batch_skip_on_in_order(cuts, window, batch, drop_last, skip):
+    segments = segments_of([c[0] for c in cuts], [(a, b) for _, a, b in cuts])
+    stream = [(s.shard, p) for s in segments for p in range(s.start, s.stop)]
+    total = len(stream)
+    first, last = min(skip * batch, total), min(num_batches(total, batch, drop_last) * batch, total)
+    wins = list(windows(segments, window, batch, drop_last, skip))
+    got = [(s.shard, p) for w in wins for s in w.segments for p in range(s.start, s.stop)]
+    if first >= last:
+        assert wins == []
+        return
+    assert wins[0].start <= first < wins[0].stop and wins[-1].start < last <= wins[-1].stop
+    assert got == stream[wins[0].start : wins[-1].stop]
+    for w, nxt in zip(wins, wins[1:], strict=False):
+        assert w.stop == nxt.start
+    for w in wins:
+        assert w.start == w.index * window and w.size == min(window, total - w.start) == sum(s.size for s in w.segments)
+        assert all(s.size > 0 for s in w.segments)
+
+
+@given(worlds, workers, st.integers(1, 6), st.integers(1, 30), batches, seeds, epochs, st.integers(1, 300))
+def test_ordered_windows_follow_the_window_permutation(world, k, num_shards, n, batch, seed, epoch, window):
+    part = Partition((n,) * num_shards, world, k, BALANCED, seed, True, batch, False, window)
+    slot = num_slots(world, k) - 1
+    total = slot_persons(part.segments(slot, epoch))
+    got = [w.start + order for w, order in part.ordered_windows(slot, epoch, 0)]
+    perm = window_permutation(total, window, seed, epoch, slot)
+    assert np.array_equal(np.concatenate(got) if got else np.empty(0, np.int64), perm)
+    assert sum(part.worker_batches(0)) == rank_batches(part.sizes, world, k, batch, mode=BALANCED)[0]
+
+
+def loader_order(per_worker: list[int], per_message: int, roles: list[int], skips: list[int]) -> list[tuple[int, int]]:
+    """(role, batch) in the order an in-order DataLoader returns them: worker k plays ``roles[k]`` from its batch
+    ``skips[roles[k]]``, sending messages cut at multiples of ``per_message`` in its role's numbering; the loader
+    asks worker 0, 1, ... in turn and skips exhausted ones."""
+    queues = []
+    for role in roles:
+        batches_left = list(range(skips[role], per_worker[role]))
+        msgs: list[list[int]] = []
+        for b in batches_left:
+            if not msgs or b % per_message == 0:
+                msgs.append([])
+            msgs[-1].append(b)
+        queues.append([[(role, b) for b in m] for m in msgs])
+    out = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out += q.pop(0)
+    return out
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=6), st.integers(1, 4), st.data())
+def test_pass_roles_resume_the_loaders_order(per_worker, per_message, data):
+    k = len(per_worker)
+    whole = loader_order(per_worker, per_message, list(range(k)), [0] * k)
+    n = data.draw(st.integers(0, len(whole)))
+    roles = pass_roles(n, k, per_worker, per_message)
+    assert sorted(r for r, _ in roles) == list(range(k))  # a permutation: every stream is read, once
+    skips = [0] * k
+    for role, skip in roles:
+        skips[role] = skip
+    assert sum(skips) == n
+    assert loader_order(per_worker, per_message, [r for r, _ in roles], skips) == whole[n:]
+
+
+def test_pass_roles_without_workers_and_pass_starts():
+    assert pass_roles(7, 0, [12]) == [(0, 7)]
+    assert first_due([2, 1], [2, 4], 1) == 1 and first_due([2, 4], [2, 4], 1) == 0  # all done: worker 0
+    assert pass_start(5, 3, 0) == (5, 3) and pass_start(5, 3, 2) == (7, 0)  # only the first pass resumes
+    assert resume_point(4, 9, 10) == (4, 9) and resume_point(4, 10, 10) == (5, 0) and resume_point(4, 0, 0) == (5, 0)
+
+
+def test_old_mode_names_still_work_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="use mode='balanced'"):
+        old = assign([10] * 5, 2, 1, mode="train", seed=3, epoch=2)
+    assert old == assign([10] * 5, 2, 1, mode=BALANCED, seed=3, epoch=2)
+    with pytest.warns(DeprecationWarning, match="use mode='complete'"):
+        assert left_out([5, 5, 2], 2, 0, "inference") == 0
+    for old_name, new in (("TRAIN", BALANCED), ("INFERENCE", COMPLETE)):
+        with pytest.warns(DeprecationWarning, match=f"plan.{old_name} is deprecated"):
+            assert getattr(plan_module, old_name) == new
+    with pytest.warns(DeprecationWarning, match="plan_report.describe"):
+        assert plan_module.describe is describe
+    with pytest.raises(ValueError, match="mode must be 'balanced' or 'complete'"):
+        mode_name("eval")

@@ -46,7 +46,7 @@ from lifeseq_shards.format import (
     write_shard,
 )
 from lifeseq_shards.integrity import shard_entries
-from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Piece, ShardedDataset, ShardedLoader, read_piece
+from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Segment, ShardedDataset, ShardedLoader, read_segment
 
 Batch = dict[str, torch.Tensor]
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
@@ -252,7 +252,7 @@ def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path, per_mess
         want = [b for i in range(0, max(map(len, chunks)), per_message) for c in chunks
                 for b in c[i : i + per_message]]
         for epoch, shuffle in ((0, None), (1, True)):  # inference never shuffles, even when asked
-            got, n = rank_pass(mlm_dataset, world, rank, workers, epoch, mode="inference", batch_size=bs,
+            got, n = rank_pass(mlm_dataset, world, rank, workers, epoch, mode="complete", batch_size=bs,
                                shuffle=shuffle, batches_per_message=per_message)
             assert len(got) == n == len(want)
             for g, w in zip(got, want, strict=True):
@@ -267,10 +267,10 @@ def test_inference_over_several_splits_embeds_everyone(nomlm_dataset: Path, samp
     """What the DataModule's predict reads by default: train and val, remainders included, each person once."""
     with h5py.File(sample / "encoded_nomlm.h5") as h:
         everyone = set(h["sequence_id"][:].tolist())
-    got = np.concatenate([ids_of(rank_pass(nomlm_dataset, 3, rank, 0, mode="inference", split=("train", "val"),
+    got = np.concatenate([ids_of(rank_pass(nomlm_dataset, 3, rank, 0, mode="complete", split=("train", "val"),
                                            batch_size=128)[0]) for rank in range(3)])
     assert len(got) == len(np.unique(got)) == len(everyone) and set(got.tolist()) == everyone
-    with pytest.raises(ValueError, match="only in mode='inference'"):
+    with pytest.raises(ValueError, match="only in mode='complete'"):
         ShardedDataset(nomlm_dataset, ("train", "val"))
 
 
@@ -283,13 +283,13 @@ def take(it: Iterator[Batch], n: int) -> list[Batch]:
 @pytest.mark.parametrize(
     ("world", "rank", "workers", "mode", "bs", "mid", "per_message"),
     [
-        (1, 0, 0, "train", 100, 5, None),
-        (1, 0, 2, "train", 100, 5, 1),  # odd: the batch due next is worker 1's
-        (1, 0, 2, "train", 100, 5, 3),  # inside worker 1's first message of 3 (w0 w0 w0 w1 w1 | w1)
-        (1, 0, 2, "train", 100, 5, None),  # the default, 10 per message: inside worker 0's first
-        (7, 3, 0, "train", 100, 5, None),  # pooled slices: reads start inside shards
-        (3, 0, 2, "inference", 115, 13, 1),  # workers with unequal batch counts (9 and 8)
-        (3, 0, 2, "inference", 115, 13, None),  # the same in messages of 8: w0's 8, w1's 8, w0's last one
+        (1, 0, 0, "balanced", 100, 5, None),
+        (1, 0, 2, "balanced", 100, 5, 1),  # odd: the batch due next is worker 1's
+        (1, 0, 2, "balanced", 100, 5, 3),  # inside worker 1's first message of 3 (w0 w0 w0 w1 w1 | w1)
+        (1, 0, 2, "balanced", 100, 5, None),  # the default, 10 per message: inside worker 0's first
+        (7, 3, 0, "balanced", 100, 5, None),  # pooled slices: reads start inside shards
+        (3, 0, 2, "complete", 115, 13, 1),  # workers with unequal batch counts (9 and 8)
+        (3, 0, 2, "complete", 115, 13, None),  # the same in messages of 8: w0's 8, w1's 8, w0's last one
     ],
 )
 def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: int, mode: str, bs: int,
@@ -519,7 +519,7 @@ def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:
     want = shard_ids(path)
     shard = ShardFile.of(f"pipe:cat {path}", entry, m, manifest_tag(m, schema))
     for start, stop in ((0, PER_SHARD), (20, 60)):
-        blocks = read_piece(Piece(shard, start, stop), schema)
+        blocks = read_segment(Segment(shard, start, stop), schema)
         ids = np.concatenate([b.columns["person_id"] for b in blocks])
         np.testing.assert_array_equal(ids, want[start:stop])
 
@@ -652,7 +652,8 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """...and a resumed run on a node with less shared memory still gets the same message size (the batch order)."""
     roomy = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True))
-    monkeypatch.setattr(reader.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
+    monkeypatch.setattr(reader.loader.shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
     ld = ShardedLoader(ds, persistent_workers=False)
     with pytest.warns(UserWarning, match="--shm-size"):
@@ -705,3 +706,26 @@ def test_a_damaged_shard_is_named(nomlm_dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"train/shard-000003\.tar: block 0: ") as err:
         rank_pass(copy, 1, 0, 0, batch_size=256)
     assert "\n" not in str(err.value)
+
+
+# -- 9. names before issue 14 -------------------------------------------------------------------------------------
+def test_old_mode_names_and_reader_names_still_work_with_a_warning(nomlm_dataset: Path) -> None:
+    """mode="train" / "inference", reader.TRAIN / INFERENCE / Piece and read_piece: same batches, same saved
+    state (the layout stores the old mode names, so checkpoints of either side resume)."""
+    for old, new in (("train", "balanced"), ("inference", "complete")):
+        with pytest.warns(DeprecationWarning, match=f"use mode='{new}'"):
+            was = loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=old)
+        now = loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=new)
+        assert_same_batches(list(was), list(now))
+        assert was.state_dict() == now.state_dict() and now.state_dict()["layout"]["mode"] == old
+    for name, value in (("TRAIN", "balanced"), ("INFERENCE", "complete"), ("Piece", Segment)):
+        with pytest.warns(DeprecationWarning, match=f"reader.{name} is deprecated"):
+            assert getattr(reader, name) == value
+    m = json.loads((nomlm_dataset / "manifest.json").read_text())
+    schema = schema_from_json(m["schema"])
+    entry = m["splits"]["train"]["shards"][0]
+    shard = ShardFile.of(str(nomlm_dataset / entry["file"]), entry, m, manifest_tag(m, schema))
+    with pytest.warns(DeprecationWarning, match="use read_segment"):
+        blocks = reader.read_piece(Segment(shard, 3, 9), schema)
+    assert [b.columns["person_id"].tolist() for b in blocks] == [
+        b.columns["person_id"].tolist() for b in read_segment(Segment(shard, 3, 9), schema)]

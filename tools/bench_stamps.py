@@ -18,7 +18,6 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import zstandard
@@ -37,7 +36,7 @@ from lifeseq_shards.format import (
     to_runs,
     token_schema,
 )
-from lifeseq_shards.reader import collate_packed
+from lifeseq_shards.reader import BatchSpec, collate_packed
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW, BATCH = 4096, 256
@@ -56,12 +55,12 @@ def gather_seconds(block: Block, schema: list[Field], seed: int = 0) -> float:
     """Time of the reader's packed collate (its gathers into one buffer) over every window of ``block``: one pass,
     batches of 256 from shuffled 4,096-person windows."""
     rng = np.random.default_rng(seed)
-    ds = SimpleNamespace(schema=schema, pad_multiple=8)  # what collate_packed reads of a ShardedDataset
+    spec = BatchSpec(schema, BATCH, packed=True)
     t0 = time.perf_counter()
     for lo in range(0, block.n, WINDOW):
         order = lo + rng.permutation(min(WINDOW, block.n - lo))
         for i in range(0, len(order), BATCH):
-            collate_packed(block, ds, order[i : i + BATCH])  # type: ignore[arg-type]
+            collate_packed(block, spec, order[i : i + BATCH])
     return time.perf_counter() - t0
 
 

@@ -1,0 +1,124 @@
+"""The epoch's plan as `shardify plan` prints it: a table of which slot reads what, a check of the plan's invariants
+(:mod:`lifeseq_shards.plan`) and a verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .plan import (
+    BALANCED,
+    Segment,
+    assign,
+    coverage,
+    left_out,
+    num_batches,
+    num_slots,
+    slot_persons,
+    sum_per_rank,
+)
+
+_MAX_SLOT_LINES = 16
+_MAX_SEGMENTS_SHOWN = 6
+
+
+@dataclass
+class PlanReport:
+    ok: bool
+    text: str
+
+
+def _segments_text(segments: list[Segment[int]], shard_sizes: Sequence[int]) -> str:
+    """'#3 #7 #9[0:40)': whole shards by number, partial ones with their person range."""
+    items = [
+        f"#{seg.shard}" if seg.size == shard_sizes[seg.shard] else f"#{seg.shard}[{seg.start}:{seg.stop})"
+        for seg in segments
+    ]
+    if len(items) > _MAX_SEGMENTS_SHOWN:
+        items = items[: _MAX_SEGMENTS_SHOWN - 1] + [f"... +{len(items) - _MAX_SEGMENTS_SHOWN + 1} more"]
+    return " ".join(items) or "-"
+
+
+def _span(values: Iterable[int]) -> str:
+    """'5' when all values agree, else '4-5'."""
+    values = list(values)
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def describe(
+    shard_sizes: Sequence[int],
+    remainder: int,
+    nodes: int,
+    gpus: int,
+    workers: int,
+    batch_size: int,
+    *,
+    drop_last: bool = False,
+    seed: int = 0,
+) -> PlanReport:
+    """The epoch-0 training plan as `shardify plan` prints it, with a check of its invariants and a verdict.
+
+    ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole shards and
+    nothing is left out.
+    """
+    world = nodes * gpus
+    slots = num_slots(world, workers)
+    k = max(workers, 1)
+    num_shards = len(shard_sizes)
+    plan = assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0)
+    persons = [slot_persons(segments) for segments in plan]
+    batches = [num_batches(p, batch_size, drop_last) for p in persons]
+    per_rank = sum_per_rank(batches, workers)
+    total = sum(shard_sizes)
+    dropped = left_out(shard_sizes, world, workers, BALANCED)
+    read, distinct = coverage(plan)
+
+    lines = [
+        f"train split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} persons "
+        "(inference only)",
+        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
+        f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}",
+        "",
+        f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards",
+    ]
+    shown = range(min(slots, _MAX_SLOT_LINES))
+    for j in shown:
+        worker = str(j % k) if workers else "-"
+        lines.append(
+            f"{j // k:>5} {worker:>6} {j:>5} {persons[j]:>8} {batches[j]:>8}  {_segments_text(plan[j], shard_sizes)}"
+        )
+    if slots > len(shown):
+        rest = range(len(shown), slots)
+        lines.append(
+            f"  ... {len(rest)} more slots: {_span(persons[j] for j in rest)} persons, "
+            f"{_span(batches[j] for j in rest)} batches each"
+        )
+    equal = min(per_rank) == max(per_rank)
+    lines += [
+        "",
+        f"batches per rank: {_span(per_rank)}" + (" (all equal)" if equal else " (UNEQUAL: the all-reduce would hang)"),
+        f"coverage: {distinct} distinct (shard, person) positions read, {read} reads, "
+        f"{'no overlap' if read == distinct else f'{read - distinct} OVERLAPPING'}; "
+        f"{distinct} read + {dropped} left out = {distinct + dropped} of {total}",
+    ]
+    if persons[0] == 0:
+        lines.append(f"WARNING: {slots} slots for {total} persons - every slot reads nothing")
+    ok = num_shards % slots == 0 and equal and read == distinct and distinct + dropped == total
+    if num_shards % slots:
+        fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
+        loss = (
+            f"{dropped} persons per epoch are left out (which ones changes with the epoch's shard order)"
+            if dropped
+            else "nothing is left out, but those shards are split between slots"
+        )
+        lines += [
+            "",
+            f"NOT EXACT: {num_shards} shards do not divide into {slots} slots ({num_shards} % {slots} = "
+            f"{num_shards % slots} shards pooled and sliced); {loss}.",
+            f"worker counts in 1..16 that divide exactly for {nodes} x {gpus}: "
+            + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
+        ]
+    elif ok:
+        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s); nothing is left out."]
+    return PlanReport(ok=ok, text="\n".join(lines))

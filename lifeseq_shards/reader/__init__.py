@@ -1,0 +1,44 @@
+"""The DDP reader: a webdataset pipeline whose node/worker split comes from the pure plan, not from the environment.
+
+One concern per module: :mod:`.dataset` (configuration, plan queries, epoch control, ``__iter__``), :mod:`.stages`
+(the pipeline's generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`),
+:mod:`.transport` (the workers' shared-memory rings and process context) and :mod:`.loader` (:class:`ShardedLoader`
+and its checkpoint state). docs/architecture.md shows how the data flows between them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..plan import BALANCED, COMPLETE, Segment
+from .collate import BatchSpec, collate, collate_packed, collate_padded
+from .dataset import LAUNCHER_VARS, MAX_WORKERS, EpochControl, ShardedDataset, default_rank_world
+from .loader import (
+    MAX_PREFETCH,
+    PIPE_MESSAGE_PERSONS,
+    RING_MESSAGE_PERSONS,
+    RING_PERSON_BYTES,
+    SHM_DIR,
+    DatasetChanged,
+    ShardedLoader,
+)
+from .stages import batches, load_windows, messages, read_piece, read_segment, slot_windows
+from .transport import PIPE_BYTES, RingSlot, RingViews, RingWriter, WorkerLink
+
+__all__ = [
+    "BALANCED", "COMPLETE", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES", "PIPE_MESSAGE_PERSONS",
+    "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
+    "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink", "batches",
+    "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages", "read_piece",
+    "read_segment", "slot_windows",
+]
+
+_RENAMED = {"TRAIN": "BALANCED", "INFERENCE": "COMPLETE", "Piece": "Segment"}  # deprecated names
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        warnings.warn(f"lifeseq_shards.reader.{name} is deprecated: use {_RENAMED[name]}", DeprecationWarning,
+                      stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,251 @@
+"""The dataset: its configuration (from the manifest and the arguments), the plan's queries, the epoch control
+that reaches persistent workers, and ``__iter__``, which composes the stages for this rank and worker.
+
+Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
+``torch.distributed`` is not initialised and RANK is unset) cannot lose them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+
+import torch
+import webdataset as wds
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .. import plan
+from ..format import (
+    MANIFEST,
+    ManifestError,
+    ShardFile,
+    dataset_url,
+    has_offline_mlm,
+    manifest_fingerprint,
+    manifest_tag,
+    read_manifest,
+    schema_from_json,
+)
+from ..plan import BALANCED, COMPLETE
+from .collate import BatchSpec
+from .stages import batches, load_windows, messages, slot_windows
+from .transport import RingWriter, WorkerLink, exit_with
+
+MAX_WORKERS = 256
+
+# (rank, world size) variables of the launchers, in the order they are asked: torchrun's, then Slurm's (srun sets
+# them for every task; a script run by srun without torchrun has only these)
+LAUNCHER_VARS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+
+
+def default_rank_world() -> tuple[int, int]:
+    """torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE, else srun's SLURM_PROCID /
+    SLURM_NTASKS, else a single process. Refuses an environment that announces several processes without saying
+    which one this is: every process would read everything."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    for rank_var, world_var in LAUNCHER_VARS:
+        rank, world = os.environ.get(rank_var), os.environ.get(world_var)
+        if rank is not None:
+            return int(rank), int(world if world is not None else 1)
+        if world is not None and int(world) > 1:
+            raise RuntimeError(f"{world_var}={world} says there are {world} processes but {rank_var} is not set: "
+                               "this process cannot tell which part of the data is its own. Launch with torchrun or "
+                               "srun, or pass rank= and world_size= to ShardedDataset")
+    return 0, 1
+
+
+class EpochControl:
+    """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
+    epoch of the next pass, the batches of it to skip (resume), and the passes each worker started since then
+    (a worker's n-th pass is epoch + n; :func:`plan.pass_start`)."""
+
+    _EPOCH, _SKIP, _PASSES = 0, 1, 2
+
+    def __init__(self, num_workers: int) -> None:
+        self._t = torch.zeros(self._PASSES + max(1, num_workers), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self._t.zero_()
+        self._t[self._EPOCH], self._t[self._SKIP] = epoch, skip
+
+    def peek(self, worker: int = 0) -> tuple[int, int]:
+        """(epoch, batches to skip) of ``worker``'s next pass."""
+        t = self._t
+        return plan.pass_start(int(t[self._EPOCH]), int(t[self._SKIP]), int(t[self._PASSES + worker]))
+
+    def claim_pass(self, worker: int) -> tuple[int, int]:
+        """:meth:`peek`, and count the pass as started."""
+        start = self.peek(worker)
+        self._t[self._PASSES + worker] += 1
+        return start
+
+
+class ShardedDataset(IterableDataset):
+    """Collated batches of one split, each person at most once per epoch across all ranks and workers.
+
+    ``mode="balanced"`` (training, validation): every rank yields the same number of batches; the persons that do
+    not divide among the readers are left out (a different few each epoch), and the remainder shard is skipped.
+    ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield different
+    numbers of batches; never shuffled. ``split`` may name several splits in complete mode (e.g.
+    ``("train", "val")`` to embed everyone). The old names ``"train"`` / ``"inference"`` still work, with a
+    DeprecationWarning.
+
+    Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
+    ``len()`` is the exact number of batches this rank yields per epoch.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
+                 rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
+                 mode: str = BALANCED, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
+                 pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
+                 window_persons: int = 4096,
+                 packed: bool = False) -> None:
+        super().__init__()
+        mode = plan.mode_name(mode)
+        self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
+        splits = [split] if isinstance(split, str) else list(split)
+        if len(splits) > 1 and mode != COMPLETE:
+            raise ValueError("several splits are read together only in mode='complete' (the shards of different "
+                             "splits differ in size)")
+        if rank is None or world_size is None:
+            d_rank, d_world = default_rank_world()
+            rank, world_size = d_rank if rank is None else rank, d_world if world_size is None else world_size
+        self.rank, self.world_size = rank, world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        if not 0 <= num_workers <= MAX_WORKERS:
+            raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
+        if packed and pad_to is not None:
+            raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
+        self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
+        self.shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
+        self.num_workers, self.drop_last = num_workers, drop_last
+        self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed
+
+        # -- the manifest: schema, fingerprint, the shards this mode reads ----------------------------------------
+        self.manifest = read_manifest(self.root)
+        missing = [s for s in splits if s not in self.manifest["splits"]]
+        if missing or not splits:
+            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest['splits'])})")
+        self.schema = schema_from_json(self.manifest["schema"])
+        self.offline_mlm = has_offline_mlm(self.manifest)
+        if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
+            raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
+                                "checksums (edited by hand?); `shardify verify` checks the rest")
+        self.fingerprint = self.manifest["fingerprint"]
+        entries = []
+        for name in splits:
+            info = self.manifest["splits"][name]
+            entries += info["shards"] + ([info["remainder"]] if mode == COMPLETE and info["remainder"] else [])
+        tag = manifest_tag(self.manifest, self.schema)
+        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, tag) for e in entries]
+        self.sizes = [e["samples"] for e in entries]
+        remainder = (self.manifest["splits"][splits[0]].get("remainder") or {}).get("samples", 0)
+
+        # the shuffle window: a few shards, and never so few persons that the shuffle stays local
+        self.window = max(window_persons, window_shards * max(self.sizes, default=1))
+        self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, self.shuffle,
+                                        batch_size, drop_last, self.window)
+        self.spec = BatchSpec(self.schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
+                              self.root)
+        self._control = EpochControl(num_workers)
+        self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
+        self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
+        self._warn_static_balance(remainder)
+
+    # -- the plan ---------------------------------------------------------------------------------------------
+    def _warn_static_balance(self, remainder: int) -> None:
+        if self.mode != BALANCED or not self.sizes:
+            return
+        slots = plan.num_slots(self.world_size, self.num_workers)
+        lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode)
+        if len(self.sizes) % slots:
+            lost_text = (f"{lost} persons are left out this epoch (a different {lost} each epoch)" if lost
+                         else "no person is left out, but some shards are split between readers")
+            warnings.warn(
+                f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
+                f"{max(1, self.num_workers)} workers); balancing statically from the manifest: {lost_text}; "
+                f"training also skips the {remainder}-person remainder shard. "
+                f"`shardify plan` lists worker counts that divide exactly.",
+                stacklevel=3,
+            )
+
+    def per_worker_batches(self) -> list[int]:
+        """Batches each worker of this rank yields per epoch (the same every epoch)."""
+        return self.partition.worker_batches(self.rank)
+
+    def __len__(self) -> int:
+        return sum(self.per_worker_batches())
+
+    # -- epochs and resume ------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
+        self._control.set_epoch(epoch)
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned."""
+        self._control.set_epoch(epoch, batches)
+
+    def next_pass(self) -> tuple[int, int]:
+        """(epoch, batches the loader returned of it already) of the next pass, as the workers will compute it."""
+        return self._control.peek()
+
+    def next_epoch(self) -> int:
+        """Epoch number of the next pass, as the workers will compute it."""
+        return self.next_pass()[0]
+
+    # -- the loader's side ------------------------------------------------------------------------------------
+    def attach(self, link: WorkerLink) -> None:
+        """Take a loader's message size, rings and owner process (:class:`ShardedLoader` calls it before its
+        workers start)."""
+        self._link = link
+
+    @property
+    def batches_per_message(self) -> int:
+        return self._link.batches_per_message
+
+    @property
+    def rings(self) -> torch.Tensor | None:
+        return self._link.rings
+
+    @property
+    def ring_ctl(self) -> torch.Tensor | None:
+        return self._link.ring_ctl
+
+    # -- iteration --------------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, k = (0, 0) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            exit_with(self._link.owner)
+        if k != self.num_workers:
+            raise RuntimeError(
+                f"ShardedDataset was built for num_workers={self.num_workers} but runs in a DataLoader with "
+                f"num_workers={k}: the plan would overlap or miss persons. Pass the same num_workers to both "
+                "(ShardedLoader does it for you)."
+            )
+        epoch, skip_total = self._control.claim_pass(worker)
+        per_message = self._link.batches_per_message if k else 1
+        role, skip = plan.pass_roles(skip_total, self.num_workers, self.per_worker_batches(), per_message)[worker]
+        slot = plan.slot_index(self.rank, role, self.num_workers)
+        stages = [
+            lambda: slot_windows(self.partition, slot, epoch, skip),
+            lambda src: load_windows(src, self.shards, self.schema),
+            lambda src: batches(src, self.spec, skip),
+        ]
+        writer = self._writer(worker)
+        if per_message > 1 or writer is not None:
+            stages.append(lambda src: messages(src, per_message, skip, writer))
+        return iter(wds.DataPipeline(*stages))
+
+    def _writer(self, worker: int) -> RingWriter | None:
+        """This worker's ring writer, set for a new pass; None without rings (no workers, or batches not packed)."""
+        link = self._link
+        if link.rings is None or link.ring_ctl is None:
+            return None
+        if self._ring_writer is None:
+            self._ring_writer = RingWriter(link.rings, link.ring_ctl, worker)
+        self._ring_writer.new_pass()
+        return self._ring_writer

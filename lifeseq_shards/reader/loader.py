@@ -1,0 +1,227 @@
+"""The loader: a DataLoader that keeps the dataset's worker count in step, owns the workers' rings and message size
+(handed to the dataset as one :class:`WorkerLink`), copies packed batches out of the rings, and saves and restores
+its position (its checkpoint state)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .. import plan
+from .dataset import ShardedDataset
+from .transport import RingSlot, RingViews, WorkerLink, make_rings, worker_context
+
+MAX_PREFETCH = 64  # messages in flight per worker, at most
+# Persons per worker message; the main process pays the DataLoader's per-item costs once per message. Through the
+# rings only slots cross the pipe; through the pipe a message crosses in one write only if the pipe holds it.
+RING_MESSAGE_PERSONS = 4096
+PIPE_MESSAGE_PERSONS = 1024
+RING_PERSON_BYTES = 1024  # ring bytes per person in flight: above a packed person, offline MLM fields included
+SHM_DIR = "/dev/shm"
+
+
+class DatasetChanged(RuntimeError):
+    """A resume state was saved for another dataset (its fingerprint differs)."""
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+def _quiet_lightning_len_warning() -> None:
+    """Lightning warns that the ``__len__`` of any loader over an IterableDataset "could be inaccurate"; this
+    loader's is exact (each rank's count from the plan, tested). Python's filters cannot tell loaders apart, so the
+    filter is as narrow as they allow: that one message, from Lightning's ``utilities.data`` (either package), only
+    in a process that has built a ShardedLoader (adding it again replaces it: no duplicates)."""
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined",
+                            module=r"(lightning\.pytorch|pytorch_lightning)\.utilities\.data")
+
+
+class ShardedLoader(DataLoader):
+    """A DataLoader that keeps the dataset's worker count in step, numbers the epochs and can resume exactly.
+
+    ``state_dict()`` / ``load_state_dict()`` make it a Lightning stateful loader: a run stopped after n batches and
+    resumed yields exactly the batches it had not yet yielded. A changed dataset is refused.
+
+    Workers send ``batches_per_message`` batches per item (default: about 4,096 persons through the rings below,
+    1,024 through the pipe, which then holds a message whole), which this loader hands out one at a time: the main
+    process's cost per item (the DataLoader's bookkeeping, the index queue, the pipe, unpickling) is paid once per
+    message, and it competes with the workers for the node's cores.
+
+    Packed batches cross from the workers through shared memory: each worker writes them into a ring of
+    ``ring_bytes`` (default: the bytes of the batches in flight, ~20 MB per worker at batch 256 and a 4,096-person
+    window) and this loader copies each one out once (into pinned memory when ``pin_memory``) as it arrives.
+    ``ring_bytes=0``, or a ``/dev/shm`` with less than twice the rings' size free (with a warning), sends them
+    through the pipes instead.
+    """
+
+    def __init__(self, dataset: ShardedDataset, num_workers: int | None = None, *,
+                 batches_per_message: int | None = None, ring_bytes: int | None = None, **kwargs: Any) -> None:
+        if num_workers is not None and num_workers != dataset.num_workers:
+            raise ValueError(f"num_workers={num_workers} but the dataset was built for {dataset.num_workers}")
+        if not kwargs.get("in_order", True):
+            raise ValueError("ShardedLoader needs in_order=True: exact resume and the workers' rings rely on each "
+                             "worker's batches coming back in the order it made them")
+        if batches_per_message is None:  # from the arguments alone, so that a resumed run gets the same value
+            rings = dataset.packed and ring_bytes != 0
+            persons = RING_MESSAGE_PERSONS if rings else PIPE_MESSAGE_PERSONS
+            batches_per_message = max(1, persons // dataset.batch_size)
+        if batches_per_message < 1:
+            raise ValueError(f"batches_per_message must be >= 1, not {batches_per_message}")
+        self._per_message = batches_per_message if dataset.num_workers else 1
+        self._rings: tuple[torch.Tensor, torch.Tensor] | None = None  # the workers' rings and control words
+        dataset.attach(self._link())
+        kwargs.setdefault("pin_memory", torch.cuda.is_available())
+        if dataset.num_workers:
+            kwargs.setdefault("persistent_workers", True)
+            # a worker stops yielding while it loads its next window (a burst of decompression), and the in-order
+            # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
+            window_messages = -(-dataset.window // (dataset.batch_size * self._per_message))
+            kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
+            kwargs.setdefault("multiprocessing_context", worker_context())
+        # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
+        kwargs.setdefault("collate_fn", _as_is)
+        super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
+        if ring_bytes is None:
+            in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
+            ring_bytes = in_flight * self._per_message * dataset.batch_size * RING_PERSON_BYTES
+        self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
+        self._epoch = 0
+        self._yielded = 0
+        _quiet_lightning_len_warning()
+        self._live: object | None = None  # the pass under way (begun, not finished): its position cannot move
+
+    def _link(self) -> WorkerLink:
+        """What this loader's workers need to know, as of now (this process owns them)."""
+        rings, ctl = self._rings if self._rings is not None else (None, None)
+        return WorkerLink(self._per_message, rings, ctl, os.getpid())
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        rings = self._start_rings()
+        ds.attach(self._link())  # before the workers start: they exit with this process
+        self._epoch, self._yielded = ds.next_pass()
+        iteration = 0
+        if rings is not None:
+            iteration = int(rings.ctl[0]) + 1
+            rings.ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
+        items = super().__iter__()
+        self._live = this_pass = object()
+        try:
+            for item in items:
+                group = item if isinstance(item, list) else [item]
+                self._take_buffers(group, rings)
+                for batch in group:
+                    self._yielded += 1
+                    yield batch
+        finally:
+            # exhausted or abandoned: this pass's workers stop waiting for ring space (unless a newer iteration took
+            # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
+            if rings is not None and int(rings.ctl[0]) == iteration:
+                rings.ctl[0] = iteration + 1
+            if self._live is this_pass:  # a later pass may have begun before this one was closed
+                self._live = None
+            del items
+
+    def _start_rings(self) -> RingViews | None:
+        """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if not self.ring_bytes:
+            return None
+        if self._rings is None or not self.persistent_workers:
+            need = ds.num_workers * self.ring_bytes
+            free = shutil.disk_usage(SHM_DIR).free if os.path.isdir(SHM_DIR) else None
+            if free is not None and free < 2 * need:
+                warnings.warn(f"{SHM_DIR} has {free >> 20} MiB free, less than twice the workers' rings ({need >> 20} "
+                              "MiB): batches go through the workers' pipes instead, which costs the training process "
+                              "more CPU. Give the container more shared memory (docker run --shm-size).", stacklevel=3)
+                self.ring_bytes = 0
+                return None
+            self._rings = make_rings(ds.num_workers, self.ring_bytes)
+        data, ctl = self._rings
+        return RingViews(data.numpy(), ctl.numpy())
+
+    def _take_buffers(self, group: list[dict[str, Any]], rings: RingViews | None) -> None:
+        """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
+        whose bytes are then released, or taken from the pipe's copy."""
+        released: dict[int, int] = {}
+        for batch in group:
+            packed = batch.get("packed")
+            if isinstance(packed, RingSlot):
+                assert rings is not None
+                out = torch.empty(packed.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+                # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
+                out.numpy()[:] = rings.data[packed.worker, packed.offset : packed.offset + packed.nbytes]
+                batch["packed"] = out
+                released[packed.worker] = packed.end
+            elif isinstance(packed, np.ndarray):
+                buf = torch.from_numpy(packed)
+                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
+        if released:
+            assert rings is not None
+            for worker, end in released.items():
+                rings.ctl[1 + worker] = end
+
+    # -- checkpoint state -------------------------------------------------------------------------------------
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it returned so far) of the current or last pass."""
+        return self._epoch, self._yielded
+
+    def state_dict(self, epoch_batches: int | None = None,
+                   position: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
+        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``position``: (epoch, batches) as of the
+        batch the consumer uses now, when it has taken more (a prefetcher's batches built ahead, which the resumed
+        pass returns again); default :attr:`position`."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        epoch, consumed = self.position if position is None else position
+        epoch, batches = plan.resume_point(epoch, consumed, len(ds) if epoch_batches is None else epoch_batches)
+        return {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
+                "layout": self._layout()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next pass where ``state`` says. Refused once a pass has begun: its workers already read on."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if self._live is not None:
+            raise RuntimeError(
+                f"{ds.root}: load_state_dict() after this loader began a pass ({self._yielded} batches into epoch "
+                f"{self._epoch}): resuming now would replay or skip batches. Load the state before iterating "
+                "(LifeSeqDataModule does, whenever Lightning builds the loader)")
+        if state["fingerprint"] != ds.fingerprint:
+            raise DatasetChanged(
+                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
+                ": the data changed since the checkpoint, so its position in the epoch means nothing here"
+            )
+        now, then = self._layout(), state["layout"]
+        missing = [k for k in now if k not in then]
+        if missing:
+            raise ValueError(f"cannot resume exactly: the checkpoint's loader state does not record "
+                             f"{', '.join(missing)} (saved by an older lifeseq_shards), so it may have read in another "
+                             "order; resume without the loader's state to start its epoch over")
+        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if then[k] != now[k]]
+        if changed:
+            raise ValueError(f"cannot resume exactly: {'; '.join(changed)} since the checkpoint (another split, or "
+                             "another order of its persons)")
+        ds.resume_at(int(state["epoch"]), int(state["batches"]))
+        self._epoch, self._yielded = int(state["epoch"]), int(state["batches"])
+
+    def _layout(self) -> dict[str, Any]:
+        """Every setting that decides which persons a position in the epoch holds: a state resumes only into the
+        same (``window`` = max(window_persons, window_shards x the largest shard's persons)). The mode is stored
+        under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        return {"split": [ds.split] if isinstance(ds.split, str) else list(ds.split), "world_size": ds.world_size,
+                "num_workers": ds.num_workers, "batch_size": ds.batch_size, "seed": ds.seed,
+                "mode": plan.STORED_MODE[ds.mode], "shuffle": ds.shuffle, "drop_last": ds.drop_last,
+                "window": ds.window, "batches_per_message": self._per_message}

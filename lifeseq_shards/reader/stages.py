@@ -1,0 +1,125 @@
+"""The reader's pipeline stages, each a small generator taking what it needs (the plan's inputs, the shard files,
+a :class:`BatchSpec`), composed by ``ShardedDataset.__iter__`` in a ``webdataset.DataPipeline``:
+
+``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O)
+-> ``load_windows`` (stream the needed tar members over webdataset's gopen: a local or shared filesystem, http(s),
+or a ``pipe:`` command; decode only the blocks needed)
+-> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens)
+-> ``messages`` (in DataLoader workers: a few batches per item, packed buffers moved into the worker's ring).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import webdataset as wds
+import zstandard
+
+from ..format import Block, Field, ShardFile, concat_blocks, decode_member, is_local, iter_tar_members
+from ..plan import Partition, Segment, Window
+from .collate import BatchSpec, collate
+from .transport import RingWriter
+
+Ordered = tuple[Window, np.ndarray]  # a window and the order its persons are yielded in (indices into it)
+
+
+def slot_windows(partition: Partition, slot: int, epoch: int, skip: int) -> Iterator[Ordered]:
+    """Stage 1: the windows of this slot's stream that hold its batches from ``skip`` on, each with its order."""
+    return partition.ordered_windows(slot, epoch, skip)
+
+
+def load_windows(src: Iterator[Ordered], shards: Sequence[ShardFile],
+                 schema: list[Field]) -> Iterator[tuple[Window, np.ndarray, Block]]:
+    """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy."""
+    for win, order in src:
+        parts = [b for s in win.segments for b in read_segment(Segment(shards[s.shard], s.start, s.stop), schema)]
+        yield win, order, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
+
+
+def read_segment(segment: Segment[ShardFile], schema: list[Field]) -> list[Block]:
+    """The blocks holding persons [start, stop) of one shard file, each cut to that range (views, no copy). Every
+    member met is checked against the manifest (:class:`ShardFile`), and a read of the shard's last block makes sure
+    that none follows it: a shard that is not the manifest's, or holds other counts, fails here, naming it."""
+    shard, bp = segment.shard, segment.shard.block_persons
+    first, last = segment.start // bp, (segment.stop - 1) // bp
+    blocks = []
+    i = 0  # the member being read
+    # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
+    stream = open(shard.url, "rb") if is_local(shard.url) else wds.gopen(shard.url, "rb")
+    try:
+        for name, data in iter_tar_members(stream):
+            shard.check_member(i, name, data)
+            if i >= first:
+                block = decode_member(data, schema, shard.tag)
+                shard.check_block(i, block)
+                blocks.append(block.slice(max(segment.start - i * bp, 0), min(segment.stop - i * bp, block.n),
+                                          schema))
+                if i == last < shard.blocks - 1:
+                    break
+            i += 1
+    except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which one, in one line
+        raise OSError(f"{shard.url}: block {i}: {e}") from None
+    finally:
+        stream.close()
+    if len(blocks) != last - first + 1:
+        raise OSError(f"{shard.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
+    return blocks
+
+
+def read_piece(piece: Segment[ShardFile], schema: list[Field]) -> list[Block]:
+    """Deprecated name of :func:`read_segment`."""
+    warnings.warn("lifeseq_shards.reader.read_piece is deprecated: use read_segment", DeprecationWarning,
+                  stacklevel=2)
+    return read_segment(piece, schema)
+
+
+def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[dict[str, Any]]:
+    """Stage 3: cut the permuted stream into batches and collate them: one gather per batch from its window (a
+    batch that spans two windows joins its two parts), so the cost is linear in the persons read."""
+    size, schema = spec.batch_size, spec.schema
+    carry: Block | None = None
+    b = skip
+    for win, win_order, block in src:
+        order = win_order[max(b * size - win.start, 0):]  # resume may start inside the first window
+        i = 0
+        if carry is not None:
+            i = min(size - carry.n, len(order))
+            carry = concat_blocks([carry, block.take(order[:i], schema)], schema)
+            if carry.n < size:
+                continue
+            yield collate(carry, spec)
+            b, carry = b + 1, None
+        while i + size <= len(order):
+            yield collate(block, spec, order[i : i + size])
+            b, i = b + 1, i + size
+        if i < len(order):
+            carry = block.take(order[i:], schema)
+    if carry is not None and not spec.drop_last:
+        yield collate(carry, spec)
+
+
+def messages(src: Iterator[dict[str, Any]], per_message: int, first: int,
+             writer: RingWriter | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Stage 4 (DataLoader workers): lists of ``per_message`` batches, cut at multiples of it in the worker's own
+    batch numbering (batch ``first`` is the first one read), so that a resumed pass sends the same messages as an
+    uninterrupted one from its first whole message on. With a ``writer``, a complete message's packed buffers go
+    into the worker's ring and RingSlots take their place: the pipe then carries a few hundred bytes per batch.
+    A message too large for the ring keeps its buffers and travels through the pipe."""
+    def send(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if writer is not None and writer.fits(sum(b["packed"].nbytes for b in group)):
+            for batch in group:
+                batch["packed"] = writer.put(batch["packed"])
+        return group
+
+    group: list[dict[str, Any]] = []
+    for b, batch in enumerate(src, start=first):
+        group.append(batch)
+        if (b + 1) % per_message == 0:
+            yield send(group)
+            group = []
+    if group:
+        yield send(group)
+
