@@ -225,7 +225,7 @@ def ours(work: Path, workers: int, root: str = "ours", rank: int = 0, world_size
     from lifeseq_shards import ShardedDataset, ShardedLoader
 
     # packed: one buffer of real tokens per batch; the training step pads it on the device (device.unpack)
-    ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="train",
+    ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="balanced",
                         shuffle=True, seed=0, packed=True, rank=rank, world_size=world_size)
     return ShardedLoader(ds)
 
