@@ -89,7 +89,7 @@ def test_packed_batches_through_worker_rings_are_pinned(synth_dataset: Path) -> 
 
 
 def test_inference_over_all_splits_is_pinned(synth_dataset: Path) -> None:
-    ds = ShardedDataset(synth_dataset, ("train", "val"), batch_size=50, rank=0, world_size=3, mode="inference")
+    ds = ShardedDataset(synth_dataset, ("train", "val"), batch_size=50, rank=0, world_size=3, mode="complete")
     assert digest(ShardedLoader(ds)) == "a3eebef6a26dc293"
 
 
