@@ -40,26 +40,17 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from . import plan
 from .format import (
     COUNT_OF,
-    MANIFEST,
     RAGGED,
     SCALAR,
     Block,
-    ManifestError,
-    ShardFile,
     concat_blocks,
-    dataset_url,
     decode_member,
     expand_runs,
-    has_offline_mlm,
-    is_local,
-    iter_tar_members,
-    manifest_fingerprint,
-    manifest_tag,
     ragged_counts,
-    read_manifest,
-    schema_from_json,
     token_schema,
 )
+from .manifest import MANIFEST, ManifestError, Split, dataset_url, is_local, read_manifest
+from .shardfile import ShardFile, iter_tar_members
 
 TRAIN, INFERENCE = plan.TRAIN, plan.INFERENCE
 MAX_WORKERS = 256
@@ -139,9 +130,9 @@ class ShardedDataset(IterableDataset):
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         self.manifest = read_manifest(self.root)
         splits = [split] if isinstance(split, str) else list(split)
-        missing = [s for s in splits if s not in self.manifest["splits"]]
+        missing = [s for s in splits if s not in self.manifest.splits]
         if missing or not splits:
-            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest['splits'])})")
+            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest.splits)})")
         if len(splits) > 1 and mode != INFERENCE:
             raise ValueError("several splits are read together only in mode='inference' (training shards of "
                              "different splits differ in size)")
@@ -159,22 +150,18 @@ class ShardedDataset(IterableDataset):
         self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
-        self.schema = schema_from_json(self.manifest["schema"])
+        self.schema = self.manifest.schema
         # offline MLM targets point into the whole sequence: such a dataset is padded to pad_to, never cropped
-        self.offline_mlm = has_offline_mlm(self.manifest)
-        if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
+        self.offline_mlm = self.manifest.offline_mlm
+        if not self.manifest.fingerprint_matches:
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
-        entries = []
-        for name in splits:
-            info = self.manifest["splits"][name]
-            entries += info["shards"] + ([info["remainder"]] if mode == INFERENCE and info["remainder"] else [])
-        tag = manifest_tag(self.manifest, self.schema)
-        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, tag) for e in entries]
-        self.sizes = [e["samples"] for e in entries]
+        entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == INFERENCE)]
+        self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
+        self.sizes = [e.samples for e in entries]
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))
-        self.fingerprint = self.manifest["fingerprint"]
+        self.fingerprint = self.manifest.fingerprint
         # [0] epoch of the next pass, [1] batches of it to skip (resume), [2+k] passes started by worker k since then
         self._ctl = torch.zeros(2 + max(1, num_workers), dtype=torch.int64).share_memory_()
         # batches per item a DataLoader worker sends (a list of them when > 1); ShardedLoader sets it and unpacks
@@ -186,15 +173,15 @@ class ShardedDataset(IterableDataset):
         self.ring_ctl: torch.Tensor | None = None
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
         self._owner = os.getpid()  # the process that reads the batches: workers die with it (ShardedLoader resets it)
-        self._warn_static_balance(self.manifest["splits"][splits[0]])
+        self._warn_static_balance(self.manifest.splits[splits[0]])
 
     # -- the plan ---------------------------------------------------------------------------------------------
-    def _warn_static_balance(self, info: dict[str, Any]) -> None:
+    def _warn_static_balance(self, info: Split) -> None:
         if self.mode != TRAIN or not self.sizes:
             return
         slots = plan.num_slots(self.world_size, self.num_workers)
         lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode)
-        rem = (info.get("remainder") or {}).get("samples", 0)
+        rem = info.remainder_persons
         if len(self.sizes) % slots:
             lost_text = (f"{lost} persons are left out this epoch (a different {lost} each epoch)" if lost
                          else "no person is left out, but some shards are split between readers")
