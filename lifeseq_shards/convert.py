@@ -7,6 +7,9 @@ Two passes, memory bounded by a bucket, not by the input:
 2. once the totals are known (shard count, persons per shard, val threshold), the buckets are read one at a time,
    shuffled, and cut into shards of exactly ``n`` persons; the persons that do not fill the last round go to a
    ``remainder`` shard that training skips and inference reads. The manifest is written last.
+
+This module reads top-down: :func:`convert_dataset`, then what it calls. The output directory's lock, staging and
+replacement are outdir.py; the temp bucket files and the shard writers are writers.py.
 """
 
 from __future__ import annotations

@@ -127,9 +127,9 @@ class Manifest:
         totals, hist = m["totals"], m["length_histogram"]
         _has(totals, _TOTALS, "totals")
         _has(hist, _HISTOGRAM, "length_histogram")
-        params = m.get("params")
-        if params is not None and not (isinstance(params, dict)
-                                       and isinstance(params.get("vocab_size", 0), (int, type(None)))):
+        params = m.get("params")  # optional: what the conversion was run with
+        if "params" in m and not (isinstance(params, dict)
+                                  and isinstance(params.get("vocab_size", 0), (int, type(None)))):
             raise ValueError(f"params is {params!r}, not an object with an integer vocab_size")
         files: set[str] = set()
         splits = {name: _split(info, f"splits.{name}", version, files) for name, info in m["splits"].items()}

@@ -50,11 +50,17 @@ def test_typed_views(mlm_dataset: Path, nomlm_dataset: Path) -> None:
         m.block_persons = 1  # type: ignore[misc]
 
 
-def test_parsing_is_pure_and_names_the_source() -> None:
+def test_parsing_is_pure_and_names_the_source(mlm_dataset: Path) -> None:
     with pytest.raises(ManifestError, match=r"^s3://b/ds/manifest\.json: manifest is not valid JSON"):
         parse_manifest(b"{", "s3://b/ds/manifest.json")
     with pytest.raises(ManifestError, match=r"^manifest\.json: the manifest is not an object"):
         parse_manifest(b"[]")
+    raw = json.loads((mlm_dataset / "manifest.json").read_text())
+    with pytest.raises(ManifestError, match="params is None, not an object"):  # optional, but not null
+        parse_manifest(json.dumps({**raw, "params": None}))
+    del raw["params"]
+    assert parse_manifest(json.dumps(raw)).vocab_size is None and "params" not in parse_manifest(
+        json.dumps(raw)).to_json()
 
 
 def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
