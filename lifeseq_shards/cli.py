@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from .format import MIN_SHARD_PERSONS, ManifestError
+from .format import MIN_SHARD_PERSONS
+from .manifest import ManifestError, read_manifest
 
 POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
 
@@ -80,8 +81,8 @@ def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[
 
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
     m = convert_dataset(list(inputs), out, vocab, opts)
-    splits = ", ".join(f"{k} {v['persons']:,} in {len(v['shards'])} shards" for k, v in m["splits"].items())
-    click.echo(f"{out}: {m['totals']['persons']:,} persons ({splits}); fingerprint {m['fingerprint']}")
+    splits = ", ".join(f"{k} {v.persons:,} in {len(v.shards)} shards" for k, v in m.splits.items())
+    click.echo(f"{out}: {m.totals.persons:,} persons ({splits}); fingerprint {m.fingerprint}")
 
 
 @main.command()
@@ -135,14 +136,13 @@ def inspect(root: str) -> None:
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:
     """Show which rank and worker reads what; exit 1 when the shards do not divide evenly."""
-    from .format import read_manifest
     from .plan_report import describe
 
     m = read_manifest(root)
-    if split not in m["splits"]:
-        _fail(f"{root}: no split {split!r} (has {', '.join(m['splits'])})")
-    info = m["splits"][split]
-    report = describe([s["samples"] for s in info["shards"]], (info["remainder"] or {}).get("samples", 0),
-                      nodes, gpus, workers, batch_size, drop_last=drop_last)
+    if split not in m.splits:
+        _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
+    info = m.splits[split]
+    report = describe([s.samples for s in info.shards], info.remainder_persons, nodes, gpus, workers, batch_size,
+                      drop_last=drop_last)
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)

@@ -20,25 +20,25 @@ import lightning as L
 import torch
 
 from .device import PACKED, BatchBuilder, DevicePrefetcher
-from .format import has_offline_mlm, read_manifest
+from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE
 from .reader import ShardedDataset, ShardedLoader
 
 
-def resolve_masking(masking: str | MaskingConfig | None, manifest: dict[str, Any],
+def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
                     root: str) -> str | MaskingConfig | None:
     """The masking with the dataset's vocabulary size filled in (random replacements are drawn below it); a
     configuration that names another size is refused, since ids past the model's embedding crash it."""
     if masking == "offline":
-        if not has_offline_mlm(manifest):
+        if not manifest.offline_mlm:
             raise ValueError(f"{root}: masking='offline' but the dataset has no offline MLM fields")
         return masking
     if masking is None:
         return None
     if not isinstance(masking, MaskingConfig):
         raise ValueError(f"masking must be None, 'offline' or a MaskingConfig, not {masking!r}")
-    vocab = manifest.get("params", {}).get("vocab_size")
+    vocab = manifest.vocab_size
     if masking.vocab_size is None:
         if vocab is None:
             raise ValueError(f"{root}: the manifest has no vocab_size (an .h5 converted without --vocab): reconvert "
@@ -85,9 +85,9 @@ class LifeSeqDataHooks:
         self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~4,096 persons)
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
-        self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
+        self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest.splits)
         self.masking = resolve_masking(masking, self.manifest, self.data_dir)
-        self.offline_mlm = has_offline_mlm(self.manifest)
+        self.offline_mlm = self.manifest.offline_mlm
         # the packed layout crops on the device, where no person can be named
         if self.offline_mlm and layout == PACKED and pad_to is not None:
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
@@ -97,7 +97,7 @@ class LifeSeqDataHooks:
         self.builder = BatchBuilder(masker, layout, max_len)
         self.predict_builder = BatchBuilder(None, layout, max_len)  # predict embeds the sequences as they are
         self.prefetch = prefetch
-        self.vocab_size: int | None = self.manifest.get("params", {}).get("vocab_size")
+        self.vocab_size = self.manifest.vocab_size
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
 

@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from .format import (
-    RAGGED,
-    RUN_LENGTH,
-    RUNS,
-    Block,
-    ShardFile,
-    decode_member,
-    iter_tar_members,
-    manifest_fingerprint,
-    manifest_tag,
-    read_manifest,
-    schema_from_json,
-    sha256_file,
-    shard_entries,
-)
+from .format import RAGGED, RUN_LENGTH, RUNS, Block, Field, decode_member
+from .manifest import read_manifest
+from .shardfile import ShardFile, iter_tar_members, sha256_file
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
-__all__ = ["shard_entries", "summarize", "verify_dataset"]
+__all__ = ["summarize", "verify_dataset"]
 
 
 def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
@@ -33,49 +22,46 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains."""
     root = Path(root)
     manifest = read_manifest(root)
-    schema = schema_from_json(manifest["schema"])
-    vocab_size = manifest.get("params", {}).get("vocab_size")
     problems: list[str] = []
-    entries = list(shard_entries(manifest))
-    tag = manifest_tag(manifest, schema)
+    entries = list(manifest.entries())
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
     for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
-        path = root / e["file"]
+        path = root / e.file
         if not path.is_file():
-            problems.append(f"{e['file']}: missing" + (" (a directory)" if path.exists() else ""))
+            problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))
             continue
-        if path.stat().st_size != e["bytes"]:
-            problems.append(f"{e['file']}: {path.stat().st_size} bytes, manifest says {e['bytes']}")
-        if sha256_file(path) != e["sha256"]:
-            problems.append(f"{e['file']}: sha256 differs from the manifest")
-        persons, tokens = _check_records(path, ShardFile.of(e["file"], e, manifest, tag), schema, vocab_size,
+        if path.stat().st_size != e.bytes:
+            problems.append(f"{e.file}: {path.stat().st_size} bytes, manifest says {e.bytes}")
+        if sha256_file(path) != e.sha256:
+            problems.append(f"{e.file}: sha256 differs from the manifest")
+        persons, tokens = _check_records(path, manifest.shard_file(e, e.file), manifest.schema, manifest.vocab_size,
                                          problems, seen.setdefault(split, set()))
         tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
-        if persons != e["samples"]:
-            problems.append(f"{e['file']}: {persons} persons decoded, manifest says {e['samples']}")
-        if tokens != e["tokens"]:
-            problems.append(f"{e['file']}: {tokens} tokens decoded, manifest says {e['tokens']}")
-    for split, info in manifest["splits"].items():
-        n = sum(x["samples"] for x in info["shards"]) + (info["remainder"] or {}).get("samples", 0)
-        if n != info["persons"]:
-            problems.append(f"manifest: split {split} lists {n} persons in its shards, says {info['persons']}")
-        if any(x["samples"] != info["shard_persons"] for x in info["shards"]):
-            problems.append(f"manifest: split {split} has shards that do not hold {info['shard_persons']} persons")
+        if persons != e.samples:
+            problems.append(f"{e.file}: {persons} persons decoded, manifest says {e.samples}")
+        if tokens != e.tokens:
+            problems.append(f"{e.file}: {tokens} tokens decoded, manifest says {e.tokens}")
+    for split, info in manifest.splits.items():
+        n = sum(x.samples for x in info.entries())
+        if n != info.persons:
+            problems.append(f"manifest: split {split} lists {n} persons in its shards, says {info.persons}")
+        if any(x.samples != info.shard_persons for x in info.shards):
+            problems.append(f"manifest: split {split} has shards that do not hold {info.shard_persons} persons")
     if "train" in seen and "val" in seen and seen["train"] & seen["val"]:
         problems.append(f"train and val share {len(seen['train'] & seen['val'])} persons")
     base = [s for s in ("train", "val") if s in seen]
-    if sum(len(seen[s]) for s in base) != manifest["totals"]["persons"]:
-        problems.append(f"manifest: totals.persons {manifest['totals']['persons']} != "
+    if sum(len(seen[s]) for s in base) != manifest.totals.persons:
+        problems.append(f"manifest: totals.persons {manifest.totals.persons} != "
                         f"{sum(len(seen[s]) for s in base)} persons decoded in train + val")
-    if sum(tokens_by_split.get(s, 0) for s in base) != manifest["totals"]["tokens"]:
+    if sum(tokens_by_split.get(s, 0) for s in base) != manifest.totals.tokens:
         problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
-    if manifest_fingerprint(manifest) != manifest["fingerprint"]:
+    if not manifest.fingerprint_matches:
         problems.append("manifest: fingerprint does not match its schema and shard checksums")
     return problems
 
 
-def _check_records(path: Path, shard: ShardFile, schema: list, vocab_size: int | None, problems: list[str],
+def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_size: int | None, problems: list[str],
                    seen: set[int]) -> tuple[int, int]:
     persons = tokens = 0
     name = shard.url
@@ -140,9 +126,9 @@ def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> li
 def summarize(root: str | Path) -> str:
     """What `shardify inspect` prints."""
     m = read_manifest(root)
-    t = m["totals"]
-    hist = np.array(m["length_histogram"]["counts"])
-    width = m["length_histogram"]["bin_width"]
+    t = m.totals
+    hist = np.array(m.length_histogram.counts)
+    width = m.length_histogram.bin_width
     cum = np.cumsum(hist) / max(1, hist.sum())
 
     def pct(q: float) -> int:
@@ -150,19 +136,18 @@ def summarize(root: str | Path) -> str:
 
     lines = [
         f"dataset      {Path(root)}",
-        f"fingerprint  {m['fingerprint']}",
-        f"persons      {t['persons']:,} converted (input rows {t.get('input_rows', '?'):,})",
-        f"tokens       {t['tokens']:,} (mean {t['tokens'] / max(1, t['persons']):.1f} per person)",
-        f"bytes        {t['bytes']:,} in {t['shards']} files ({t['bytes'] / max(1, t['persons']):.1f} per person)",
+        f"fingerprint  {m.fingerprint}",
+        f"persons      {t.persons:,} converted (input rows {'?' if t.input_rows is None else f'{t.input_rows:,}'})",
+        f"tokens       {t.tokens:,} (mean {t.tokens / max(1, t.persons):.1f} per person)",
+        f"bytes        {t.bytes:,} in {t.shards} files ({t.bytes / max(1, t.persons):.1f} per person)",
         f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
-        "fields       " + ", ".join(f"{f['name']}:{f['dtype']}{KIND_MARK.get(f['kind'], '')}"
-                                    for f in m["schema"]),
+        "fields       " + ", ".join(f"{f.name}:{f.dtype}{KIND_MARK.get(f.kind, '')}" for f in m.schema),
     ]
-    for split, info in m["splits"].items():
-        rem = (info["remainder"] or {}).get("samples", 0)
-        lines.append(f"split {split:6s} {info['persons']:,} persons = {len(info['shards'])} shards x "
-                     f"{info['shard_persons']:,} + remainder {rem:,} (training skips it, inference reads it)")
-    params = m.get("params", {})
+    for split, info in m.splits.items():
+        lines.append(f"split {split:6s} {info.persons:,} persons = {len(info.shards)} shards x "
+                     f"{info.shard_persons:,} + remainder {info.remainder_persons:,} (training skips it, inference "
+                     "reads it)")
+    params = m.params or {}
     lines.append(f"converted    from {params.get('input_kind')} {', '.join(params.get('inputs', []))}"
                  f" (seed {params.get('seed')}, {params.get('seconds')} s)")
     return "\n".join(lines)

@@ -16,26 +16,20 @@ from click.testing import CliRunner
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
-from lifeseq_shards.format import (
-    MIN_SHARD_PERSONS,
-    iter_tar_members,
-    read_manifest,
-    read_shard_blocks,
-    schema_from_json,
-    token_schema,
-)
-from lifeseq_shards.integrity import shard_entries
+from lifeseq_shards.format import MIN_SHARD_PERSONS, token_schema
+from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
 
 
 def persons_of(root: Path, splits: tuple[str, ...] = ("train", "val")) -> dict[int, dict[str, np.ndarray]]:
     """Every person of the given splits (remainders included) as unpadded per-field arrays."""
     m = read_manifest(root)
-    schema = schema_from_json(m["schema"])
+    schema = m.schema
     out: dict[int, dict[str, np.ndarray]] = {}
-    for split, e in shard_entries(m):
+    for split, e in m.entries():
         if split not in splits:
             continue
-        for block in read_shard_blocks(root / e["file"], schema):
+        for block in read_shard_blocks(root / e.file, schema):
             offs = {c: block.offsets(c) for c in ("length", "n_targets") if c in block.columns}
             for i, pid in enumerate(block.columns["person_id"].tolist()):
                 assert pid not in out, f"person {pid} twice"
@@ -92,17 +86,18 @@ def test_h5_round_trip_every_field(name: str, sample: Path, mlm_dataset: Path, n
 
 def test_narrow_dtypes_and_manifest(mlm_dataset: Path) -> None:
     m = read_manifest(mlm_dataset)
-    dtypes = {f["name"]: f["dtype"] for f in m["schema"]}
+    dtypes = {f.name: f.dtype for f in m.schema}
     assert dtypes["tokens"] == "uint16" and dtypes["age"] == "uint8" and dtypes["segment"] == "uint8"
     assert dtypes["abspos"] == "int16"
-    train = m["splits"]["train"]
-    assert {s["samples"] for s in train["shards"]} == {train["shard_persons"]}
-    total = sum(s["samples"] for s in train["shards"]) + train["remainder"]["samples"]
-    assert total == train["persons"]
-    assert train["remainder"]["samples"] < 0.02 * train["persons"]
-    assert m["totals"]["persons"] == 5845
-    for _, e in shard_entries(m):
-        assert len(e["sha256"]) == 64 and e["bytes"] == (mlm_dataset / e["file"]).stat().st_size
+    train = m.splits["train"]
+    assert train.remainder is not None
+    assert {s.samples for s in train.shards} == {train.shard_persons}
+    total = sum(s.samples for s in train.shards) + train.remainder.samples
+    assert total == train.persons
+    assert train.remainder.samples < 0.02 * train.persons
+    assert m.totals.persons == 5845
+    for _, e in m.entries():
+        assert len(e.sha256) == 64 and e.bytes == (mlm_dataset / e.file).stat().st_size
 
 
 def test_shards_are_plain_tar_and_webdataset(mlm_dataset: Path) -> None:
@@ -117,7 +112,7 @@ def test_shards_are_plain_tar_and_webdataset(mlm_dataset: Path) -> None:
 
 def test_bytes_per_person_at_most_half_of_gzip_h5(sample: Path, nomlm_dataset: Path) -> None:
     m = read_manifest(nomlm_dataset)
-    ours = sum(e["bytes"] for s, e in shard_entries(m) if s in ("train", "val"))
+    ours = sum(e.bytes for s, e in m.entries() if s in ("train", "val"))
     assert ours <= 0.5 * (sample / "encoded_nomlm.h5").stat().st_size
 
 
@@ -146,7 +141,7 @@ def test_cli_min_shard_persons(sample: Path, tmp_path: Path) -> None:
     for out, extra in ((small, ["--min-shard-persons", "500"]), (default, [])):
         r = CliRunner().invoke(main, ["convert", str(sample / "encoded_nomlm.h5"), "-o", str(out), *extra])
         assert r.exit_code == 0, r.output
-    sizes = {p: read_manifest(p)["splits"]["train"]["shard_persons"] for p in (small, default)}
+    sizes = {p: read_manifest(p).splits["train"].shard_persons for p in (small, default)}
     assert 500 <= sizes[small] < MIN_SHARD_PERSONS <= sizes[default]
 
 
@@ -156,8 +151,8 @@ def test_same_seed_same_dataset_and_processes_do_not_matter(sample: Path, tmp_pa
     b = convert_dataset(src, tmp_path / "b", opts=ConvertOptions(progress=False, nodes=1, gpus=2, workers=2,
                                                                   processes=2))
     c = convert_dataset(src, tmp_path / "c", opts=ConvertOptions(progress=False, nodes=1, gpus=2, workers=2, seed=1))
-    assert a["fingerprint"] == b["fingerprint"] != c["fingerprint"]
-    assert len(a["splits"]["train"]["shards"]) % 4 == 0
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    assert len(a.splits["train"].shards) % 4 == 0
     val_a = set(persons_of(tmp_path / "a", ("val",)))
     assert abs(len(val_a) - 0.05 * 5845) < 4 * np.sqrt(5845 * 0.05)
     assert val_a != set(persons_of(tmp_path / "c", ("val",)))
@@ -166,16 +161,15 @@ def test_same_seed_same_dataset_and_processes_do_not_matter(sample: Path, tmp_pa
 def test_num_val_exact(sample: Path, tmp_path: Path) -> None:
     m = convert_dataset([str(sample / "encoded_nomlm.h5")], tmp_path / "d",
                         opts=ConvertOptions(progress=False, num_val=500))
-    assert m["splits"]["val"]["persons"] == 500
-    assert m["splits"]["train"]["persons"] == 5845 - 500
+    assert m.splits["val"].persons == 500
+    assert m.splits["train"].persons == 5845 - 500
 
 
 def test_persons_are_shuffled_across_shards(nomlm_dataset: Path, sample: Path) -> None:
     with h5py.File(sample / "encoded_nomlm.h5") as h:
         input_order = {pid: i for i, pid in enumerate(h["sequence_id"][:].tolist())}
     m = read_manifest(nomlm_dataset)
-    first = next(read_shard_blocks(nomlm_dataset / m["splits"]["train"]["shards"][0]["file"],
-                                   schema_from_json(m["schema"])))
+    first = next(read_shard_blocks(nomlm_dataset / m.splits["train"].shards[0].file, m.schema))
     rows = np.array([input_order[p] for p in first.columns["person_id"].tolist()])
     assert rows.max() - rows.min() > 0.8 * 5845  # drawn from all over the input, not one contiguous run
 

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
+from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.shardfile import read_shard_blocks
 
 SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
 REPO = SCRIPTS.parents[1]
@@ -105,13 +106,12 @@ def read_ranks(path: Path) -> list[dict[str, Any]]:
 def shard_ids(root: Path, split: str) -> tuple[list[set[int]], set[int]]:
     """Person ids of each shard of a split and of its remainder shard, read from the files, not through the reader."""
     manifest = read_manifest(root)
-    schema = schema_from_json(manifest["schema"])
-    info = manifest["splits"][split]
+    info = manifest.splits[split]
 
     def ids(file: str) -> set[int]:
-        return {int(i) for block in read_shard_blocks(root / file, schema) for i in block.columns["person_id"]}
+        return {int(i) for block in read_shard_blocks(root / file, manifest.schema) for i in block.columns["person_id"]}
 
-    return [ids(s["file"]) for s in info["shards"]], ids(info["remainder"]["file"]) if info.get("remainder") else set()
+    return [ids(s.file) for s in info.shards], ids(info.remainder.file) if info.remainder else set()
 
 
 def flat(batches: list[list[int]]) -> list[int]:

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from helpers import wait_for
 
 from lifeseq_shards.cli import main
-from lifeseq_shards.format import read_manifest, read_shard_blocks, schema_from_json
-from lifeseq_shards.integrity import shard_entries
+from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.shardfile import read_shard_blocks
 
 VOCAB = "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G,4\na,E,5\nm,B,6\ny,B,7\ng,B,8\no,B,9\n"
 BG = {"birth_month": "m", "birth_year": "y", "gender": "g", "origin": "o"}
@@ -92,8 +92,7 @@ def vocab(tmp_path: Path) -> Path:
 
 def person_ids(root: Path) -> list[int]:
     m = read_manifest(root)
-    schema = schema_from_json(m["schema"])
-    return sorted(int(p) for _, e in shard_entries(m) for b in read_shard_blocks(root / e["file"], schema)
+    return sorted(int(p) for _, e in m.entries() for b in read_shard_blocks(root / e.file, m.schema)
                   for p in b.columns["person_id"])
 
 
@@ -223,11 +222,10 @@ def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
                     "--dtype", "abspos=int32")
     assert code == 0, out
     m = read_manifest(tmp_path / "out")
-    dtypes = {f["name"]: f["dtype"] for f in m["schema"]}
+    dtypes = {f.name: f.dtype for f in m.schema}
     assert dtypes["length"] == dtypes["n_runs"] == dtypes["run_length"] == "int32"
     assert cli("verify", tmp_path / "out")[0] == 0
-    blocks = [b for _, e in shard_entries(m) for b in read_shard_blocks(tmp_path / "out" / e["file"],
-                                                                          schema_from_json(m["schema"]))]
+    blocks = [b for _, e in m.entries() for b in read_shard_blocks(tmp_path / "out" / e.file, m.schema)]
     assert [int(x) for b in blocks for x in b.columns["length"]] == [width, width]
     np.testing.assert_array_equal(blocks[0].columns["abspos"][:width], ids[0, 1])
 
@@ -237,7 +235,7 @@ def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
 
 
 def listed(root: Path) -> set[str]:
-    return {e["file"] for _, e in shard_entries(read_manifest(root))}
+    return {e.file for _, e in read_manifest(root).entries()}
 
 
 @pytest.fixture

@@ -23,13 +23,12 @@ from helpers import wait_for
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.format import ManifestError, fingerprint, schema_from_json
-from lifeseq_shards.integrity import shard_entries
+from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
 REPO = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
-Manifest = dict[str, Any]
+ManifestJSON = dict[str, Any]
 
 
 def convert_nomlm(sample: Path, out: Path, **opts: Any) -> Path:
@@ -60,12 +59,13 @@ def copy(nomlm_dataset: Path, tmp_path: Path) -> Path:
     return copy_of(nomlm_dataset, tmp_path)
 
 
-def edit(root: Path, change: Callable[[Manifest], object], refit: bool = False) -> None:
+def edit(root: Path, change: Callable[[ManifestJSON], object], refit: bool = False) -> None:
     """Edit the manifest; with ``refit``, recompute its fingerprint too (an edit that hides itself)."""
     m = json.loads((root / "manifest.json").read_text())
     change(m)
     if refit:
-        m["fingerprint"] = fingerprint(schema_from_json(m["schema"]), [e["sha256"] for _, e in shard_entries(m)])
+        typed = Manifest.from_json(m)
+        m["fingerprint"] = fingerprint(typed.schema, [e.sha256 for _, e in typed.entries()])
     (root / "manifest.json").write_text(json.dumps(m))
 
 
@@ -99,18 +99,19 @@ def test_a_same_named_shard_from_another_conversion_is_refused(copy: Path, resee
         read_all(copy)
 
 
-def swap(a: str, b: str) -> Callable[[Manifest], None]:
-    def change(m: Manifest) -> None:
+def swap(a: str, b: str) -> Callable[[ManifestJSON], None]:
+    def change(m: ManifestJSON) -> None:
         for f in m["schema"]:
             f["name"] = {a: b, b: a}.get(f["name"], f["name"])
     return change
 
 
-def to_format2(m: Manifest) -> None:
+def to_format2(m: ManifestJSON) -> None:
     """What the converter wrote before format 3: no head_checksum (nor schema tags in the blocks, unchecked then)."""
     m["format_version"] = 2
-    for _, e in shard_entries(m):
-        e.pop("head_checksum", None)
+    for info in m["splits"].values():
+        for e in [*info["shards"], info["remainder"] or {}]:
+            e.pop("head_checksum", None)
 
 
 @pytest.mark.parametrize("fields", [("age", "segment"), ("tokens", "masked_tokens")])
@@ -140,7 +141,7 @@ def test_format2_datasets_still_read(copy: Path, nomlm_dataset: Path) -> None:
 
 def test_lowered_counts_are_refused(copy: Path) -> None:
     """Before: 15 persons of each 115-person shard silently not read (13 %)."""
-    def lower(m: Manifest) -> None:
+    def lower(m: ManifestJSON) -> None:
         info = m["splits"]["train"]
         for e in info["shards"]:
             e["samples"] = 100
@@ -156,7 +157,7 @@ def test_counts_lowered_by_whole_blocks_are_refused(small_blocks: Path, tmp_path
     8th block, which the manifest does not have, gives it away."""
     ds = copy_of(small_blocks, tmp_path)
 
-    def lower(m: Manifest) -> None:
+    def lower(m: ManifestJSON) -> None:
         for e in m["splits"]["train"]["shards"]:
             e["samples"] = 112
 
@@ -272,7 +273,7 @@ def test_verify_checks_the_format_version(copy: Path) -> None:
 ])
 def test_a_manifest_missing_a_key_is_one_line(copy: Path, where: tuple[Any, ...], key: str, at: str) -> None:
     """Before: KeyError in the reader, a traceback from verify, inspect and plan."""
-    def drop(m: Manifest) -> None:
+    def drop(m: ManifestJSON) -> None:
         obj: Any = m
         for k in where:
             obj = obj[k]

@@ -15,7 +15,9 @@ from click.testing import CliRunner
 
 from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertError, ConvertOptions, convert_dataset
-from lifeseq_shards.format import Block, decode_member, iter_tar_members, schema_from_json, write_shard
+from lifeseq_shards.format import Block, decode_member
+from lifeseq_shards.manifest import parse_manifest
+from lifeseq_shards.shardfile import iter_tar_members, write_shard
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -48,8 +50,7 @@ def test_verify_flipped_byte(copy: Path) -> None:
 
 def test_verify_runs_that_miss_their_tokens(copy: Path) -> None:
     """A block whose runs move a token from one person to the next decodes (the totals still match) but is wrong."""
-    m = json.loads((copy / "manifest.json").read_text())
-    schema = schema_from_json(m["schema"])
+    schema = parse_manifest((copy / "manifest.json").read_bytes()).schema
     shard = copy / "train" / "shard-000002.tar"
     with open(shard, "rb") as fh:
         blocks = [decode_member(data, schema) for _, data in iter_tar_members(fh)]
@@ -179,15 +180,14 @@ def test_parquet_needs_vocab(sample: Path, tmp_path: Path) -> None:
 def test_killed_half_way_leaves_no_dataset_and_rerun_works(sample: Path, tmp_path: Path) -> None:
     out = tmp_path / "killed"
     code = (
-        "import os, lifeseq_shards.format as f\n"
-        "real = f.write_shard\n"
+        "import os, lifeseq_shards.writers as w\n"
+        "real = w.write_shard\n"
         "n = [0]\n"
         "def dying(*a, **k):\n"
         "    n[0] += 1\n"
         "    if n[0] == 5: os._exit(9)\n"
         "    return real(*a, **k)\n"
-        "import lifeseq_shards.convert as c\n"
-        "c.write_shard = dying\n"
+        "w.write_shard = dying\n"
         "from lifeseq_shards.cli import main\n"
         f"main(['convert', {str(sample / 'encoded_nomlm.h5')!r}, '-o', {str(out)!r}])\n"
     )
@@ -196,7 +196,7 @@ def test_killed_half_way_leaves_no_dataset_and_rerun_works(sample: Path, tmp_pat
     assert out.exists() and not (out / "manifest.json").exists()
     assert run("verify", str(out))[0] == 2  # not a dataset
     m = convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False))
-    assert run("verify", str(out))[0] == 0 and m["totals"]["persons"] == 5845
+    assert run("verify", str(out))[0] == 0 and m.totals.persons == 5845
 
 
 def test_library_error_type(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_packed_batches_through_worker_rings_are_pinned(synth_dataset: Path) -> 
     loader = ShardedLoader(ds, batches_per_message=2)
     got = first(loader, 6)
     assert digest(got) == "ab1b9724fb16bb32"
-    masker = DynamicMasker(MaskingConfig(vocab_size=int(ds.manifest["params"]["vocab_size"]), seed=5))
+    masker = DynamicMasker(MaskingConfig(vocab_size=int(ds.manifest.vocab_size), seed=5))
     padded = [BatchBuilder(masker)(b, "cpu", epoch=1) for b in got]
     assert digest(padded) == "5a11f7d4dbd47f70"
     packed = [BatchBuilder(masker, layout="packed", max_len=64)(b, "cpu", epoch=1) for b in got]

@@ -7,6 +7,7 @@ fixture's layout (48 train shards x 115 persons + a 45-person remainder).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import gc
@@ -35,18 +36,10 @@ from torch.utils.data import DataLoader
 from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import seed_batch, unpack
-from lifeseq_shards.format import (
-    ManifestError,
-    ShardFile,
-    fingerprint,
-    manifest_tag,
-    read_shard_blocks,
-    schema_from_json,
-    token_schema,
-    write_shard,
-)
-from lifeseq_shards.integrity import shard_entries
+from lifeseq_shards.format import token_schema
+from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
 from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Segment, ShardedDataset, ShardedLoader, read_segment
+from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 
 Batch = dict[str, torch.Tensor]
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
@@ -512,14 +505,13 @@ def test_http_shards_read_like_local_ones(nomlm_dataset: Path, http_root: str, w
 
 def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:
     """`pipe:` works per shard (the manifest itself is read only from a directory or http(s))."""
-    m = json.loads((nomlm_dataset / "manifest.json").read_text())
-    schema = schema_from_json(m["schema"])
-    entry = m["splits"]["train"]["shards"][3]
-    path = nomlm_dataset / entry["file"]
+    m = read_manifest(nomlm_dataset)
+    entry = m.splits["train"].shards[3]
+    path = nomlm_dataset / entry.file
     want = shard_ids(path)
-    shard = ShardFile.of(f"pipe:cat {path}", entry, m, manifest_tag(m, schema))
+    shard = m.shard_file(entry, f"pipe:cat {path}")
     for start, stop in ((0, PER_SHARD), (20, 60)):
-        blocks = read_segment(Segment(shard, start, stop), schema)
+        blocks = read_segment(Segment(shard, start, stop), m.schema)
         ids = np.concatenate([b.columns["person_id"] for b in blocks])
         np.testing.assert_array_equal(ids, want[start:stop])
 
@@ -670,16 +662,18 @@ def test_loader_refuses_out_of_order_workers(nomlm_dataset: Path) -> None:
 
 def format1_copy(root: Path, out: Path) -> Path:
     """The same dataset in format 1 (stamps once per token, no runs), written with the format's own functions."""
-    m = json.loads((root / "manifest.json").read_text())
-    schema = schema_from_json(m["schema"])
-    flat = token_schema(schema)
-    for _split, e in shard_entries(m):
-        (out / e["file"]).parent.mkdir(parents=True, exist_ok=True)
-        e.update(write_shard(out / e["file"], list(read_shard_blocks(root / e["file"], schema)), flat))
-        del e["head_checksum"]  # format 3's
-    m.update(format_version=1, schema=[f.to_json() for f in flat],
-             fingerprint=fingerprint(flat, [e["sha256"] for _, e in shard_entries(m)]))
-    (out / "manifest.json").write_text(json.dumps(m))
+    m = read_manifest(root)
+    flat = token_schema(m.schema)
+
+    def rewrite(e: ShardEntry) -> ShardEntry:
+        (out / e.file).parent.mkdir(parents=True, exist_ok=True)
+        stats = write_shard(out / e.file, list(read_shard_blocks(root / e.file, m.schema)), flat)
+        return ShardEntry(**{**stats, "file": e.file, "head_checksum": None})  # format 3's checksum
+
+    splits = {name: dataclasses.replace(s, shards=tuple(map(rewrite, s.shards)),
+                                        remainder=s.remainder and rewrite(s.remainder)) for name, s in m.splits.items()}
+    old = dataclasses.replace(m, format_version=1, schema=tuple(flat), splits=splits)
+    write_manifest(out, dataclasses.replace(old, fingerprint=fingerprint(flat, [e.sha256 for _, e in old.entries()])))
     return out
 
 
@@ -721,10 +715,10 @@ def test_old_mode_names_and_reader_names_still_work_with_a_warning(nomlm_dataset
     for name, value in (("TRAIN", "balanced"), ("INFERENCE", "complete"), ("Piece", Segment)):
         with pytest.warns(DeprecationWarning, match=f"reader.{name} is deprecated"):
             assert getattr(reader, name) == value
-    m = json.loads((nomlm_dataset / "manifest.json").read_text())
-    schema = schema_from_json(m["schema"])
-    entry = m["splits"]["train"]["shards"][0]
-    shard = ShardFile.of(str(nomlm_dataset / entry["file"]), entry, m, manifest_tag(m, schema))
+    m = read_manifest(nomlm_dataset)
+    schema = m.schema
+    entry = m.splits["train"].shards[0]
+    shard = m.shard_file(entry, str(nomlm_dataset / entry.file))
     with pytest.warns(DeprecationWarning, match="use read_segment"):
         blocks = reader.read_piece(Segment(shard, 3, 9), schema)
     assert [b.columns["person_id"].tolist() for b in blocks] == [

@@ -13,24 +13,23 @@ from lifeseq_shards.format import (
     Block,
     decode_member,
     expand_runs,
-    iter_tar_members,
     make_schema,
-    read_manifest,
-    schema_from_json,
     to_runs,
 )
+from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.shardfile import iter_tar_members
 
 
 def test_stored_runs_expand_to_the_seed_stamps(nomlm_dataset: Path, sample: Path) -> None:
     """Straight from the shard bytes: every person's runs add up to its length and repeat to the seed's rows."""
     m = read_manifest(nomlm_dataset)
-    schema = schema_from_json(m["schema"])
+    schema = m.schema
     with h5py.File(sample / "encoded_nomlm.h5") as f:
         row_of = {int(p): i for i, p in enumerate(f["sequence_id"][:])}
         stamps = f["input_ids"][:, 1:]
     runs_total = tokens_total = 0
-    for entry in m["splits"]["train"]["shards"][:6]:
-        with open(nomlm_dataset / entry["file"], "rb") as fh:
+    for entry in m.splits["train"].shards[:6]:
+        with open(nomlm_dataset / entry.file, "rb") as fh:
             for _, data in iter_tar_members(fh):
                 block = decode_member(data, schema)
                 c = block.columns

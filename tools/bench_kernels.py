@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards.device import PACKED, PADDED, plan_tokens, seed_batch, to_device
-from lifeseq_shards.format import read_manifest
+from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import Packed, varlen_attention, varlen_backend
 from lifeseq_shards.reader import ShardedDataset
@@ -183,7 +183,7 @@ def bench_attention(batches: list[dict[str, Any]], max_len: int, device: torch.d
 def main(data: Path, out: Path, batch_size: int, max_len: int, reps: int, parts: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    vocab = int(read_manifest(data)["params"]["vocab_size"])
+    vocab = int(read_manifest(data).vocab_size)
     batches = host_batches(data, batch_size, 4, pin=device.type == "cuda")
     masker = DynamicMasker(MaskingConfig(vocab_size=vocab, seed=0))
     for part in parts.split(","):  # in the order given

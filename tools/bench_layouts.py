@@ -34,11 +34,10 @@ from lifeseq_shards.format import (
     decode_block,
     decode_member,
     encode_block,
-    iter_tar_members,
     make_schema,
     token_schema,
-    write_shard,
 )
+from lifeseq_shards.shardfile import iter_tar_members, write_shard
 
 RAGGED_FIELDS = ("tokens", "abspos", "age", "segment")
 SCHEMA = token_schema(make_schema("uint16"))  # stamps per token: these synthetic events hold one token each

@@ -47,13 +47,11 @@ from lifeseq_shards.format import (  # noqa: E402
     concat_blocks,
     decode_block,
     decompress,
-    iter_tar_members,
     make_schema,
-    read_manifest,
-    read_shard_blocks,
-    schema_from_json,
     token_schema,
 )
+from lifeseq_shards.manifest import read_manifest  # noqa: E402
+from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks  # noqa: E402
 from lifeseq_shards.sources.synth import synth_population  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,13 +70,12 @@ MANY_SHARDS = 10_000
 
 
 def train_shards(ours: Path) -> list[Path]:
-    m = read_manifest(ours)
-    return [ours / e["file"] for e in m["splits"]["train"]["shards"]]
+    return [ours / e.file for e in read_manifest(ours).splits["train"].shards]
 
 
 def read_persons(ours: Path) -> Block:
     """The train persons our reader yields in train mode (remainder excluded), in shard order."""
-    schema = schema_from_json(read_manifest(ours)["schema"])
+    schema = read_manifest(ours).schema
     blocks = [b for path in train_shards(ours) for b in read_shard_blocks(path, schema)]
     return concat_blocks(blocks, token_schema(schema))
 
@@ -184,7 +181,7 @@ def _stale(dataset: Path, options: dict[str, Any] = OURS_OPTIONS) -> bool:
     if not (dataset / "manifest.json").exists():
         return False
     m = read_manifest(dataset)
-    return m["format_version"] != FORMAT_VERSION or any(m["params"].get(k) != v for k, v in options.items())
+    return m.format_version != FORMAT_VERSION or any((m.params or {}).get(k) != v for k, v in options.items())
 
 
 def make_many(work: Path, shards: int) -> None:
@@ -293,7 +290,7 @@ def litdata(work: Path) -> Iterable[Any]:
 
 def _members(work: Path) -> list[tuple[bytes, int, int]]:
     """Our train shards' compressed blocks in RAM, with their (persons, tokens)."""
-    schema = schema_from_json(read_manifest(work / "ours")["schema"])
+    schema = read_manifest(work / "ours").schema
     out = []
     for path in train_shards(work / "ours"):
         with open(path, "rb") as fh:
@@ -420,7 +417,7 @@ def measure(name: str, work: Path, max_seconds: float, first_only: bool = False,
 
 def persons_total(work: Path, name: str) -> int:
     m = read_manifest(work / ("many" if name == "ours-10k-shards" else "ours"))
-    return sum(e["samples"] for e in m["splits"]["train"]["shards"])
+    return sum(e.samples for e in m.splits["train"].shards)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -23,20 +23,18 @@ import numpy as np
 import zstandard
 
 from lifeseq_shards.format import (
-    RAGGED,
     STAMPS,
     Block,
     Field,
     concat_blocks,
     encode_block,
     make_schema,
-    read_manifest,
-    read_shard_blocks,
-    schema_from_json,
     to_runs,
     token_schema,
 )
+from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.reader import BatchSpec, collate_packed
+from lifeseq_shards.shardfile import read_shard_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW, BATCH = 4096, 256
@@ -69,14 +67,14 @@ def main() -> None:
     ap.add_argument("dataset", type=Path, nargs="?", default=ROOT / "bench-data" / "p200000" / "ours")
     args = ap.parse_args()
     m = read_manifest(args.dataset)
-    schema = schema_from_json(m["schema"])
-    if any(f.kind == RAGGED and f.name == "masked_tokens" for f in schema):
+    schema = list(m.schema)
+    if m.offline_mlm:
         raise SystemExit(f"{args.dataset}: an offline-MLM dataset; this comparison takes a plain one")
     dtypes = {f.name: f.dtype for f in schema}
     per_run = make_schema(dtypes["tokens"], {name: dtypes[name] for name in STAMPS})
-    level = int(m["params"].get("zstd_level", 9))
+    level = int((m.params or {}).get("zstd_level", 9))
     compress = zstandard.ZstdCompressor(level=level, write_checksum=True).compress
-    blocks = [b for e in m["splits"]["train"]["shards"] for b in read_shard_blocks(args.dataset / e["file"], schema)]
+    blocks = [b for e in m.splits["train"].shards for b in read_shard_blocks(args.dataset / e.file, schema)]
     per_token = token_schema(schema)
     token_blocks = [Block({f.name: b.columns[f.name] for f in per_token}) for b in blocks]
     run_blocks = [to_runs(b, per_run) for b in blocks]

@@ -15,7 +15,7 @@ from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 def main(root: str, batches: int = 3) -> None:
     """Rank 0 of 2 with 2 workers: packed batches, then the seed batch built from each."""
     ds = ShardedDataset(root, "train", batch_size=64, rank=0, world_size=2, num_workers=2, packed=True)
-    masker = DynamicMasker(MaskingConfig(vocab_size=int(ds.manifest["params"]["vocab_size"]), seed=0))
+    masker = DynamicMasker(MaskingConfig(vocab_size=int(ds.manifest.vocab_size), seed=0))
     print(f"rank 0 of 2, 2 workers: {len(ds)} batches per epoch")
     for i, batch in enumerate(ShardedLoader(ds)):
         if i == batches:

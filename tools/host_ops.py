@@ -16,7 +16,7 @@ import click
 import torch
 
 from lifeseq_shards.device import PACKED, PADDED, plan_tokens, seed_batch, to_device
-from lifeseq_shards.format import read_manifest
+from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqEncoder, pretrain_losses, resolve_size
 from lifeseq_shards.reader import ShardedDataset
@@ -54,7 +54,7 @@ def host_ms(fn: Callable[[], Any], reps: int) -> float:
 @click.option("--reps", type=int, default=20, show_default=True)
 def main(data: str, size: str, batch_size: int, max_len: int, reps: int) -> None:
     torch.manual_seed(0)
-    vocab = int(read_manifest(data)["params"]["vocab_size"])
+    vocab = int(read_manifest(data).vocab_size)
     host = plan_tokens(next(iter(ShardedDataset(data, "train", batch_size, seed=0, packed=True))), max_len)
     masker = DynamicMasker(MaskingConfig(vocab_size=vocab, seed=0))
     cpu = torch.device("cpu")

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device import DevicePrefetcher
+from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
 from lifeseq_shards.sources.synth import synth_population
@@ -478,7 +479,7 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
     """Runs each point not already among the ok rows of `done` (an earlier, interrupted sweep), in order."""
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    vocab_size = json.loads((data_dir / "manifest.json").read_text())["params"]["vocab_size"]
+    vocab_size = read_manifest(data_dir).vocab_size
     ceilings = measure_ceilings(device, {p.precision for p in points})
     lead = int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
     start = time.perf_counter()

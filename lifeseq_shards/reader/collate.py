@@ -4,6 +4,7 @@ functions run without a dataset (tools/bench_stamps.py times them alone)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ class BatchSpec:
     ``offline_mlm``: its offline MLM targets point into the whole sequence, so it is padded to ``pad_to``, never
     cropped."""
 
-    schema: list[Field]
+    schema: Sequence[Field]
     batch_size: int
     drop_last: bool = False
     packed: bool = False

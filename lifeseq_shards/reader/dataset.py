@@ -16,17 +16,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan
-from ..format import (
-    MANIFEST,
-    ManifestError,
-    ShardFile,
-    dataset_url,
-    has_offline_mlm,
-    manifest_fingerprint,
-    manifest_tag,
-    read_manifest,
-    schema_from_json,
-)
+from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED, COMPLETE
 from .collate import BatchSpec
 from .stages import batches, load_windows, messages, slot_windows
@@ -126,23 +116,19 @@ class ShardedDataset(IterableDataset):
 
         # -- the manifest: schema, fingerprint, the shards this mode reads ----------------------------------------
         self.manifest = read_manifest(self.root)
-        missing = [s for s in splits if s not in self.manifest["splits"]]
+        missing = [s for s in splits if s not in self.manifest.splits]
         if missing or not splits:
-            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest['splits'])})")
-        self.schema = schema_from_json(self.manifest["schema"])
-        self.offline_mlm = has_offline_mlm(self.manifest)
-        if manifest_fingerprint(self.manifest) != self.manifest["fingerprint"]:
+            raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest.splits)})")
+        self.schema = self.manifest.schema
+        self.offline_mlm = self.manifest.offline_mlm
+        if not self.manifest.fingerprint_matches:
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
-        self.fingerprint = self.manifest["fingerprint"]
-        entries = []
-        for name in splits:
-            info = self.manifest["splits"][name]
-            entries += info["shards"] + ([info["remainder"]] if mode == COMPLETE and info["remainder"] else [])
-        tag = manifest_tag(self.manifest, self.schema)
-        self.shards = [ShardFile.of(dataset_url(self.root, e["file"]), e, self.manifest, tag) for e in entries]
-        self.sizes = [e["samples"] for e in entries]
-        remainder = (self.manifest["splits"][splits[0]].get("remainder") or {}).get("samples", 0)
+        self.fingerprint = self.manifest.fingerprint
+        entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == COMPLETE)]
+        self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
+        self.sizes = [e.samples for e in entries]
+        remainder = self.manifest.splits[splits[0]].remainder_persons
 
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))

@@ -18,8 +18,10 @@ import numpy as np
 import webdataset as wds
 import zstandard
 
-from ..format import Block, Field, ShardFile, concat_blocks, decode_member, is_local, iter_tar_members
+from ..format import Block, Field, concat_blocks, decode_member
+from ..manifest import is_local
 from ..plan import Partition, Segment, Window
+from ..shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
 from .transport import RingWriter
 
@@ -32,14 +34,14 @@ def slot_windows(partition: Partition, slot: int, epoch: int, skip: int) -> Iter
 
 
 def load_windows(src: Iterator[Ordered], shards: Sequence[ShardFile],
-                 schema: list[Field]) -> Iterator[tuple[Window, np.ndarray, Block]]:
+                 schema: Sequence[Field]) -> Iterator[tuple[Window, np.ndarray, Block]]:
     """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy."""
     for win, order in src:
         parts = [b for s in win.segments for b in read_segment(Segment(shards[s.shard], s.start, s.stop), schema)]
         yield win, order, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
 
 
-def read_segment(segment: Segment[ShardFile], schema: list[Field]) -> list[Block]:
+def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
     """The blocks holding persons [start, stop) of one shard file, each cut to that range (views, no copy). Every
     member met is checked against the manifest (:class:`ShardFile`), and a read of the shard's last block makes sure
     that none follows it: a shard that is not the manifest's, or holds other counts, fails here, naming it."""
@@ -69,7 +71,7 @@ def read_segment(segment: Segment[ShardFile], schema: list[Field]) -> list[Block
     return blocks
 
 
-def read_piece(piece: Segment[ShardFile], schema: list[Field]) -> list[Block]:
+def read_piece(piece: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
     """Deprecated name of :func:`read_segment`."""
     warnings.warn("lifeseq_shards.reader.read_piece is deprecated: use read_segment", DeprecationWarning,
                   stacklevel=2)

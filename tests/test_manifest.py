@@ -1,0 +1,83 @@
+"""The typed manifest: parsed from JSON and written back byte for byte, read at the I/O edge, and the old dict-style
+and format-module ways in still working (with a DeprecationWarning)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lifeseq_shards import ShardedDataset
+from lifeseq_shards.manifest import Manifest, ManifestError, parse_manifest, read_manifest, write_manifest
+
+
+@pytest.mark.parametrize("name", ["mlm_dataset", "nomlm_dataset"])
+def test_the_manifest_round_trips_byte_for_byte(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """What the converter wrote == what the typed manifest writes back (the fingerprint and key order included)."""
+    root: Path = request.getfixturevalue(name)
+    text = (root / "manifest.json").read_text()
+    m = parse_manifest(text.encode())
+    write_manifest(tmp_path, m)
+    assert (tmp_path / "manifest.json").read_text() == text
+    assert m.fingerprint_matches and m == read_manifest(root)
+
+
+def test_older_formats_round_trip_without_head_checksums(nomlm_dataset: Path) -> None:
+    """Format 2 has no head_checksum: none is read, none is written back."""
+    raw = json.loads((nomlm_dataset / "manifest.json").read_text())
+    raw["format_version"] = 2
+    for info in raw["splits"].values():
+        for e in [*info["shards"], info["remainder"] or {}]:
+            e.pop("head_checksum", None)
+    m = Manifest.from_json(raw)
+    assert m.tag is None and all(e.head_checksum is None for _, e in m.entries())
+    assert m.to_json() == raw
+    assert m.shard_file(m.splits["train"].shards[0], "x").head_checksum is None
+
+
+def test_typed_views(mlm_dataset: Path, nomlm_dataset: Path) -> None:
+    m = read_manifest(mlm_dataset)
+    train = m.splits["train"]
+    assert train.remainder is not None and train.entries()[-1] == train.remainder
+    assert train.entries(remainder=False) == train.shards and train.remainder_persons == train.remainder.samples
+    assert [e.file for _, e in m.entries()][:2] == ["train/shard-000000.tar", "train/shard-000001.tar"]
+    assert m.offline_mlm and not read_manifest(nomlm_dataset).offline_mlm
+    assert m.vocab_size is None  # an .h5 converted without --vocab
+    assert m.tag is not None and m.shard_file(train.shards[0], "u").tag == m.tag
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.block_persons = 1  # type: ignore[misc]
+
+
+def test_parsing_is_pure_and_names_the_source(mlm_dataset: Path) -> None:
+    with pytest.raises(ManifestError, match=r"^s3://b/ds/manifest\.json: manifest is not valid JSON"):
+        parse_manifest(b"{", "s3://b/ds/manifest.json")
+    with pytest.raises(ManifestError, match=r"^manifest\.json: the manifest is not an object"):
+        parse_manifest(b"[]")
+    raw = json.loads((mlm_dataset / "manifest.json").read_text())
+    with pytest.raises(ManifestError, match="params is None, not an object"):  # optional, but not null
+        parse_manifest(json.dumps({**raw, "params": None}))
+    del raw["params"]
+    assert parse_manifest(json.dumps(raw)).vocab_size is None and "params" not in parse_manifest(
+        json.dumps(raw)).to_json()
+
+
+def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
+    ds = ShardedDataset(mlm_dataset, "train", batch_size=8, rank=0, world_size=1)
+    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
+        splits = ds.manifest["splits"]
+    assert splits["train"]["persons"] == ds.manifest.splits["train"].persons
+
+
+def test_moved_names_import_from_format_with_a_warning() -> None:
+    from lifeseq_shards import manifest, shardfile
+
+    with pytest.warns(DeprecationWarning, match="lifeseq_shards.format.read_manifest moved to lifeseq_shards.manifest"):
+        from lifeseq_shards.format import read_manifest as old
+    assert old is manifest.read_manifest
+    with pytest.warns(DeprecationWarning, match="moved to lifeseq_shards.shardfile"):
+        from lifeseq_shards.format import ShardFile
+    assert ShardFile is shardfile.ShardFile
+    with pytest.raises(ImportError):
+        from lifeseq_shards.format import no_such_name  # noqa: F401
