@@ -21,7 +21,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardify verify $(DEMO)/shards
 	$(VENV)/bin/shardify inspect $(DEMO)/shards
 	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --batch-size 64
-	$(PY) tools/demo_batches.py $(DEMO)/shards
+	$(PY) -m tools.demo_batches $(DEMO)/shards
 
 ## The whole test suite (installs first).
 test: $(VENV)/.installed

@@ -1,14 +1,36 @@
-"""lifeseq-shards: exact, DDP-ready shards and readers for life-event sequence pre-training."""
+"""lifeseq-shards: exact, DDP-ready shards and readers for life-event sequence pre-training.
 
-from .reader import DatasetChanged, ShardedDataset, ShardedLoader
+The public classes load on first use (PEP 562), so that ``shardify`` and the converter start without torch,
+webdataset or Lightning.
+"""
 
-__all__ = ["DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .datamodule import LifeSeqDataModule
+    from .reader import DatasetChanged, ShardedDataset, ShardedLoader
+
+# public name -> the submodule that defines it
+_LAZY = {
+    "DatasetChanged": "reader",
+    "LifeSeqDataModule": "datamodule",
+    "ShardedDataset": "reader",
+    "ShardedLoader": "reader",
+}
+
+__all__ = ["DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]  # = _LAZY's keys
 
 
 def __getattr__(name: str) -> object:
-    # Lightning is imported only by those who use the DataModule.
-    if name == "LifeSeqDataModule":
-        from .datamodule import LifeSeqDataModule
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this hook
+    return value
 
-        return LifeSeqDataModule
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -22,15 +22,24 @@ class _Group(click.Group):
     """Usage errors exit 2 (click's default); library errors become one line and exit 2 too."""
 
     def invoke(self, ctx: click.Context) -> object:
-        from .convert import ConvertError
-        from .sources import SourceError
-
         try:
             return super().invoke(ctx)
         except click.UsageError as e:  # a bad option: one line too, naming the option
             _fail(e.format_message())
-        except (ConvertError, SourceError, ManifestError, FileNotFoundError) as e:
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own flow (--help, ^C) loads none of the library's errors
+        except Exception as e:
+            if not isinstance(e, _library_errors()):
+                raise
             _fail(str(e))
+
+
+def _library_errors() -> tuple[type[Exception], ...]:
+    """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter."""
+    from .convert import ConvertError
+    from .sources import SourceError
+
+    return ConvertError, SourceError, ManifestError, FileNotFoundError
 
 
 @click.group(cls=_Group)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import SMALL_SHARDS, SeedRows
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lifeseq-sample"
-SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +17,17 @@ def sample() -> Path:
     if not (SAMPLE / "encoded_mlm.h5").exists():
         pytest.fail(f"{SAMPLE}: the shared sample is missing (CI lays ../shared beside the clone)")
     return SAMPLE
+
+
+@pytest.fixture(scope="session")
+def nomlm_rows(sample: Path) -> SeedRows:
+    """The seed's rows of encoded_nomlm.h5, the reference the converted persons are compared with."""
+    return SeedRows.from_h5(sample / "encoded_nomlm.h5")
+
+
+@pytest.fixture(scope="session")
+def mlm_rows(sample: Path) -> SeedRows:
+    return SeedRows.from_h5(sample / "encoded_mlm.h5")
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,130 @@
-"""Small helpers the test modules share (fixtures live in conftest.py)."""
+"""What the test modules share: the reference rows, the person ids read straight from shard files, the CLI runner
+(fixtures live in conftest.py). Expectations come from the inputs and the documented layout, not from the code
+under test."""
 
 from __future__ import annotations
 
+import json
+import struct
+import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import zstandard
+from click.testing import CliRunner
+
+from lifeseq_shards.cli import main
+from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
+
+SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
+FIELDS = ("tokens", "abspos", "age", "segment")  # the rows of the seed's input_ids
+
+
+class SeedRows:
+    """The seed's step-5 rows addressed by person id: ``input_ids`` (n, 4, width) int64, ``padding_mask``,
+    ``original_sequence``, ``sequence_id`` and, from an MLM file, its target columns."""
+
+    def __init__(self, cols: dict[str, np.ndarray]) -> None:
+        self.cols = cols
+        self.row = {int(p): i for i, p in enumerate(cols["sequence_id"])}
+        assert len(self.row) == len(cols["sequence_id"]), "a person id occurs twice"
+        self.length = cols["padding_mask"].sum(axis=1)
+
+    @classmethod
+    def from_h5(cls, path: Path) -> SeedRows:
+        """The seed's own encoded file."""
+        with h5py.File(path, "r") as f:
+            return cls({k: f[k][()] for k in f})
+
+    @classmethod
+    def from_parquet(cls, path: Path, vocab: dict[str, int], max_seq_len: int = 512, **kw: object) -> SeedRows:
+        """A step-4 parquet file through the parquet source's own encoder (int64, before the converter narrows
+        anything), laid out as the seed's step 5 lays it out; ``kw`` goes to the encoder (``time_range``)."""
+        pids, rows = [], []
+        for task in parquet_tasks(path):
+            block = encode_parquet_task(task, vocab, max_seq_len=max_seq_len, **kw)  # type: ignore[arg-type]
+            assert all(col.dtype == np.int64 for col in block.columns.values())
+            off = block.offsets()
+            pids += block.columns["person_id"].tolist()
+            rows += [np.stack([block.columns[f][off[j] : off[j + 1]] for f in FIELDS]) for j in range(len(off) - 1)]
+        ids = np.zeros((len(rows), len(FIELDS), max_seq_len), dtype=np.int64)
+        for i, row in enumerate(rows):
+            assert row.shape[1] < max_seq_len, f"person {pids[i]}: {row.shape[1]} tokens, the cap is {max_seq_len}"
+            ids[i, :, : row.shape[1]] = row
+        lengths = np.array([row.shape[1] for row in rows], dtype=np.int64)
+        mask = (np.arange(max_seq_len)[None, :] < lengths[:, None]).astype(np.int64)
+        return cls({"sequence_id": np.array(pids, dtype=np.int64), "input_ids": ids, "padding_mask": mask,
+                    "original_sequence": ids[:, 0].copy()})
+
+    @classmethod
+    def from_stored(cls, persons: dict[int, dict[str, np.ndarray]], width: int) -> SeedRows:
+        """Persons read back from shards (person id -> unpadded per-field arrays) rebuilt in the seed's padded
+        int64 layout, to compare with the seed's own rows."""
+        rows = [_seed_row(rec, width) for rec in persons.values()]
+        cols = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        return cls({"sequence_id": np.array(list(persons), dtype=np.int64), **cols})
+
+    def rows(self, person_ids: Iterable[object]) -> np.ndarray:
+        return np.array([self.row[int(p)] for p in person_ids])  # type: ignore[call-overload]
+
+    def unpadded(self, person_id: int) -> np.ndarray:
+        """One person's (4, length) tokens / abspos / age / segment."""
+        row = self.row[person_id]
+        return self.cols["input_ids"][row, :, : self.length[row]]
+
+
+def _seed_row(rec: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """Rebuild the seed's padded int64 rows from one stored person (what the h5 holds)."""
+    n = int(rec["length"])
+    row = {}
+    ids = np.zeros((4, width), dtype=np.int64)
+    ids[0, :n] = rec["masked_tokens"] if "masked_tokens" in rec else rec["tokens"]
+    for j, name in enumerate(("abspos", "age", "segment"), start=1):
+        ids[j, :n] = rec[name]
+    row["input_ids"] = ids
+    row["padding_mask"] = (np.arange(width) < n).astype(np.int64)
+    orig = np.zeros(width, dtype=np.int64)
+    orig[:n] = rec["tokens"]
+    row["original_sequence"] = orig
+    if "n_targets" in rec:
+        slots, k = int(np.floor(0.3 * width)), int(rec["n_targets"])
+        pos, tok = np.full(width, -1, dtype=np.int64), np.full(width, -1, dtype=np.int64)
+        pos[:slots], tok[:slots] = width - 1, 0
+        pos[:k], tok[:k] = rec["target_pos"], rec["target_tokens"]
+        row["target_pos"], row["target_tokens"] = pos, tok
+        row["target_cls"] = np.int64(rec["target_cls"])
+    return row
+
+
+def shard_ids(path: Path) -> np.ndarray:
+    """Person ids of one shard, decoded by hand: tar members of zstd blocks, 'LSB1', uint32 n, then n int64 ids."""
+    ids = []
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            fh = tar.extractfile(member)
+            assert fh is not None
+            raw = zstandard.ZstdDecompressor().decompress(fh.read())
+            assert raw[:4] == b"LSB1"
+            (n,) = struct.unpack_from("<I", raw, 4)
+            ids.append(np.frombuffer(raw, dtype="<i8", count=n, offset=12))
+    return np.concatenate(ids)
+
+
+def split_ids(root: Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """(ids of each shard in manifest order, ids of the remainder shard), read from the files, not the reader."""
+    info = json.loads((root / "manifest.json").read_text())["splits"][split]
+    rem = info["remainder"]
+    return [shard_ids(root / s["file"]) for s in info["shards"]], (
+        shard_ids(root / rem["file"]) if rem else np.zeros(0, dtype=np.int64))
+
+
+def shardify(*args: object) -> tuple[int, str]:
+    """Run the CLI in-process: (exit code, stdout and stderr)."""
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.output
 
 
 def wait_for(cond: Callable[[], bool], seconds: float) -> bool:

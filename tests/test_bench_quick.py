@@ -8,18 +8,15 @@ loaders that deliver the same tensors.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import bench_loader  # noqa: E402
+from helpers import SeedRows
 
 from lifeseq_shards.device import unpack
-from lifeseq_shards.sources import open_sources  # noqa: E402
+from lifeseq_shards.sources.parquet import read_vocab
+from tools import bench_loader
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
 PEOPLE, MANY = 700, 24
@@ -31,21 +28,6 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     w = tmp_path_factory.mktemp("bench")
     bench_loader.prepare(w, PEOPLE, MANY)
     return w
-
-
-def source_rows(raw: Path) -> dict[int, np.ndarray]:
-    """person id -> (4, 512) int64 straight from the parquet source (the converter's defaults: 512, end 16438)."""
-    src = open_sources([str(raw / "sequences.parquet")], str(raw / "vocab.csv"), 512, (None, 16438))
-    out = {}
-    for task in src.tasks:
-        block = src.encode(task)
-        offs = block.offsets()
-        for i, pid in enumerate(block.columns["person_id"].tolist()):
-            row = np.zeros((4, SEQ), dtype=np.int64)
-            for k, f in enumerate(("tokens", "abspos", "age", "segment")):
-                row[k, : offs[i + 1] - offs[i]] = block.columns[f][offs[i]:offs[i + 1]]
-            out[pid] = row
-    return out
 
 
 def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -73,9 +55,9 @@ def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.T
 
 
 def test_every_contender_yields_the_source_persons(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    expected = source_rows(work / "raw")
+    expected = SeedRows.from_parquet(work / "raw" / "sequences.parquet", read_vocab(work / "raw" / "vocab.csv"), SEQ)
     train_ids = set(bench_loader.persons(work).columns["person_id"].tolist())
-    assert len(train_ids) > PEOPLE * 0.9 and train_ids <= set(expected)
+    assert len(train_ids) > PEOPLE * 0.9 and train_ids <= set(expected.row)
     for name, (_, make, _) in bench_loader.CONTENDERS.items():
         if name == "ours-10k-shards":
             continue
@@ -89,7 +71,7 @@ def test_every_contender_yields_the_source_persons(work: Path, monkeypatch: pyte
         view = seed_view(got)
         assert set(view) == train_ids, name
         for pid, (ids, mask) in view.items():
-            want = torch.from_numpy(expected[pid])
+            want = torch.from_numpy(expected.cols["input_ids"][expected.row[pid]])
             assert torch.equal(ids, want), f"{name}: person {pid} differs from the source"
             assert torch.equal(mask, (want[0] != 0).long()), f"{name}: person {pid} padding mask"
 

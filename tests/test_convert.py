@@ -8,13 +8,11 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import webdataset as wds
-from click.testing import CliRunner
+from helpers import FIELDS, SeedRows, shardify
 
-from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
 from lifeseq_shards.format import MIN_SHARD_PERSONS, token_schema
 from lifeseq_shards.manifest import read_manifest
@@ -45,43 +43,19 @@ def persons_of(root: Path, splits: tuple[str, ...] = ("train", "val")) -> dict[i
     return out
 
 
-def seed_rows(rec: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
-    """Rebuild the seed's padded int64 rows from one stored person (what the h5 holds)."""
-    n = int(rec["length"])
-    row = {}
-    ids = np.zeros((4, width), dtype=np.int64)
-    ids[0, :n] = rec["masked_tokens"] if "masked_tokens" in rec else rec["tokens"]
-    for j, name in enumerate(("abspos", "age", "segment"), start=1):
-        ids[j, :n] = rec[name]
-    row["input_ids"] = ids
-    row["padding_mask"] = (np.arange(width) < n).astype(np.int64)
-    orig = np.zeros(width, dtype=np.int64)
-    orig[:n] = rec["tokens"]
-    row["original_sequence"] = orig
-    if "n_targets" in rec:
-        slots, k = int(np.floor(0.3 * width)), int(rec["n_targets"])
-        pos, tok = np.full(width, -1, dtype=np.int64), np.full(width, -1, dtype=np.int64)
-        pos[:slots], tok[:slots] = width - 1, 0
-        pos[:k], tok[:k] = rec["target_pos"], rec["target_tokens"]
-        row["target_pos"], row["target_tokens"] = pos, tok
-        row["target_cls"] = np.int64(rec["target_cls"])
-    return row
-
-
 @pytest.mark.parametrize("name", ["encoded_mlm.h5", "encoded_nomlm.h5"])
-def test_h5_round_trip_every_field(name: str, sample: Path, mlm_dataset: Path, nomlm_dataset: Path) -> None:
-    root = mlm_dataset if "_mlm" in name else nomlm_dataset
-    stored = persons_of(root)
-    with h5py.File(sample / name) as h:
-        ids = h["sequence_id"][:]
-        assert set(stored) == set(ids.tolist())
-        fields = [k for k in h if k != "sequence_id"]
-        data = {k: h[k][:] for k in fields}
-    width = data["input_ids"].shape[-1]
-    for row, pid in enumerate(ids.tolist()):
-        rebuilt = seed_rows(stored[pid], width)
+def test_h5_round_trip_every_field(name: str, request: pytest.FixtureRequest) -> None:
+    mlm = "_mlm" in name
+    stored = persons_of(request.getfixturevalue("mlm_dataset" if mlm else "nomlm_dataset"))
+    seed: SeedRows = request.getfixturevalue("mlm_rows" if mlm else "nomlm_rows")
+    assert set(stored) == set(seed.row)
+    fields = [k for k in seed.cols if k != "sequence_id"]
+    width = seed.cols["input_ids"].shape[-1]
+    rebuilt = SeedRows.from_stored(stored, width)
+    for pid, row in seed.row.items():
         for k in fields:
-            np.testing.assert_array_equal(rebuilt[k], data[k][row], err_msg=f"{name} row {row} field {k}")
+            np.testing.assert_array_equal(rebuilt.cols[k][rebuilt.row[pid]], seed.cols[k][row],
+                                          err_msg=f"{name} row {row} field {k}")
 
 
 def test_narrow_dtypes_and_manifest(mlm_dataset: Path) -> None:
@@ -139,8 +113,8 @@ def test_cli_min_shard_persons(sample: Path, tmp_path: Path) -> None:
     """Small shards on request (many readers on a small dataset); the default keeps files of >= 1,024 persons."""
     small, default = tmp_path / "small", tmp_path / "default"
     for out, extra in ((small, ["--min-shard-persons", "500"]), (default, [])):
-        r = CliRunner().invoke(main, ["convert", str(sample / "encoded_nomlm.h5"), "-o", str(out), *extra])
-        assert r.exit_code == 0, r.output
+        code, text = shardify("convert", sample / "encoded_nomlm.h5", "-o", out, *extra)
+        assert code == 0, text
     sizes = {p: read_manifest(p).splits["train"].shard_persons for p in (small, default)}
     assert 500 <= sizes[small] < MIN_SHARD_PERSONS <= sizes[default]
 
@@ -165,9 +139,8 @@ def test_num_val_exact(sample: Path, tmp_path: Path) -> None:
     assert m.splits["train"].persons == 5845 - 500
 
 
-def test_persons_are_shuffled_across_shards(nomlm_dataset: Path, sample: Path) -> None:
-    with h5py.File(sample / "encoded_nomlm.h5") as h:
-        input_order = {pid: i for i, pid in enumerate(h["sequence_id"][:].tolist())}
+def test_persons_are_shuffled_across_shards(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
+    input_order = nomlm_rows.row
     m = read_manifest(nomlm_dataset)
     first = next(read_shard_blocks(nomlm_dataset / m.splits["train"].shards[0].file, m.schema))
     rows = np.array([input_order[p] for p in first.columns["person_id"].tolist()])
@@ -180,20 +153,17 @@ def test_manifest_is_last_and_json(mlm_dataset: Path) -> None:
     assert not list(mlm_dataset.glob("**/*.tmp")) and not (mlm_dataset / ".tmp").exists()
 
 
-def test_parquet_conversion_equals_seed_encoding(sample: Path, nomlm_dataset: Path, tmp_path: Path) -> None:
+def test_parquet_conversion_equals_seed_encoding(sample: Path, nomlm_rows: SeedRows, tmp_path: Path) -> None:
     """The acceptance test: step-4 parquet + vocab through `convert` == the seed's own step-5 output."""
     convert_dataset([str(sample / "sequences.parquet")], tmp_path / "pq", vocab=str(sample / "vocab.csv"),
                     opts=ConvertOptions(progress=False, processes=2))
     ours = persons_of(tmp_path / "pq")
-    with h5py.File(sample / "encoded_nomlm.h5") as h:
-        ids, pad, inp = h["sequence_id"][:], h["padding_mask"][:], h["input_ids"][:]
-    assert set(ours) == set(ids.tolist())
-    for row, pid in enumerate(ids.tolist()):
-        n = int(pad[row].sum())
+    assert set(ours) == set(nomlm_rows.row)
+    for pid, row in nomlm_rows.row.items():
         rec = ours[pid]
-        assert int(rec["length"]) == n
-        for j, name in enumerate(("tokens", "abspos", "age", "segment")):
-            np.testing.assert_array_equal(rec[name], inp[row, j, :n], err_msg=f"person {pid} {name}")
+        assert int(rec["length"]) == nomlm_rows.length[row]
+        for j, name in enumerate(FIELDS):
+            np.testing.assert_array_equal(rec[name], nomlm_rows.unpadded(pid)[j], err_msg=f"person {pid} {name}")
 
 
 def test_tar_members_read_like_tarfile_and_pax_is_refused(nomlm_dataset: Path, tmp_path: Path) -> None:

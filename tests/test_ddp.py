@@ -22,10 +22,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import split_ids
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.manifest import read_manifest
-from lifeseq_shards.shardfile import read_shard_blocks
 
 SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
 REPO = SCRIPTS.parents[1]
@@ -101,17 +100,6 @@ def read_ranks(path: Path) -> list[dict[str, Any]]:
     ranks = json.loads(path.read_text())["ranks"]
     assert [r["rank"] for r in ranks] == list(range(len(ranks)))
     return ranks
-
-
-def shard_ids(root: Path, split: str) -> tuple[list[set[int]], set[int]]:
-    """Person ids of each shard of a split and of its remainder shard, read from the files, not through the reader."""
-    manifest = read_manifest(root)
-    info = manifest.splits[split]
-
-    def ids(file: str) -> set[int]:
-        return {int(i) for block in read_shard_blocks(root / file, manifest.schema) for i in block.columns["person_id"]}
-
-    return [ids(s.file) for s in info.shards], ids(info.remainder.file) if info.remainder else set()
 
 
 def flat(batches: list[list[int]]) -> list[int]:
@@ -236,7 +224,7 @@ def test_shard_files_hold_every_input_person_once(ds8: Path, sample: Path) -> No
         inputs = np.asarray(h5["sequence_id"][:]).tolist()
     parts = []
     for split in ("train", "val"):
-        shards, remainder = shard_ids(ds8, split)
+        shards, remainder = split_ids(ds8, split)
         parts += [*shards, remainder]
     assert sum(map(len, parts)) == len(inputs), "a person in two files, or one missing"
     assert set().union(*parts) == set(inputs)
@@ -251,7 +239,7 @@ def test_shard_files_hold_every_input_person_once(ds8: Path, sample: Path) -> No
 def test_torchrun_two_ranks_read_each_person_once_per_epoch(torchrun_two: Path, ds8: Path) -> None:
     ranks = read_ranks(torchrun_two)
     assert [r["world_size"] for r in ranks] == [2, 2]  # taken from torch.distributed, not passed in
-    shards, remainder = shard_ids(ds8, "train")
+    shards, remainder = split_ids(ds8, "train")
     assert len(remainder) == 5
     for epoch in range(2):
         per_rank = [r["epochs"][epoch] for r in ranks]
@@ -287,7 +275,7 @@ def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -
     ranks = read_ranks(out)
     assert [r["world_size"] for r in ranks] == [4] * 4
     per_rank = [r["epochs"][0] for r in ranks]
-    assert_exactly_once(per_rank, set().union(*shard_ids(ds8, "train")[0]))
+    assert_exactly_once(per_rank, set().union(*split_ids(ds8, "train")[0]))
     assert_equal_batches(per_rank, [r["len"] for r in ranks])
 
 
@@ -300,13 +288,13 @@ def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -
 def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) -> None:
     ranks = read_ranks(lightning_ddp)
     assert [r["world_size"] for r in ranks] == [2, 2]
-    train = set().union(*shard_ids(ds8, "train")[0])
+    train = set().union(*split_ids(ds8, "train")[0])
     for epoch in ("0", "1"):
         assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
         assert_exactly_once([r["train"][epoch] for r in ranks], train)
     # validation: no shuffle, same plan: every val person once, equal batches (val_loss is logged with sync_dist)
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
-    assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds8, "val")[0]))
+    assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds8, "val")[0]))
     for r in ranks:  # the seed batch, built on the device by the datamodule, with dynamic MLM targets
         seed = r["seed_batch"]
         (ids_dtype, (b, rows, width)), (mask_dtype, mask_shape) = seed["input_ids"], seed["padding_mask"]
@@ -333,7 +321,7 @@ def test_lightning_ddp_spawn_reads_each_person_once(lightning_spawn: Path, ds8: 
     ranks = read_ranks(lightning_spawn)
     for epoch in ("0", "1"):
         assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
-        assert_exactly_once([r["train"][epoch] for r in ranks], set().union(*shard_ids(ds8, "train")[0]))
+        assert_exactly_once([r["train"][epoch] for r in ranks], set().union(*split_ids(ds8, "train")[0]))
 
 
 @pytest.mark.slow
@@ -362,7 +350,7 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
     ranks = read_ranks(out)
     assert_equal_batches([r["train"]["0"] for r in ranks], [r["num_training_batches"] for r in ranks])
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
-    shards, _ = shard_ids(ds7, "train")
+    shards, _ = split_ids(ds7, "train")
     train = set().union(*shards)
     slots, n = 2 * WORKERS, len(shards[0])
     pooled = len(shards) % slots * n  # persons of the shards that do not go round whole
@@ -370,7 +358,7 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
     seen = flat([b for r in ranks for b in r["train"]["0"]])
     assert len(seen) == len(set(seen)) and set(seen) <= train
     assert len(train) - len(seen) == pooled % slots
-    assert_exactly_once([r["val"] for r in ranks], set().union(*shard_ids(ds7, "val")[0]))
+    assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds7, "val")[0]))
 
 
 @pytest.mark.slow

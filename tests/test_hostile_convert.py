@@ -19,10 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
-from helpers import wait_for
+from helpers import shard_ids, shardify, wait_for
 
-from lifeseq_shards.cli import main
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks
 
@@ -30,11 +28,6 @@ VOCAB = "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G
 BG = {"birth_month": "m", "birth_year": "y", "gender": "g", "origin": "o"}
 BG_TYPE = pa.struct([(k, pa.string()) for k in BG])
 N = 3  # persons of the small inputs, ids 100, 101, 102
-
-
-def cli(*args: object) -> tuple[int, str]:
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.output
 
 
 def assert_refused(code: int, out: str, *parts: str) -> None:
@@ -91,9 +84,7 @@ def vocab(tmp_path: Path) -> Path:
 
 
 def person_ids(root: Path) -> list[int]:
-    m = read_manifest(root)
-    return sorted(int(p) for _, e in m.entries() for b in read_shard_blocks(root / e.file, m.schema)
-                  for p in b.columns["person_id"])
+    return sorted(int(p) for _, e in read_manifest(root).entries() for p in shard_ids(root / e.file))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -128,7 +119,7 @@ PARQUET_CASES = {
 def test_parquet_input_refused(case: str, vocab: Path, tmp_path: Path) -> None:
     columns, parts = PARQUET_CASES[case]
     path = write_parquet(tmp_path / "in.parquet", **columns)
-    code, out = cli("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0)
+    code, out = shardify("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0)
     assert_refused(code, out, str(path), *parts)
     assert not (tmp_path / "out" / "manifest.json").exists()
 
@@ -136,7 +127,7 @@ def test_parquet_input_refused(case: str, vocab: Path, tmp_path: Path) -> None:
 def test_integral_float_ids_are_kept_exactly(vocab: Path, tmp_path: Path) -> None:
     """pandas makes an id column float: integral values below 2^53 are stored as the integers they are."""
     path = write_parquet(tmp_path / "in.parquet", RINPERSOON=pa.array([100.0, 2.0**52 + 1, 102.0]))
-    code, out = cli("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0)
+    code, out = shardify("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0)
     assert code == 0, out
     assert person_ids(tmp_path / "out") == [100, 102, 2**52 + 1]
 
@@ -159,13 +150,13 @@ H5_CASES: dict[str, tuple[dict[str, np.ndarray], list[str]]] = {
 def test_h5_input_refused(case: str, tmp_path: Path) -> None:
     override, parts = H5_CASES[case]
     path = write_h5(tmp_path / "in.h5", **override)
-    code, out = cli("convert", path, "-o", tmp_path / "out", "--val-fraction", 0)
+    code, out = shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0)
     assert_refused(code, out, str(path), *parts)
 
 
 def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
     a, b = write_h5(tmp_path / "a.h5"), write_h5(tmp_path / "b.h5", sequence_id=np.array([7, 8, 9, 101]))
-    assert_refused(*cli("convert", a, b, "-o", tmp_path / "out"),
+    assert_refused(*shardify("convert", a, b, "-o", tmp_path / "out"),
                    f"{a}: row 1: person id 101 occurs 2 times (also {b}: row 3)")
 
 
@@ -176,7 +167,7 @@ def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
 def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
     (tmp_path / "v.csv").write_bytes(text)
     path = write_parquet(tmp_path / "in.parquet")
-    assert_refused(*cli("convert", path, "--vocab", tmp_path / "v.csv", "-o", tmp_path / "out"),
+    assert_refused(*shardify("convert", path, "--vocab", tmp_path / "v.csv", "-o", tmp_path / "out"),
                    str(tmp_path / "v.csv"), *parts)
 
 
@@ -198,13 +189,13 @@ OPTION_CASES = [
 @pytest.mark.parametrize("args, part", OPTION_CASES, ids=[" ".join(a) for a, _ in OPTION_CASES])
 def test_convert_option_refused(args: list[str], part: str, vocab: Path, tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "in.parquet")
-    assert_refused(*cli("convert", path, "--vocab", vocab, "-o", tmp_path / "out", *args), part)
+    assert_refused(*shardify("convert", path, "--vocab", vocab, "-o", tmp_path / "out", *args), part)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("args", [["--gpus", "0"], ["--gpus", "-1"], ["--batch-size", "0"], ["--nodes", "0"]])
 def test_plan_option_refused(args: list[str], mlm_dataset: Path) -> None:
-    assert_refused(*cli("plan", mlm_dataset, "--batch-size", "8", *args), args[0])
+    assert_refused(*shardify("plan", mlm_dataset, "--batch-size", "8", *args), args[0])
 
 
 def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
@@ -216,15 +207,15 @@ def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
     ids[:, 1] = np.arange(width) // 3  # runs of 3 tokens
     path = write_h5(tmp_path / "long.h5", n=2, width=width, input_ids=ids, original_sequence=ids[:, 0],
                     padding_mask=np.ones((2, width), np.int64))
-    assert_refused(*cli("convert", path, "-o", tmp_path / "narrow", "--dtype", "abspos=int32"),
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "narrow", "--dtype", "abspos=int32"),
                    "field 'length' value 70000 does not fit uint16", "--dtype length=int32")
-    code, out = cli("convert", path, "-o", tmp_path / "out", "--val-fraction", 0, "--dtype", "length=int32",
+    code, out = shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0, "--dtype", "length=int32",
                     "--dtype", "abspos=int32")
     assert code == 0, out
     m = read_manifest(tmp_path / "out")
     dtypes = {f.name: f.dtype for f in m.schema}
     assert dtypes["length"] == dtypes["n_runs"] == dtypes["run_length"] == "int32"
-    assert cli("verify", tmp_path / "out")[0] == 0
+    assert shardify("verify", tmp_path / "out")[0] == 0
     blocks = [b for _, e in m.entries() for b in read_shard_blocks(tmp_path / "out" / e.file, m.schema)]
     assert [int(x) for b in blocks for x in b.columns["length"]] == [width, width]
     np.testing.assert_array_equal(blocks[0].columns["abspos"][:width], ids[0, 1])
@@ -242,7 +233,7 @@ def listed(root: Path) -> set[str]:
 def dataset(tmp_path: Path) -> Path:
     """40 persons (ids 100..139) in 4 train and 4 val shards, beside a user's own files."""
     out = tmp_path / "ds"
-    code, text = cli("convert", write_h5(tmp_path / "old.h5", n=40), "-o", out, "--num-val", 4, "--shards", 4)
+    code, text = shardify("convert", write_h5(tmp_path / "old.h5", n=40), "-o", out, "--num-val", 4, "--shards", 4)
     assert code == 0, text
     for own in ("all/embeddings.npy", "train/notes.txt", "README.txt"):
         (out / own).parent.mkdir(exist_ok=True)
@@ -253,13 +244,13 @@ def dataset(tmp_path: Path) -> Path:
 def test_overwrite_removes_only_the_old_datasets_files(dataset: Path, tmp_path: Path) -> None:
     old = listed(dataset)
     new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
-    code, text = cli("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2, "--overwrite")
+    code, text = shardify("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2, "--overwrite")
     assert code == 0, text
     for own in ("all/embeddings.npy", "train/notes.txt", "README.txt"):
         assert (dataset / own).read_text() == "mine"
     new = listed(dataset)
     assert not [f for f in old - new if (dataset / f).exists()]  # train/shard-000002.tar and the like are gone
-    assert person_ids(dataset) == list(range(500, 540)) and cli("verify", dataset)[0] == 0
+    assert person_ids(dataset) == list(range(500, 540)) and shardify("verify", dataset)[0] == 0
     assert {p.name for p in dataset.iterdir()} == {"manifest.json", "train", "val", "all", "README.txt",
                                                    ".conversion.lock"}
 
@@ -267,9 +258,9 @@ def test_overwrite_removes_only_the_old_datasets_files(dataset: Path, tmp_path: 
 def test_failed_overwrite_keeps_the_old_dataset(dataset: Path, tmp_path: Path) -> None:
     before = (dataset / "manifest.json").read_text()
     bad = write_h5(tmp_path / "dup.h5", sequence_id=np.array([1, 2, 1, 3]))
-    assert_refused(*cli("convert", bad, "-o", dataset, "--overwrite"), "person id 1 occurs 2 times")
+    assert_refused(*shardify("convert", bad, "-o", dataset, "--overwrite"), "person id 1 occurs 2 times")
     assert (dataset / "manifest.json").read_text() == before
-    assert cli("verify", dataset)[0] == 0 and person_ids(dataset) == list(range(100, 140))
+    assert shardify("verify", dataset)[0] == 0 and person_ids(dataset) == list(range(100, 140))
     assert not (dataset / ".conversion-staging").exists()
 
 
@@ -293,7 +284,7 @@ def test_overwrite_refuses_a_manifest_it_cannot_trust(edit: str, dataset: Path, 
     """--overwrite deletes what the old manifest lists: never a path that leaves the dataset, nothing when unsure."""
     change, message = MANIFEST_EDITS[edit]
     (dataset / "manifest.json").write_text(change((dataset / "manifest.json").read_text()))
-    assert_refused(*cli("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"), message)
+    assert_refused(*shardify("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"), message)
     assert (dataset / "train" / "shard-000000.tar").exists() and (dataset / "manifest.json").exists()
 
 
@@ -344,13 +335,13 @@ def test_second_conversion_into_the_same_directory_is_refused(overwrite: list[st
     first = hooked(HOLD, report, "convert", write_h5(tmp_path / "a.h5"), "-o", out)
     try:
         assert wait_for(lambda: (report / "started").exists(), 60), first.stderr
-        assert_refused(*cli("convert", write_h5(tmp_path / "b.h5", n=5), "-o", out, *overwrite),
+        assert_refused(*shardify("convert", write_h5(tmp_path / "b.h5", n=5), "-o", out, *overwrite),
                        f"{out}: another conversion is writing to it")
         (report / "go").touch()
         assert first.wait(60) == 0, first.stderr.read()  # type: ignore[union-attr]
     finally:
         first.kill()
-    assert cli("verify", out)[0] == 0 and person_ids(out) == [100, 101, 102, 103]
+    assert shardify("verify", out)[0] == 0 and person_ids(out) == [100, 101, 102, 103]
 
 
 # dies while moving the new shards in (the old files are gone, one new shard is in place)
@@ -371,10 +362,10 @@ def test_killed_while_replacing_leaves_no_dataset_and_rerun_clears_only_ours(dat
     proc = hooked(DIE_REPLACING, tmp_path / "report", "convert", new_input, "-o", dataset, "--num-val", 2,
                   "--shards", 2, "--overwrite")
     assert proc.wait(60) == 9, proc.stderr.read()  # type: ignore[union-attr]
-    assert not (dataset / "manifest.json").exists() and cli("verify", dataset)[0] == 2
-    code, text = cli("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2)  # no --overwrite needed
+    assert not (dataset / "manifest.json").exists() and shardify("verify", dataset)[0] == 2
+    code, text = shardify("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2)  # no --overwrite needed
     assert code == 0, text
-    assert person_ids(dataset) == list(range(500, 540)) and cli("verify", dataset)[0] == 0
+    assert person_ids(dataset) == list(range(500, 540)) and shardify("verify", dataset)[0] == 0
     assert {str(p.relative_to(dataset)) for p in dataset.rglob("*") if p.is_file()} == listed(dataset) | {
         "manifest.json", ".conversion.lock", "all/embeddings.npy", "train/notes.txt", "README.txt"}
 

@@ -17,11 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import SMALL_SHARDS
-from helpers import wait_for
+from helpers import SMALL_SHARDS, shardify, wait_for
 
-from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
@@ -73,13 +70,8 @@ def read_all(root: Path, split: str = "train") -> list[dict[str, torch.Tensor]]:
     return list(ShardedDataset(root, split, batch_size=100, rank=0, world_size=1))
 
 
-def cli(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
-
-
 def assert_one_line_exit_2(args: list[str], needle: str) -> None:
-    code, out = cli(*args)
+    code, out = shardify(*args)
     assert code == 2, out
     assert out.count("\n") == 1 and out.startswith("error: ") and needle in out, out
 
@@ -122,7 +114,7 @@ def test_a_schema_with_swapped_fields_is_refused(mlm_dataset: Path, tmp_path: Pa
     edit(ds, swap(*fields), refit=True)
     with pytest.raises(OSError, match=r"shard-\d+\.tar: block 0: block written with another schema"):
         read_all(ds)
-    code, out = cli("verify", str(ds))
+    code, out = shardify("verify", str(ds))
     assert code == 1 and "block written with another schema" in out
 
 
@@ -188,7 +180,7 @@ def test_a_shard_listed_twice_is_refused(copy: Path) -> None:
 def test_verify_names_a_shard_path_that_is_a_directory(copy: Path) -> None:
     """Before: a traceback (IsADirectoryError) from verify."""
     edit(copy, lambda m: m["splits"]["train"]["shards"][0].update(file="val"))
-    code, out = cli("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1 and "val: missing (a directory)" in out, out
     with pytest.raises(IsADirectoryError, match=r"Is a directory: .*/val"):
         read_all(copy)
@@ -246,7 +238,7 @@ def test_verify_checks_block_persons(small_blocks: Path, tmp_path: Path, block_p
     """Before: verify said OK, and reading failed on a short block (or with an IndexError deep in numpy)."""
     ds = copy_of(small_blocks, tmp_path)
     edit(ds, lambda m: m.update(block_persons=block_persons))
-    code, out = cli("verify", str(ds))
+    code, out = shardify("verify", str(ds))
     needle = f"000000.block.zst: 16 persons, where the manifest's 115 persons in blocks of {block_persons}"
     assert code == 1 and needle in out, out
     with pytest.raises(OSError, match="persons, where the manifest's 115 persons"):

@@ -11,18 +11,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from helpers import shardify
 
-from lifeseq_shards.cli import main
 from lifeseq_shards.convert import ConvertError, ConvertOptions, convert_dataset
 from lifeseq_shards.format import Block, decode_member
 from lifeseq_shards.manifest import parse_manifest
 from lifeseq_shards.shardfile import iter_tar_members, write_shard
-
-
-def run(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
 
 
 @pytest.fixture
@@ -33,7 +27,7 @@ def copy(mlm_dataset: Path, tmp_path: Path) -> Path:
 
 
 def test_verify_clean_dataset(mlm_dataset: Path) -> None:
-    code, out = run("verify", str(mlm_dataset))
+    code, out = shardify("verify", str(mlm_dataset))
     assert code == 0 and "OK" in out
 
 
@@ -42,7 +36,7 @@ def test_verify_flipped_byte(copy: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[700] ^= 0xFF  # inside the first member's compressed data
     shard.write_bytes(bytes(data))
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1
     assert "train/shard-000003.tar: sha256 differs" in out
     assert "train/shard-000003.tar: 000000.block.zst: cannot decode" in out
@@ -60,7 +54,7 @@ def test_verify_runs_that_miss_their_tokens(copy: Path) -> None:
     c["run_length"][last_of_first + 1] -= 1
     blocks[0] = Block(c)
     write_shard(shard, blocks, schema)
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1
     assert f"person {int(c['person_id'][0])} (record 0) has runs that do not add up to its length" in out
 
@@ -68,13 +62,13 @@ def test_verify_runs_that_miss_their_tokens(copy: Path) -> None:
 def test_verify_truncated_shard(copy: Path) -> None:
     shard = copy / "val" / "shard-000001.tar"
     shard.write_bytes(shard.read_bytes()[:3000])
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1 and "val/shard-000001.tar" in out and "bytes, manifest says" in out
 
 
 def test_verify_deleted_shard(copy: Path) -> None:
     (copy / "train" / "shard-000010.tar").unlink()
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1 and "train/shard-000010.tar: missing" in out
 
 
@@ -82,7 +76,7 @@ def test_verify_edited_manifest(copy: Path) -> None:
     m = json.loads((copy / "manifest.json").read_text())
     m["splits"]["train"]["shards"][5]["samples"] += 1
     (copy / "manifest.json").write_text(json.dumps(m))
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1 and "train/shard-000005.tar: 115 persons decoded, manifest says 116" in out
 
 
@@ -90,12 +84,12 @@ def test_verify_swapped_shards_changes_fingerprint(copy: Path) -> None:
     m = json.loads((copy / "manifest.json").read_text())
     m["fingerprint"] = "0" * 32
     (copy / "manifest.json").write_text(json.dumps(m))
-    code, out = run("verify", str(copy))
+    code, out = shardify("verify", str(copy))
     assert code == 1 and "fingerprint" in out
 
 
 def test_inspect_reports_totals(mlm_dataset: Path) -> None:
-    code, out = run("inspect", str(mlm_dataset))
+    code, out = shardify("inspect", str(mlm_dataset))
     assert code == 0 and "persons      5,845 converted" in out and "fingerprint" in out
 
 
@@ -103,7 +97,7 @@ def test_inspect_reports_totals(mlm_dataset: Path) -> None:
 
 
 def assert_refused(args: list[str], needle: str, out_dir: Path) -> None:
-    code, out = run("convert", *args, "-o", str(out_dir))
+    code, out = shardify("convert", *args, "-o", str(out_dir))
     assert code == 2, out
     lines = [x for x in out.strip().splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], out
@@ -142,7 +136,7 @@ def test_value_that_does_not_fit(tmp_path: Path) -> None:
     bad = tmp_path / "big.h5"
     _tiny_h5(bad, abspos=40_000)
     assert_refused([str(bad)], "field 'abspos' value 40000 does not fit int16", tmp_path / "o")
-    code, out = run("convert", str(bad), "-o", str(tmp_path / "wide"), "--dtype", "abspos=int32", "--val-fraction", "0")
+    code, out = shardify("convert", bad, "-o", tmp_path / "wide", "--dtype", "abspos=int32", "--val-fraction", 0)
     assert code == 0, out
 
 
@@ -167,9 +161,9 @@ def test_refuses_existing_dataset_unless_overwrite(mlm_dataset: Path, sample: Pa
     out = tmp_path / "ds"
     shutil.copytree(mlm_dataset, out)
     before = (out / "manifest.json").read_text()
-    code, text = run("convert", str(sample / "encoded_nomlm.h5"), "-o", str(out))
+    code, text = shardify("convert", str(sample / "encoded_nomlm.h5"), "-o", str(out))
     assert code == 2 and "already holds a dataset" in text and (out / "manifest.json").read_text() == before
-    code, text = run("convert", str(sample / "encoded_nomlm.h5"), "-o", str(out), "--overwrite")
+    code, text = shardify("convert", str(sample / "encoded_nomlm.h5"), "-o", str(out), "--overwrite")
     assert code == 0 and (out / "manifest.json").read_text() != before
 
 
@@ -194,9 +188,9 @@ def test_killed_half_way_leaves_no_dataset_and_rerun_works(sample: Path, tmp_pat
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == 9
     assert out.exists() and not (out / "manifest.json").exists()
-    assert run("verify", str(out))[0] == 2  # not a dataset
+    assert shardify("verify", str(out))[0] == 2  # not a dataset
     m = convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False))
-    assert run("verify", str(out))[0] == 0 and m.totals.persons == 5845
+    assert shardify("verify", str(out))[0] == 0 and m.totals.persons == 5845
 
 
 def test_library_error_type(tmp_path: Path) -> None:

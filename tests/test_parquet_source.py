@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import SeedRows
 
 from lifeseq_shards.sources.errors import SourceError
 from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks, read_vocab
 
-FIELDS = ("tokens", "abspos", "age", "segment")
 VOCAB = (
     "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G,4\n"
     "a,E,5\nb,E,6\nm,B,7\ny,B,8\ng,B,9\no,B,10\n"
@@ -23,26 +22,17 @@ BG = {"birth_month": "m", "birth_year": "y", "gender": "g", "origin": "o"}
 
 def encode_file(path: Path, vocab: dict[str, int], **kw: object) -> dict[int, np.ndarray]:
     """person id -> (4, length) array of tokens/abspos/age/segment, over all row groups."""
-    out: dict[int, np.ndarray] = {}
-    for task in parquet_tasks(path):
-        block = encode_parquet_task(task, vocab, **kw)
-        off = block.offsets()
-        assert all(block.columns[f].dtype == np.int64 for f in block.columns)
-        for j, pid in enumerate(block.columns["person_id"].tolist()):
-            out[pid] = np.stack([block.columns[f][off[j] : off[j + 1]] for f in FIELDS])
-    return out
+    rows = SeedRows.from_parquet(path, vocab, **kw)  # type: ignore[arg-type]
+    return {pid: rows.unpadded(pid) for pid in rows.row}
 
 
-def test_sample_matches_seed_step5(sample: Path) -> None:
+def test_sample_matches_seed_step5(sample: Path, nomlm_rows: SeedRows) -> None:
     """Acceptance: every person's unpadded row of encoded_nomlm.h5, and the same set of persons."""
     got = encode_file(sample / "sequences.parquet", read_vocab(sample / "vocab.csv"))
-    with h5py.File(sample / "encoded_nomlm.h5", "r") as f:
-        ids, mask, seq_id = f["input_ids"][:], f["padding_mask"][:], f["sequence_id"][:]
-    assert sorted(got) == sorted(seq_id.tolist())
-    for row, pid in enumerate(seq_id.tolist()):
-        n = int(mask[row].sum())
-        assert mask[row, :n].all()  # the real tokens are the leading ones
-        np.testing.assert_array_equal(got[pid], ids[row, :, :n], err_msg=f"person {pid}")
+    assert sorted(got) == sorted(nomlm_rows.row)
+    for pid, row in nomlm_rows.row.items():
+        assert nomlm_rows.cols["padding_mask"][row, : nomlm_rows.length[row]].all()  # the real tokens lead
+        np.testing.assert_array_equal(got[pid], nomlm_rows.unpadded(pid), err_msg=f"person {pid}")
 
 
 def write(path: Path, rows: list[dict[str, object]], row_group_size: int | None = None) -> Path:

@@ -15,8 +15,6 @@ import json
 import pickle
 import re
 import shutil
-import struct
-import tarfile
 import threading
 import time
 import warnings
@@ -29,8 +27,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import zstandard
-from conftest import SMALL_SHARDS
+from helpers import SMALL_SHARDS, SeedRows, shard_ids, split_ids
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
@@ -44,52 +41,6 @@ from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 Batch = dict[str, torch.Tensor]
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
 SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target slots
-
-
-# -- independent views of the files -------------------------------------------------------------------------------
-def shard_ids(path: Path) -> np.ndarray:
-    """Person ids of one shard, decoded by hand: tar members of zstd blocks, 'LSB1', uint32 n, then n int64 ids."""
-    ids = []
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            fh = tar.extractfile(member)
-            assert fh is not None
-            raw = zstandard.ZstdDecompressor().decompress(fh.read())
-            assert raw[:4] == b"LSB1"
-            (n,) = struct.unpack_from("<I", raw, 4)
-            ids.append(np.frombuffer(raw, dtype="<i8", count=n, offset=12))
-    return np.concatenate(ids)
-
-
-def split_ids(root: Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
-    """(ids of each shard in manifest order, ids of the remainder shard)."""
-    info = json.loads((root / "manifest.json").read_text())["splits"][split]
-    rem = info["remainder"]
-    return [shard_ids(root / s["file"]) for s in info["shards"]], (
-        shard_ids(root / rem["file"]) if rem else np.zeros(0, dtype=np.int64))
-
-
-class SeedRows:
-    """The seed's h5 file, addressed by person id."""
-
-    def __init__(self, path: Path) -> None:
-        with h5py.File(path, "r") as f:
-            self.cols = {k: f[k][()] for k in f}
-        self.row = {int(p): i for i, p in enumerate(self.cols["sequence_id"])}
-        self.length = self.cols["padding_mask"].sum(axis=1)
-
-    def rows(self, person_ids: torch.Tensor) -> np.ndarray:
-        return np.array([self.row[int(p)] for p in person_ids])
-
-
-@pytest.fixture(scope="module")
-def nomlm_rows(sample: Path) -> SeedRows:
-    return SeedRows(sample / "encoded_nomlm.h5")
-
-
-@pytest.fixture(scope="module")
-def mlm_rows(sample: Path) -> SeedRows:
-    return SeedRows(sample / "encoded_mlm.h5")
 
 
 @pytest.fixture(scope="module")
@@ -176,15 +127,20 @@ def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, w
 
 
 def test_left_out_persons_change_with_the_epoch(mlm_dataset: Path) -> None:
-    world, lost = 7, 48 % 7 * 115 % 7
-    assert lost == 4
-    everyone = set(np.concatenate(split_ids(mlm_dataset, "train")[0]).tolist())
+    """7 ranks: the shards that do not go round whole are pooled and sliced evenly; the pool's remainder (counted
+    from the shard files) is left out, other persons each epoch."""
+    world, shards = 7, split_ids(mlm_dataset, "train")[0]
+    assert len({len(s) for s in shards}) == 1  # equal shards: the pool is the persons of len(shards) % world shards
+    lost = len(shards) % world * len(shards[0]) % world
+    assert lost, "the fixture should leave someone out, or this test checks less than it says"
+    everyone = set(np.concatenate(shards).tolist())
     left = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for epoch in (0, 1):
             got = ids_of(b for r in all_ranks(mlm_dataset, world, 0, epoch, batch_size=256) for b in r)
-            assert len(got) == len(set(got.tolist())) == TRAIN_READ - lost
+            assert len(got) == len(set(got.tolist())) == len(everyone) - lost
+            assert set(got.tolist()) <= everyone
             left.append(everyone - set(got.tolist()))
     assert len(left[0]) == len(left[1]) == lost
     assert left[0] != left[1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
+from helpers import SeedRows
 
 from lifeseq_shards.format import (
     STAMPS,
@@ -20,13 +20,11 @@ from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.shardfile import iter_tar_members
 
 
-def test_stored_runs_expand_to_the_seed_stamps(nomlm_dataset: Path, sample: Path) -> None:
+def test_stored_runs_expand_to_the_seed_stamps(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
     """Straight from the shard bytes: every person's runs add up to its length and repeat to the seed's rows."""
     m = read_manifest(nomlm_dataset)
     schema = m.schema
-    with h5py.File(sample / "encoded_nomlm.h5") as f:
-        row_of = {int(p): i for i, p in enumerate(f["sequence_id"][:])}
-        stamps = f["input_ids"][:, 1:]
+    row_of, stamps = nomlm_rows.row, nomlm_rows.cols["input_ids"][:, 1:]
     runs_total = tokens_total = 0
     for entry in m.splits["train"].shards[:6]:
         with open(nomlm_dataset / entry.file, "rb") as fh:

@@ -4,8 +4,6 @@ through the real DataModule and reports sane numbers (real tokens counted, not p
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -25,16 +23,8 @@ from lifeseq_shards.model import (
 )
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 from lifeseq_shards.sources.synth import synth_population
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("train_bench", ROOT / "tools" / "train_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tools import train_bench as bench
+from tools import varlen_tables as tables
 
 
 def _layer_weights(cfg: EncoderConfig) -> int:
@@ -111,7 +101,6 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = _load_bench()
     pre = bench.PRESETS["tiny"]
     points = pre.points()
     assert [(p.attention, p.prefetch, p.prefetch_thread) for p in points] == [
@@ -184,9 +173,6 @@ def test_training_step_never_pulls_a_value_to_the_host() -> None:
 def test_varlen_tables_judge_small_tc_at_its_fastest_point(tmp_path: Path) -> None:
     """The first run's results.csv (no masker / prefetch_thread columns) and a later one with them: the original bars
     read the default-lever points, the two extra rows the fastest padding-free small-tc point, gap and speed-up."""
-    spec = importlib.util.spec_from_file_location("varlen_tables", ROOT / "tools" / "varlen_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
     axes = ("size", "attention", "prefetch", "compile", "status", "tokens_per_s", "device_gap_frac")
     old = [("small-tc", "padded", "False", "False", "ok", "1000", "0.05"),
            ("small-tc", "varlen", "True", "False", "ok", "1150", "0.18"),

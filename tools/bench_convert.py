@@ -1,7 +1,7 @@
 """Conversion benchmark: persons/s of `convert` from parquet and from the seed's encoded.h5, and bytes per person
 against the seed's gzip HDF5 for the same persons. One run, one population; ratios are what to compare.
 
-Usage: python tools/bench_convert.py [--people 50000] [--processes 1 2] [--work bench-data/convert] [--out docs/results]
+Usage: python -m tools.bench_convert [--people 50000] [--processes 1 2] [--work bench-data/convert] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -9,15 +9,12 @@ from __future__ import annotations
 import argparse
 import csv
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from bench_loader import read_persons, write_seed_h5  # noqa: E402
-
-from lifeseq_shards.convert import ConvertOptions, convert_dataset  # noqa: E402
-from lifeseq_shards.sources.synth import synth_population  # noqa: E402
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.sources.synth import synth_population
+from tools.bench_loader import read_persons, write_seed_h5
 
 
 def timed_convert(inputs: list[str], out: Path, vocab: str | None, processes: int) -> tuple[float, dict]:

@@ -8,7 +8,7 @@
   50 dims, the "-tc" sizes' heads of 64), padded with a key mask (scaled_dot_product_attention) against per person
   (``lifeseq_shards.model.varlen_attention``), on the lengths of real batches.
 
-Usage: python tools/bench_kernels.py DATA --out DIR [--batch-size 256 --max-len 512 --reps 20]
+Usage: python -m tools.bench_kernels DATA --out DIR [--batch-size 256 --max-len 512 --reps 20]
 Writes DIR/prep.csv and DIR/attn.csv, each row as soon as it is measured.
 """
 

@@ -9,7 +9,7 @@ synthetic persons (ragged, realistic lengths) in one tar file; the timed part is
   c  a block of P persons per member, columnar, zstd (our format, lifeseq_shards.format)
   d  (c)'s tar uncompressed, then zstd over the whole file
 
-Usage: python tools/bench_layouts.py [--people 50000] [--profile]
+Usage: python -m tools.bench_layouts [--people 50000] [--profile]
 """
 
 from __future__ import annotations

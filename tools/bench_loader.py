@@ -8,7 +8,7 @@ Data: ``shardify synth`` persons -> ``convert_dataset`` (no val split) -> the tr
 remainder shard excluded: training skips it) and written in every other format, so all contenders see the same
 persons.
 
-Usage: python tools/bench_loader.py [--people 200000] [--quick] [--work bench-data] [--out docs/results]
+Usage: python -m tools.bench_loader [--people 200000] [--quick] [--work bench-data] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -34,12 +34,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm
 
-# the repo root first: run as a script, this must read the working tree even where an editable install is stale
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from bench_layouts import npy_members, person_arrays, write_tar  # noqa: E402
-
-from lifeseq_shards.convert import ConvertOptions, convert_dataset  # noqa: E402
-from lifeseq_shards.format import (  # noqa: E402
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
     Block,
@@ -50,9 +46,10 @@ from lifeseq_shards.format import (  # noqa: E402
     make_schema,
     token_schema,
 )
-from lifeseq_shards.manifest import read_manifest  # noqa: E402
-from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks  # noqa: E402
-from lifeseq_shards.sources.synth import synth_population  # noqa: E402
+from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
+from lifeseq_shards.sources.synth import synth_population
+from tools.bench_layouts import npy_members, person_arrays, write_tar
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 256
@@ -426,9 +423,9 @@ def persons_total(work: Path, name: str) -> int:
 
 def run_child(name: str, work: Path, max_seconds: float, min_seconds: float) -> dict[str, Any]:
     """Measure a contender in its own process; "ours-2x-w0" in SIDE_BY_SIDE processes at once, rates summed."""
-    cmd = [sys.executable, __file__, "--child", name, "--work", str(work), "--max-seconds", str(max_seconds),
-           "--min-seconds", str(min_seconds)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    cmd = [sys.executable, "-m", "tools.bench_loader", "--child", name, "--work", str(work.resolve()),
+           "--max-seconds", str(max_seconds), "--min-seconds", str(min_seconds)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env={**os.environ, "BENCH_RANK": str(r)}) for r in range(processes(name))]
     results = []
     for proc in procs:

@@ -9,7 +9,7 @@ length (docs/performance.md, change 11). This script re-encodes the train blocks
   of 256 drawn from shuffled 4,096-person windows;
 - the bytes a packed batch ships (through the worker's pipe, then to the device).
 
-Usage: python tools/bench_stamps.py [DATASET]   (default: the loader bench's 200k-person dataset)
+Usage: python -m tools.bench_stamps [DATASET]   (default: the loader bench's 200k-person dataset)
 """
 
 from __future__ import annotations

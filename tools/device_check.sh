@@ -11,8 +11,8 @@
 #
 #   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python),
 #   the sample into .devshared/lifeseq-sample and the bench's 20,000 synthetic persons into .devshared/bench-data
-#   (`python -c 'import sys; sys.path.insert(0, "tools"); from pathlib import Path; from train_bench import
-#   synth_dataset; synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/); all three are
+#   (`python -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+#   synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/); all three are
 #   in .git/info/exclude. Then run `bash tools/device_check.sh` there, carrying .whl and .devshared.
 #   A dry run on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python OUT=/tmp/dc bash tools/device_check.sh cpu
 #
@@ -44,7 +44,7 @@ fi
 DATA=.devshared/bench-data/shards
 if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
-  $PY -c 'import sys; sys.path.insert(0, "tools"); from pathlib import Path; from train_bench import synth_dataset
+  $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
 fi
 
@@ -64,23 +64,23 @@ case "$MODE" in small|small-cpu)
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "train_bench --preset small"
-  timeout "$(cap 160 45)" $PY tools/train_bench.py --preset small --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
+  timeout "$(cap 160 45)" $PY -m tools.train_bench --preset small --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
   echo "sweep exit $?"
   if [ "$MODE" = small-cpu ]; then  # every lever at once (one point, smallest size), so the compiled path is dry-run
-    timeout "$(cap 900 45)" $PY tools/train_bench.py --preset small --out "$OUT/compiled" --data "$DATA" --no-plots \
+    timeout "$(cap 900 45)" $PY -m tools.train_bench --preset small --out "$OUT/compiled" --data "$DATA" --no-plots \
       --sizes small-tc --lengths 32 --batch-sizes 2 --precisions 32-true --workers 1 --steps 3 --warmup 1 \
       --attention varlen --prefetch on --prefetch-thread on --compile on --masker compiled
     echo "compiled sweep exit $?"
   fi
   stamp "bench_kernels prep"
-  timeout "$(cap "$T_PREP" 25)" $PY tools/bench_kernels.py "$DATA" --out "$OUT" --parts prep "${KERNELS[@]}"
+  timeout "$(cap "$T_PREP" 25)" $PY -m tools.bench_kernels "$DATA" --out "$OUT" --parts prep "${KERNELS[@]}"
   echo "kernels exit $?"
   stamp "pytest -m cuda (masking, device)"
   timeout "$(cap 40 3)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_masking.py tests/test_device.py \
     >"$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
   stamp tables
-  $PY tools/varlen_tables.py "$OUT" >"$OUT/tables.md" && cat "$OUT/tables.md"
+  $PY -m tools.varlen_tables "$OUT" >"$OUT/tables.md" && cat "$OUT/tables.md"
   stamp done
   exit 0;;
 esac
@@ -110,13 +110,13 @@ timeout 80 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py
 echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
 
 stamp "train_bench --preset varlen"
-timeout "$T_SWEEP" $PY tools/train_bench.py --preset varlen --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
+timeout "$T_SWEEP" $PY -m tools.train_bench --preset varlen --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
 echo "sweep exit $?"
 
 stamp "bench_kernels"
-timeout "$T_KERNELS" $PY tools/bench_kernels.py "$DATA" --out "$OUT" --parts attn,prep "${KERNELS[@]}"
+timeout "$T_KERNELS" $PY -m tools.bench_kernels "$DATA" --out "$OUT" --parts attn,prep "${KERNELS[@]}"
 echo "kernels exit $?"
 
 stamp tables
-$PY tools/varlen_tables.py "$OUT" >"$OUT/tables.md" && cat "$OUT/tables.md"
+$PY -m tools.varlen_tables "$OUT" >"$OUT/tables.md" && cat "$OUT/tables.md"
 stamp done

@@ -3,7 +3,7 @@ one or more kernel launches on CUDA) and the host time per phase at tiny shapes,
 and what is left is dispatch and Python. A CPU-only machine cannot time CUDA, but a host-bound GPU step costs
 roughly (ops launched) x (host cost per op), and both of those are counted here (docs/tuning.md, issue 13).
 
-Usage: python tools/host_ops.py DATA [--size small-tc --batch-size 16 --max-len 64 --reps 20]
+Usage: python -m tools.host_ops DATA [--size small-tc --batch-size 16 --max-len 64 --reps 20]
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ loader and the device's gap between steps, peak memory, and MFU on real tokens a
 ceiling measured on this device first. Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads
 them.
 
-    python tools/train_bench.py --preset cpu --out docs/results/cpu-DATE
-    python tools/train_bench.py --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
+    python -m tools.train_bench --preset cpu --out docs/results/cpu-DATE
+    python -m tools.train_bench --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
 """
 
 from __future__ import annotations

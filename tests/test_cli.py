@@ -1,0 +1,62 @@
+"""`shardify` starts fast: importing the CLI (or the package) loads no torch, webdataset or Lightning, and
+`--help` costs under 0.5 s of CPU; the package's public names still load on first use."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lifeseq_shards
+from lifeseq_shards import datamodule, reader
+
+HEAVY = {"torch", "webdataset", "lightning", "pytorch_lightning"}
+# the child imports this checkout, whatever is installed
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                     os.environ.get("PYTHONPATH", "")])}
+
+
+def imported_by(statement: str) -> set[str]:
+    """Every module a fresh interpreter imports to run ``statement``, as ``-X importtime`` lists them."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", statement], capture_output=True, text=True,
+                       env=ENV, timeout=120, check=True)
+    return {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("statement", ["import lifeseq_shards.cli", "import lifeseq_shards"])
+def test_import_loads_no_heavy_module(statement: str) -> None:
+    modules = imported_by(statement)
+    assert statement.split()[1] in modules  # the listing was read
+    assert not {m.split(".")[0] for m in modules} & HEAVY, sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def child_cpu_seconds(args: list[str]) -> float:
+    """User + system CPU of one ``shardify ARGS`` run (the console script's own two lines)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run([sys.executable, "-c", "import sys; from lifeseq_shards.cli import main; sys.exit(main())",
+                        *args], capture_output=True, text=True, env=ENV, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert r.returncode == 0 and "Usage:" in r.stdout, r.stderr
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"]], ids=" ".join)
+def test_help_costs_under_half_a_second_of_cpu(args: list[str]) -> None:
+    best = min(child_cpu_seconds(args) for _ in range(3))  # best of 3: other processes share the machine
+    assert best < 0.5, f"shardify {' '.join(args)}: {best:.2f} s of CPU"
+
+
+def test_public_names_load_on_first_use() -> None:
+    from lifeseq_shards import DatasetChanged, LifeSeqDataModule, ShardedDataset, ShardedLoader
+
+    assert (DatasetChanged, ShardedDataset, ShardedLoader) == (reader.DatasetChanged, reader.ShardedDataset,
+                                                                reader.ShardedLoader)
+    assert LifeSeqDataModule is datamodule.LifeSeqDataModule
+    assert set(lifeseq_shards.__all__) == {"DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"}
+    assert set(lifeseq_shards.__all__) <= set(dir(lifeseq_shards))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        lifeseq_shards.Nope  # noqa: B018
