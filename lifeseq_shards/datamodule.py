@@ -59,7 +59,7 @@ class LifeSeqDataHooks:
     would otherwise hang); predict reads every person once (train and val with their remainders, unless
     ``predict_split`` names others), never masked and never permuted.
 
-    ``layout="packed"`` hands the model only the real tokens (``device.seed_batch``; ``pad_to`` then crops without
+    ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
     training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
 

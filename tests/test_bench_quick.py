@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import bench_loader  # noqa: E402
 
-from lifeseq_shards.device import unpack
+from lifeseq_shards.device import padded_fields
 from lifeseq_shards.sources import open_sources  # noqa: E402
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
@@ -52,7 +52,7 @@ def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.T
     """Any contender's batches as the seed batch per person: (input_ids (4,512) int64, padding_mask (512,) int64)."""
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for b in batches:
-        b = unpack(b)  # our reader ships packed batches; the device pads them
+        b = padded_fields(b)  # our reader ships packed batches; the device pads them
         if "input_ids" in b:
             assert b["input_ids"].dtype == torch.int64 and b["input_ids"].shape[1:] == (4, SEQ)
             assert torch.equal(b["original_sequence"], b["input_ids"][:, 0])

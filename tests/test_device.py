@@ -1,4 +1,4 @@
-"""Host -> device transfer keeps the narrow dtypes; seed_batch widens them into the seed's batch, without a sync."""
+"""Host -> device transfer keeps the narrow dtypes; model_batch widens them into the seed's batch, without a sync."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from lifeseq_shards.device import (
     BatchBuilder,
     DevicePrefetcher,
     host_sync_guard,
+    model_batch,
+    packed_views,
+    padded_fields,
     plan_tokens,
-    seed_batch,
-    split_packed,
     to_device,
 )
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
@@ -46,9 +47,28 @@ def test_to_device_keeps_the_narrow_dtypes() -> None:
     assert all(torch.equal(again[k], moved[k]) for k in moved)
 
 
+@pytest.mark.parametrize(("old", "new"), [("seed_batch", model_batch), ("split_packed", packed_views),
+                                          ("unpack", padded_fields)])
+def test_old_names_warn_and_work(old: str, new: object) -> None:
+    """The names before issue 14 are the renamed functions, reached with a DeprecationWarning."""
+    from lifeseq_shards import device
+
+    with pytest.warns(DeprecationWarning, match=f"device.{old} is deprecated"):
+        alias = getattr(device, old)
+    assert alias is new
+    host = to_device(_tiny_batch(), "cpu")
+    if old == "seed_batch":
+        with pytest.warns(DeprecationWarning):
+            from lifeseq_shards.device import seed_batch  # the import form old code uses
+        old_batch, new_batch = seed_batch(host), model_batch(host)
+        assert old_batch.keys() == new_batch.keys() and all(torch.equal(old_batch[k], new_batch[k]) for k in new_batch)
+    with pytest.raises(AttributeError):
+        device.no_such_name  # noqa: B018
+
+
 def test_seed_batch_widens_without_losing_values() -> None:
     host = _tiny_batch()
-    out = seed_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(host, "cpu"))
     assert set(out) == {"person_id", "lengths", "padding_mask", "input_ids", "original_sequence"}  # no targets
     assert out["input_ids"].dtype == out["padding_mask"].dtype == out["original_sequence"].dtype == torch.int64
     assert out["input_ids"].shape == (2, 4, 8)
@@ -91,7 +111,7 @@ def test_offline_fields_rebuild_the_seed_batch(sample: Path) -> None:
     host, h5 = _offline_batch(sample, 200)
     L = host["tokens"].shape[1]
     with host_sync_guard():
-        out = seed_batch(to_device(host, "cpu"))
+        out = model_batch(to_device(host, "cpu"))
     assert torch.equal(out["input_ids"], torch.from_numpy(h5["input_ids"][:, :, :L]))
     assert torch.equal(out["padding_mask"], torch.from_numpy(h5["padding_mask"][:, :L]))
     assert torch.equal(out["original_sequence"], torch.from_numpy(h5["original_sequence"][:, :L]))
@@ -114,9 +134,9 @@ def test_offline_targets_beyond_the_default_share_are_kept() -> None:
         "n_targets": np.array([2, 3], dtype=np.uint16),
         "target_cls": np.array([0, 2], dtype=np.uint8),
     }
-    out = seed_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(host, "cpu"))
     assert out["target_pos"].tolist() == [[1, 3, 7], [3, 4, 6]]
-    cropped = seed_batch(
+    cropped = model_batch(
         {
             k: (v[:, :5] if k in ("tokens", "abspos", "age", "segment", "masked_tokens") else v)
             for k, v in to_device(host, "cpu").items()
@@ -134,7 +154,7 @@ def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None
     batch = to_device(host, "cpu")
     masker = DynamicMasker(MaskingConfig(vocab_size=2970, kind=kind, p_reverse=0.2, p_shuffle=0.2))
     with host_sync_guard():
-        out = seed_batch(batch, masker, epoch=1)
+        out = model_batch(batch, masker, epoch=1)
     direct = masker(*(batch[k] for k in ("tokens", "abspos", "age", "segment", "lengths", "person_id")), 1)
     L = host["tokens"].shape[1]
     assert out["input_ids"].shape == (64, 4, L) and out["target_pos"].shape == (64, math.floor(0.3 * L))
@@ -154,15 +174,14 @@ def test_cuda_transfer_and_widening() -> None:
     assert all(moved[k].is_cuda and moved[k].dtype == host[k].dtype for k in host)
     masker = DynamicMasker(MaskingConfig(vocab_size=2**16))
     with host_sync_guard():
-        gpu = seed_batch(moved, masker, epoch=2)
-    cpu = seed_batch(host, masker, epoch=2)
+        gpu = model_batch(moved, masker, epoch=2)
+    cpu = model_batch(host, masker, epoch=2)
     assert all(torch.equal(gpu[k].cpu(), cpu[k]) for k in cpu)
 
 
 @pytest.mark.parametrize("fixture", ["mlm_dataset", "nomlm_dataset"])
 def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.FixtureRequest) -> None:
     """Only real tokens cross the bus; the device pads them back, equal to the host-padded batch, without a sync."""
-    from lifeseq_shards.device import split_packed, unpack
     from lifeseq_shards.reader import ShardedDataset
 
     root = request.getfixturevalue(fixture)
@@ -172,16 +191,16 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
     for host, compact in zip(padded, packed, strict=True):
         buffers = [v for v in compact.values() if isinstance(v, (np.ndarray, torch.Tensor))]
         assert len(buffers) == 1 and buffers[0].nbytes < sum(v.nbytes for v in host.values())
-        assert split_packed(compact)["tokens"].shape == (int(host["lengths"].sum()),)
+        assert packed_views(compact)["tokens"].shape == (int(host["lengths"].sum()),)
         moved = to_device(compact, "cpu")
         with host_sync_guard():
-            wide = unpack(moved)
-            seed_from_packed = seed_batch(moved)
+            wide = padded_fields(moved)
+            model_from_packed = model_batch(moved)
         assert set(wide) == set(host)
         for k, v in host.items():
             assert wide[k].dtype == v.dtype and torch.equal(wide[k], v), k
-        for k, v in seed_batch(host).items():
-            assert torch.equal(seed_from_packed[k], v), k
+        for k, v in model_batch(host).items():
+            assert torch.equal(model_from_packed[k], v), k
         n += 1
     assert n == len(padded)
 
@@ -218,14 +237,14 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
     for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
         planned = plan_tokens(host_packed, L)
         with host_sync_guard():
-            want = seed_batch(to_device(host_padded, "cpu"), masker, epoch=1)
-            got = seed_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
+            want = model_batch(to_device(host_padded, "cpu"), masker, epoch=1)
+            got = model_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
         assert got["input_ids"].shape == (4, int(want["padding_mask"].sum())) and got["max_len"] == L
         assert got["target_index"].shape == want["target_pos"].shape and "padding_mask" not in got
         assert torch.equal(got["lengths"].long(), want["lengths"].long())
         for j in range(len(got["lengths"])):
             assert _person(got, j) == _person(want, j)
-        cropped += int((split_packed(host_packed)["lengths"] > L).sum())
+        cropped += int((packed_views(host_packed)["lengths"] > L).sum())
         if i == 3:
             break
     assert cropped > 0
@@ -348,8 +367,8 @@ def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
     for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
         planned = plan_tokens(host)
         with host_sync_guard():
-            want = seed_batch(to_device(host, "cpu"))
-            got = seed_batch(to_device(planned, "cpu"), layout=PACKED)
+            want = model_batch(to_device(host, "cpu"))
+            got = model_batch(to_device(planned, "cpu"), layout=PACKED)
         assert got["target_index"].shape == want["target_pos"].shape
         assert all(_person(got, j) == _person(want, j) for j in range(len(got["lengths"])))
         if i == 2:
