@@ -81,7 +81,7 @@ class LifeSeqDataHooks:
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
-        self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~4,096 persons)
+        self.batches_per_message = batches_per_message  # None: ShardedLoader's default
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest["splits"])
@@ -126,10 +126,16 @@ class LifeSeqDataHooks:
             self._resume = None
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if self.prefetch if self.prefetch is not None else device.type == "cuda":
-            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
+                                           threaded=self._prefetch_in_thread())
         else:
             self._train = loader
         return self._train
+
+    def _prefetch_in_thread(self) -> bool:
+        """Whether the prefetcher launches its batches from a background thread (``DevicePrefetcher(threaded=)``):
+        not by default until a GPU run says it pays; tools/train_bench.py's DataModule overrides it to measure."""
+        return False
 
     def val_dataloader(self) -> ShardedLoader:
         return self._loader("val", TRAIN, shuffle=False)

@@ -226,6 +226,23 @@ class BatchBuilder:
         return self.widen(self.transfer(batch, device), epoch)
 
 
+class _LoaderAttribute:
+    """A DataLoader attribute that Lightning reads, or resets at the end of a fit (``_iterator``, to shut the workers
+    down), on the train loader: a prefetcher's is its wrapped loader's, so Lightning treats that loader as it treats
+    a bare one. Absent where the loader has none (``hasattr`` is Lightning's test)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, prefetcher: Any, owner: type | None = None) -> Any:
+        if prefetcher is None:
+            return self
+        return getattr(prefetcher.loader, self.name)
+
+    def __set__(self, prefetcher: Any, value: Any) -> None:
+        setattr(prefetcher.loader, self.name, value)
+
+
 class DevicePrefetcher:
     """The model's batches built one step ahead: while the step on batch i runs, batch i+1's copy, padding and masking
     run on a side CUDA stream, so they leave the step's critical path on the device.
@@ -233,11 +250,11 @@ class DevicePrefetcher:
     Each batch is handed out only after the current stream is made to wait for its side-stream work (an event), and
     its tensors are marked as used by the current stream (``record_stream``), so the allocator does not reuse their
     memory for the side stream's next batch before the step that reads them has run. Off CUDA the same code builds
-    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``) and otherwise
-    the wrapped loader (attributes such as ``load_state_dict`` are its own), so Lightning does not fetch ahead
-    itself. Its ``position`` and ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) are the loader's
-    as of the batch handed out, leaving out those built ahead: a checkpoint resumes at the batch the step has not
-    had yet, not one past it.
+    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``), so Lightning
+    does not fetch ahead itself; the DataLoader attributes Lightning reads and resets on a train loader are the
+    wrapped loader's (:class:`_LoaderAttribute`), anything else is read from :attr:`loader`. Its ``position`` and
+    ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) are the loader's as of the batch handed out,
+    leaving out those built ahead: a checkpoint resumes at the batch the step has not had yet, not one past it.
 
     ``threaded=True`` also moves the host's share off the step: a background thread takes the loader's batches and
     launches their preparation (a few hundred kernels: milliseconds of host time, docs/tuning.md), up to two
@@ -270,9 +287,19 @@ class DevicePrefetcher:
         """Read right after the loader returned a batch, in the thread that took it."""
         return self.loader.position if hasattr(self.loader, "position") else None
 
+    dataset = _LoaderAttribute()
+    sampler = _LoaderAttribute()
+    batch_sampler = _LoaderAttribute()
+    worker_init_fn = _LoaderAttribute()
+    _iterator = _LoaderAttribute()
+
     def __getattr__(self, name: str) -> Any:
-        if name == "loader":  # not set yet (unpickling): no recursion through __getattr__
+        # "loader" is not set yet when unpickling: no recursion through __getattr__; a _LoaderAttribute the loader
+        # lacks is absent, not deprecated
+        if name == "loader" or isinstance(type(self).__dict__.get(name), _LoaderAttribute):
             raise AttributeError(name)
+        warnings.warn(f"DevicePrefetcher.{name} reaches the wrapped loader's attribute implicitly, which is "
+                      f"deprecated: read DevicePrefetcher.loader.{name}", DeprecationWarning, stacklevel=2)
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

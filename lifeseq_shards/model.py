@@ -1,10 +1,10 @@
-"""A reference BERT-style encoder for the seed batch, and the LightningModule that pre-trains it (MLM + CLS).
+"""A reference BERT-style encoder for the model's batch, and the LightningModule that pre-trains it (MLM + CLS).
 
 It exists so the data path can be measured under a real training step (tools/train_bench.py): its shape and cost
 match the researchers' model (same hidden/ff/layers/heads sizes, token + segment + time embeddings, pre-norm layers,
 an MLM head on the masked positions and a 3-class sequence-order head on [CLS]), but it is not their code.
 
-Two layouts, one set of weights: the padded seed batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
+Two layouts, one set of weights: the padded batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
 one (``lifeseq_shards.device.model_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens, ``cu_seqlens``
 and a host-side ``max_len``). On the packed layout every layer but attention works on (N, hidden) rows, so no FLOP is
 spent on padding; attention runs per person (:func:`varlen_attention`).
@@ -253,7 +253,7 @@ class LifeSeqEncoder(nn.Module):
 
 
 def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor]:
-    """The encoder's (input_ids, layout, targets) from a seed batch of either layout."""
+    """The encoder's (input_ids, layout, targets) from a model batch (device.model_batch) of either layout."""
     if "cu_seqlens" in batch:
         return batch["input_ids"], Packed(batch["cu_seqlens"], batch["max_len"]), batch["target_index"]
     return batch["input_ids"], batch["padding_mask"], batch["target_pos"]

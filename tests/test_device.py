@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -206,7 +207,7 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
 
 
 def _person(batch: dict[str, torch.Tensor], i: int) -> dict[str, list]:
-    """Person ``i`` of a seed batch of either layout, as plain lists: its tokens and stamps as the model sees them,
+    """Person ``i`` of a model batch of either layout, as plain lists: its tokens and stamps as the model sees them,
     its MLM targets (position in the person, token) in slot order, and its CLS target."""
     n = int(batch["lengths"][i])
     if "cu_seqlens" in batch:
@@ -311,6 +312,28 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
             assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], k
 
 
+def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset: Path) -> None:
+    """What Lightning reads and resets on a train loader is the wrapped loader's, writes included (its shutdown of
+    the workers drops the loader's iterator, as for a bare loader); any other attribute is the prefetcher's own, and
+    the implicit forwarding of the past still works with a DeprecationWarning."""
+    from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+
+    loader = ShardedLoader(ShardedDataset(nomlm_dataset, "train", batch_size=40, seed=4, packed=True))
+    prefetcher = DevicePrefetcher(loader, lambda h: h, "cpu")
+    assert prefetcher.dataset is loader.dataset and prefetcher.sampler is loader.sampler
+    assert prefetcher.batch_sampler is loader.batch_sampler and prefetcher.worker_init_fn is None
+    assert prefetcher._iterator is loader._iterator
+    prefetcher._iterator = None  # what lightning's _shutdown_workers_and_reset_iterator does at the end of a fit
+    prefetcher.worker_init_fn = print  # what lightning does under PL_SEED_WORKERS
+    assert loader._iterator is None and loader.worker_init_fn is print
+    assert not {"_iterator", "worker_init_fn"} & set(vars(prefetcher))
+    with pytest.warns(DeprecationWarning, match="DevicePrefetcher.pin_memory .* deprecated"):
+        assert prefetcher.pin_memory is loader.pin_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hasattr(DevicePrefetcher([], lambda h: h, "cpu"), "dataset")  # a plain iterable has none
+
+
 def test_threaded_prefetch_stops_its_thread_and_raises_its_errors(nomlm_dataset: Path) -> None:
     hosts, builder = _prefetch_case(nomlm_dataset, "cpu")
     before = threading.active_count()
@@ -361,7 +384,7 @@ def test_packed_layout_refuses_to_crop_offline_targets(mlm_dataset: Path) -> Non
 
 
 def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
-    """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded seed batch."""
+    """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded model batch."""
     from lifeseq_shards.reader import ShardedDataset
 
     for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
