@@ -19,9 +19,10 @@ from typing import Any
 import lightning as L
 import torch
 
-from .device import PACKED, BatchBuilder, DevicePrefetcher
+from .device import PACKED, BatchBuilder
 from .format import has_offline_mlm, read_manifest
 from .masking import DynamicMasker, MaskingConfig
+from .prefetch import DevicePrefetcher
 from .reader import INFERENCE, TRAIN, ShardedDataset, ShardedLoader
 
 
@@ -61,7 +62,7 @@ class LifeSeqDataHooks:
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
-    training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
+    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``).
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -168,17 +169,19 @@ class LifeSeqDataHooks:
             self._train.load_state_dict(state["train"])
 
     # -- the batch on the device -------------------------------------------------------------------------------
-    def _builder(self) -> BatchBuilder:
+    def _stage_builder(self) -> BatchBuilder:
+        """Predict's builder (the sequences as they are) while predicting, else training's (masks for validation
+        too)."""
         predicting = self.trainer is not None and self.trainer.predicting
         return self.predict_builder if predicting else self.builder
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return self._builder().transfer(batch, device)
+        return self._stage_builder().transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.trainer is not None and self.trainer.training:
             self._check_position(self.trainer)
-        return self._builder().widen(batch, self._epoch())
+        return self._stage_builder().widen(batch, self._epoch())
 
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""

@@ -20,8 +20,7 @@ def padded_rows(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
 
 def packed_slots(counts: torch.Tensor, width: int, n: int) -> torch.Tensor:
     """(n,) for each of the concatenation's first ``n`` values, its slot in the flattened (B * width) padded array;
-    ``n`` is at most ``counts.sum()`` and comes from the host."""
-    ends = torch.cumsum(counts, 0)
-    rows = torch.arange(n, device=counts.device)
-    person = torch.searchsorted(ends, rows, right=True)
-    return person * width + rows - (ends - counts)[person]
+    ``n`` is ``counts.sum()``, known on the host."""
+    starts = torch.cumsum(counts, 0) - counts
+    person = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts, output_size=n)
+    return person * width + torch.arange(n, device=counts.device) - starts[person]

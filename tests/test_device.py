@@ -14,7 +14,6 @@ import torch
 from lifeseq_shards.device import (
     PACKED,
     BatchBuilder,
-    DevicePrefetcher,
     host_sync_guard,
     model_batch,
     packed_views,
@@ -23,6 +22,7 @@ from lifeseq_shards.device import (
     to_device,
 )
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.prefetch import DevicePrefetcher
 
 
 def _tiny_batch() -> dict[str, np.ndarray]:
@@ -65,6 +65,13 @@ def test_old_names_warn_and_work(old: str, new: object) -> None:
         assert old_batch.keys() == new_batch.keys() and all(torch.equal(old_batch[k], new_batch[k]) for k in new_batch)
     with pytest.raises(AttributeError):
         device.no_such_name  # noqa: B018
+
+
+def test_prefetcher_at_its_old_place_warns_and_works() -> None:
+    from lifeseq_shards import device
+
+    with pytest.warns(DeprecationWarning, match="import it from lifeseq_shards.prefetch"):
+        assert device.DevicePrefetcher is DevicePrefetcher
 
 
 def test_seed_batch_widens_without_losing_values() -> None:

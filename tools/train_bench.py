@@ -55,7 +55,7 @@ class Point:
     workers: int
     pin_memory: bool = True
     attention: str = "padded"  # "varlen": the packed layout, attention per person (lifeseq_shards.model.Packed)
-    prefetch: bool = False  # the next batch built on a side CUDA stream (device.DevicePrefetcher)
+    prefetch: bool = False  # the next batch built on a side CUDA stream (prefetch.DevicePrefetcher)
     prefetch_thread: bool = False  # ... launched from a background thread (DevicePrefetcher(threaded=True))
     masker: str = "eager"  # "compiled": DynamicMasker(compile=True)
 
