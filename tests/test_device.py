@@ -365,21 +365,28 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     hooks build from the plain loader's host batches."""
     from lifeseq_shards.datamodule import LifeSeqDataModule
 
-    def batches(prefetch: bool) -> list[dict]:
-        dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
-                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
+    class InThread(LifeSeqDataModule):
+        def _prefetch_in_thread(self) -> bool:
+            return True
+
+    def batches(prefetch: bool, threaded: bool = False) -> list[dict]:
+        dm = (InThread if threaded else LifeSeqDataModule)(
+            nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
+            masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
         loader = dm.train_dataloader()
         assert isinstance(loader, DevicePrefetcher) == prefetch
+        assert getattr(loader, "threaded", False) == threaded  # the DataModule's choice, through its method
         out = []
         for b, _ in zip(loader, range(3), strict=False):
             out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))
         return out
 
-    plain, ahead = batches(False), batches(True)
-    assert len(plain) == len(ahead) == 3
-    for a, b in zip(plain, ahead, strict=True):
-        assert "cu_seqlens" in a and a.keys() == b.keys()
+    plain, ahead, in_thread = batches(False), batches(True), batches(True, threaded=True)
+    assert len(plain) == len(ahead) == len(in_thread) == 3
+    for a, b, c in zip(plain, ahead, in_thread, strict=True):
+        assert "cu_seqlens" in a and a.keys() == b.keys() == c.keys()
         assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+        assert all(torch.equal(a[k], c[k]) if isinstance(a[k], torch.Tensor) else a[k] == c[k] for k in a)
 
 
 def test_packed_layout_refuses_to_crop_offline_targets(mlm_dataset: Path) -> None:
