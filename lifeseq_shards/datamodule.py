@@ -19,10 +19,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from .device import PACKED, BatchBuilder, DevicePrefetcher
+from .device import PACKED, BatchBuilder
 from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE
+from .prefetch import DevicePrefetcher
 from .reader import ShardedDataset, ShardedLoader
 
 
@@ -60,9 +61,9 @@ class LifeSeqDataHooks:
     would otherwise hang); predict reads every person once (train and val with their remainders, unless
     ``predict_split`` names others), never masked and never permuted.
 
-    ``layout="packed"`` hands the model only the real tokens (``device.seed_batch``; ``pad_to`` then crops without
+    ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
-    training batch on a side CUDA stream during the current step (``device.DevicePrefetcher``).
+    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``).
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -82,7 +83,7 @@ class LifeSeqDataHooks:
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
-        self.batches_per_message = batches_per_message  # None: ShardedLoader's default (~4,096 persons)
+        self.batches_per_message = batches_per_message  # None: ShardedLoader's default
         self.manifest = read_manifest(self.data_dir)
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest.splits)
@@ -127,10 +128,16 @@ class LifeSeqDataHooks:
             self._resume = None
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if self.prefetch if self.prefetch is not None else device.type == "cuda":
-            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device)
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
+                                           threaded=self._prefetch_in_thread())
         else:
             self._train = loader
         return self._train
+
+    def _prefetch_in_thread(self) -> bool:
+        """Whether the prefetcher launches its batches from a background thread (``DevicePrefetcher(threaded=)``):
+        not by default until a GPU run says it pays; tools/train_bench.py's DataModule overrides it to measure."""
+        return False
 
     def val_dataloader(self) -> ShardedLoader:
         return self._loader("val", BALANCED, shuffle=False)
@@ -163,17 +170,19 @@ class LifeSeqDataHooks:
             self._train.load_state_dict(state["train"])
 
     # -- the batch on the device -------------------------------------------------------------------------------
-    def _builder(self) -> BatchBuilder:
+    def _stage_builder(self) -> BatchBuilder:
+        """Predict's builder (the sequences as they are) while predicting, else training's (masks for validation
+        too)."""
         predicting = self.trainer is not None and self.trainer.predicting
         return self.predict_builder if predicting else self.builder
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        return self._builder().transfer(batch, device)
+        return self._stage_builder().transfer(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.trainer is not None and self.trainer.training:
             self._check_position(self.trainer)
-        return self._builder().widen(batch, self._epoch())
+        return self._stage_builder().widen(batch, self._epoch())
 
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""

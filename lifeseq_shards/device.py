@@ -1,15 +1,14 @@
-"""Host -> device transfer of the narrow host batch, and its widening into the seed model's batch on the device.
+"""Host -> device transfer of the narrow host batch, and its widening into the model's batch on the device.
 
 Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus, the stamps once per run of tokens that
 share them (format 2); the repetition over tokens, the int64 widening, the padding mask and the MLM targets are built
-on the device: ~3 bytes a real token cross the bus instead of the seed batch's 48 a padded slot.
-torch >= 2.3 copies and casts uint16 on CPU and CUDA (copy_ dispatches the "barebones" unsigned types), so uint16
-travels as is: no int16 reinterpretation is needed.
+on the device, so the bus carries a few bytes a real token instead of the padded int64 batch (docs/performance.md).
+uint16 travels as is: torch copies and casts it on CPU and CUDA.
 
-Two layouts leave :func:`seed_batch`: the seed's padded (B, L) batch, and the packed one (only the real tokens, for
-the encoder's padding-free path). Both are drawn by the same masking code on the same padded intermediate, so a person
-gets the same masks in both. :class:`DevicePrefetcher` builds the next batch on a side CUDA stream while the current
-step runs.
+The model's batch is the one the researchers' (seed) code trains on. Two layouts leave :func:`model_batch`: the
+seed's padded (B, L) batch, and the packed one (only the real tokens, for the encoder's padding-free path). Both are
+drawn by the same masking code on the same padded intermediate, so a person gets the same masks in both.
+:class:`lifeseq_shards.prefetch.DevicePrefetcher` builds the next batch while the current step runs.
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -27,7 +24,9 @@ from unittest import mock
 import numpy as np
 import torch
 
+from lifeseq_shards.deprecation import module_aliases
 from lifeseq_shards.format import RUN_LENGTH, STAMPS
+from lifeseq_shards.layout import packed_slots, padded_rows
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
 
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
@@ -45,8 +44,9 @@ def to_device(batch: dict[str, Any], device: torch.device | str, non_blocking: b
     return out
 
 
-def split_packed(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Named flat tensors out of a packed batch's single buffer: views, no copy, no sync."""
+def packed_views(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Named flat tensors out of a packed batch's single buffer: views, no copy, no sync (stamps still once per
+    run; :func:`padded_fields` gives them per token, padded)."""
     buf = batch["packed"]
     buf = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
     out = {}
@@ -62,7 +62,7 @@ def _torch_dtype(numpy_dtype: str) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
 
 
-def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.Tensor]:
+def padded_fields(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.Tensor]:
     """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated, stamps once per
     run) as named tensors padded to the batch width, or to ``width`` (cropping longer persons, ``lengths`` clamped:
     the reader's ``pad_to`` for packed batches), built where the buffer lives.
@@ -72,7 +72,7 @@ def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.T
     """
     if "packed" not in batch:
         return batch
-    out = split_packed(batch)
+    out = packed_views(batch)
     if RUN_LENGTH in out:  # stamps once per run (format 2): repeat them over their tokens, output size known
         reps = out.pop(RUN_LENGTH).long()
         del out["n_runs"]
@@ -85,7 +85,7 @@ def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.T
         counts["targets_width"] = out["n_targets"]
     widths = {"width": batch["width"] if width is None else width, "targets_width": batch.get("targets_width")}
     for width_key, count in counts.items():
-        index, valid = _ragged_index(count.long(), int(widths[width_key]))
+        index, valid = padded_rows(count.long(), int(widths[width_key]))
         for name in RAGGED_FIELDS if width_key == "width" else TARGET_FIELDS:
             if name in out:
                 flat = out[name]
@@ -97,7 +97,7 @@ def unpack(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.T
     return out
 
 
-# torch 2.11 has no CPU `where` and no CUDA indexing for uint16 (2.13 has the former); a signed view of the same
+# Some torch builds lack `where` or indexing for the unsigned dtypes (docs/performance.md); a signed view of the same
 # width has the same bits.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
@@ -121,13 +121,6 @@ RAGGED_FIELDS = ("tokens", "abspos", "age", "segment", "masked_tokens")
 TARGET_FIELDS = ("target_pos", "target_tokens")
 
 
-def _ragged_index(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, width) flat positions of each row's values in the concatenation, and which of them are real."""
-    starts = torch.cumsum(counts, 0) - counts
-    col = torch.arange(width, device=counts.device)
-    return starts[:, None] + col[None, :], col[None, :] < counts[:, None]
-
-
 PADDED, PACKED = "padded", "packed"
 
 
@@ -137,20 +130,21 @@ def plan_tokens(batch: dict[str, Any], max_len: int | None = None) -> dict[str, 
     for it. A padded batch, or one already planned, comes back as is."""
     if "packed" not in batch or "n_tokens" in batch:
         return batch
-    lengths = split_packed(batch)["lengths"]
+    lengths = packed_views(batch)["lengths"]
     kept = lengths if max_len is None else lengths.clamp(max=max_len)
     return {**batch, "n_tokens": int(kept.sum())}
 
 
-def seed_batch(
+def model_batch(
     batch: dict[str, torch.Tensor], masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
     max_len: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The seed model's batch (docs/masking.md), built where ``batch`` lives, without a host sync.
+    """The model's batch (the seed code's layout, docs/masking.md), built where ``batch`` lives, without a host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
-    no targets. A packed batch is padded first (:func:`unpack`; to ``max_len`` when given, cropping longer persons).
+    no targets. A packed batch is padded first (:func:`padded_fields`; to ``max_len`` when given, cropping longer
+    persons).
 
     ``layout="packed"`` (a packed batch, planned by :func:`plan_tokens`) then keeps only the real tokens, for the
     encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
@@ -162,7 +156,7 @@ def seed_batch(
     if layout == PACKED and "n_tokens" not in batch:
         raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
     n_tokens = batch.get("n_tokens")
-    batch = unpack(batch, max_len)
+    batch = padded_fields(batch, max_len)
     tokens = batch["tokens"].long()
     stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
     lengths = batch["lengths"].long()
@@ -184,26 +178,25 @@ def seed_batch(
         out["input_ids"] = torch.stack([shown, *stamps], 1)
         out["original_sequence"] = tokens
         return out
-    starts = torch.cumsum(lengths, 0) - lengths
-    person = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths, output_size=n_tokens)
-    flat = person * L + torch.arange(n_tokens, device=tokens.device) - starts[person]  # each real token's padded slot
+    flat = packed_slots(lengths, L, n_tokens)  # each real token's padded slot
     out["input_ids"] = torch.stack([shown, *stamps], 0).flatten(1)[:, flat]
     out["original_sequence"] = tokens.flatten()[flat]
     out["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).int()
     out["max_len"] = L
     if "target_pos" in out:
+        starts = torch.cumsum(lengths, 0) - lengths
         out["target_index"] = (starts[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
     return out
 
 
 def is_model_batch(batch: Any) -> bool:
-    """A batch :func:`seed_batch` already built (a host batch has no ``input_ids``)."""
+    """A batch :func:`model_batch` already built (a host batch has no ``input_ids``)."""
     return isinstance(batch, dict) and "input_ids" in batch
 
 
 @dataclass(frozen=True)
 class BatchBuilder:
-    """Host batch -> the model's batch on ``device``: :func:`plan_tokens`, :func:`to_device`, :func:`seed_batch`.
+    """Host batch -> the model's batch on ``device``: :func:`plan_tokens`, :func:`to_device`, :func:`model_batch`.
 
     ``masking``: None (no targets: offline fields dropped), ``"offline"`` or a :class:`DynamicMasker`. The two halves
     are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
@@ -225,131 +218,10 @@ class BatchBuilder:
         if self.masking is None:
             batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
         masker = self.masking if isinstance(self.masking, DynamicMasker) else None
-        return seed_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
+        return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
 
     def __call__(self, batch: dict[str, Any], device: torch.device | str, epoch: int) -> dict[str, Any]:
         return self.widen(self.transfer(batch, device), epoch)
-
-
-class DevicePrefetcher:
-    """The model's batches built one step ahead: while the step on batch i runs, batch i+1's copy, unpack and masking
-    run on a side CUDA stream, so they leave the step's critical path on the device.
-
-    Each batch is handed out only after the current stream is made to wait for its side-stream work (an event), and
-    its tensors are marked as used by the current stream (``record_stream``), so the allocator does not reuse their
-    memory for the side stream's next batch before the step that reads them has run. Off CUDA the same code builds
-    each batch on the current (only) timeline: identical batches, nothing overlaps. Sized (``len``) and otherwise
-    the wrapped loader (attributes such as ``load_state_dict`` are its own), so Lightning does not fetch ahead
-    itself. Its ``position`` and ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) are the loader's
-    as of the batch handed out, leaving out those built ahead: a checkpoint resumes at the batch the step has not
-    had yet, not one past it.
-
-    ``threaded=True`` also moves the host's share off the step: a background thread takes the loader's batches and
-    launches their preparation (a few hundred kernels, ~4.7 ms of host time for small-tc on the H200), up to two
-    batches ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so the
-    two overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/tuning.md).
-    """
-
-    def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
-                 device: torch.device | str, threaded: bool = False) -> None:
-        self.loader, self.build, self.device = loader, build, torch.device(device)
-        self.threaded = threaded
-        self._handed: tuple[int, int] | None = None  # the loader's position as of the last batch handed out
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches) of the loader as of the batch the step has, not of those built ahead."""
-        return self._handed if self._handed is not None else self.loader.position  # type: ignore[attr-defined]
-
-    def state_dict(self, epoch_batches: int | None = None) -> dict[str, Any]:
-        return self.loader.state_dict(epoch_batches, position=self.position)  # type: ignore[attr-defined]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._handed = None
-        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
-
-    def _loader_position(self) -> tuple[int, int] | None:
-        """Read right after the loader returned a batch, in the thread that took it."""
-        return self.loader.position if hasattr(self.loader, "position") else None
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "loader":  # not set yet (unpickling): no recursion through __getattr__
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        started = self._started_in_thread(side) if self.threaded else self._started(side)
-        for (batch, ready), position in started:
-            if ready is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_event(ready)
-                for value in batch.values():
-                    if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-                        value.record_stream(current)
-            self._handed = position
-            yield batch
-
-    def _started(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
-        """(batch, its ready event) and the loader's position after it, each started before the previous one is
-        handed out: batch i+1's preparation is queued before step i."""
-        host = iter(self.loader)
-        ahead = self._start(next(host, None), side), self._loader_position()
-        while ahead[0] is not None:
-            current, ahead = ahead, (self._start(next(host, None), side), self._loader_position())
-            yield current
-
-    def _started_in_thread(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
-        """As :meth:`_started`, from a background thread (a daemon); stopping the iteration (the end of
-        ``max_steps``) stops the thread within one poll of its full queue, and an error in it is raised here."""
-        handed: queue.Queue[Any] = queue.Queue(maxsize=1)
-        stop = threading.Event()
-        done = object()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                with contextlib.suppress(queue.Full):
-                    handed.put(item, timeout=0.05)
-                    return True
-            return False
-
-        host = iter(self.loader)  # started here: a loader's workers are started from the training thread
-
-        def produce() -> None:
-            try:
-                with torch.cuda.device(self.device) if side is not None else contextlib.nullcontext():
-                    for batch in host:  # the CUDA device is per thread: this one's is set above
-                        if not put((self._start(batch, side), self._loader_position())):
-                            return
-                put(done)
-            except BaseException as error:  # handed to the training thread, which raises it
-                put(error)
-
-        thread = threading.Thread(target=produce, name="device-prefetch", daemon=True)
-        thread.start()
-        try:
-            while (item := handed.get()) is not done:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            thread.join(timeout=10)  # it polls `stop` every 50 ms; a loader stuck in its `next` is left behind
-
-    def _start(self, host: dict[str, Any] | None,
-               side: torch.cuda.Stream | None) -> tuple[dict[str, Any], torch.cuda.Event | None] | None:
-        if host is None:
-            return None
-        if side is None:
-            return self.build(host), None
-        with torch.cuda.stream(side):
-            batch = self.build(host)
-            ready = torch.cuda.Event()
-            ready.record(side)
-        return batch, ready
 
 
 @contextlib.contextmanager
@@ -372,3 +244,10 @@ def host_sync_guard() -> Iterator[None]:
             torch.cuda.set_sync_debug_mode("error")
             stack.callback(torch.cuda.set_sync_debug_mode, previous)
         yield
+
+
+# The names before issue 14: "seed" also meant the random seed, and "unpack" did not say padded.
+__getattr__ = module_aliases(__name__, {"seed_batch": "lifeseq_shards.device:model_batch",
+                                        "split_packed": "lifeseq_shards.device:packed_views",
+                                        "unpack": "lifeseq_shards.device:padded_fields",
+                                        "DevicePrefetcher": "lifeseq_shards.prefetch:DevicePrefetcher"})

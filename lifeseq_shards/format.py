@@ -9,16 +9,16 @@ never one tar member each: a tar header and an ``np.load`` per person make that 
 
 from __future__ import annotations
 
-import importlib
 import json
 import struct
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import zstandard
+
+from .deprecation import module_aliases
 
 FORMAT_VERSION = 3
 # format 1 stored the stamps once per token; format 2 had neither the blocks' schema tag nor the shards' head_checksum
@@ -279,9 +279,4 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = f"lifeseq_shards.{_MOVED[name]}"
-    warnings.warn(f"lifeseq_shards.format.{name} moved to {module}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), name)
+__getattr__ = module_aliases(__name__, {name: f"lifeseq_shards.{module}:{name}" for name, module in _MOVED.items()})

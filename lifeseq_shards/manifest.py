@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .deprecation import warn
 from .format import (
     COUNT_OF,
     RAGGED,
@@ -157,8 +157,8 @@ class Manifest:
 
     def __getitem__(self, key: str) -> Any:
         """The JSON value under ``key``: how the manifest was read when it was a dict (deprecated)."""
-        warnings.warn("reading the manifest as a dict is deprecated: use its attributes (manifest.splits, "
-                      "manifest.vocab_size, ...) or manifest.to_json()", DeprecationWarning, stacklevel=2)
+        warn("reading the manifest as a dict", "its attributes (manifest.splits, manifest.vocab_size, ...) or "
+             "manifest.to_json()")
         return self.to_json()[key]
 
     def entries(self) -> Iterator[tuple[str, ShardEntry]]:

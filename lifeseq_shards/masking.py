@@ -137,9 +137,9 @@ def _sort_sizes(order: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, 
     ``(sort(order, stable=True).indices, size.gather(1, indices))``, bit for bit, for ``order`` in [0, 2**33) and
     ``size`` in [0, width).
 
-    The column and the size ride in the low bits of one sort key instead of being gathered after the sort. A cumsum
-    follows, and torch.compile (inductor, CUDA, torch 2.11) fails to generate a split scan whose input is a gather
-    (``TypeError: list indices must be integers or slices, not NoneType``); a sort's values are a plain load.
+    The column and the size ride in the low bits of one sort key instead of being gathered after the sort: a cumsum
+    follows, and inductor has failed to generate a split scan whose input is a gather (docs/performance.md); a
+    sort's values are a plain load.
     """
     width = order.shape[1]
     bits = max(width - 1, 1).bit_length()
@@ -160,10 +160,10 @@ class DynamicMasker:
     """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
 
     ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
-    the first call: the same masks bit for bit in a few fused kernels instead of ~250 launches, which is what a
-    host-bound step pays for (docs/tuning.md). Opt-in until a GPU run says it pays; each new (B, L) and each epoch
-    (a Python int, so a constant of the graph) compiles once more, and past dynamo's recompile limit (8) the masker
-    runs eagerly.
+    the first call: the same masks bit for bit in a few fused kernels instead of a few hundred launches, which is
+    what a host-bound step pays for (docs/tuning.md). Opt-in until a GPU run says it pays; each new (B, L) and each
+    epoch (a Python int, so a constant of the graph) compiles once more, and past dynamo's recompile limit the
+    masker runs eagerly.
     """
 
     def __init__(self, cfg: MaskingConfig, compile: bool = False) -> None:

@@ -1,11 +1,11 @@
-"""A reference BERT-style encoder for the seed batch, and the LightningModule that pre-trains it (MLM + CLS).
+"""A reference BERT-style encoder for the model's batch, and the LightningModule that pre-trains it (MLM + CLS).
 
 It exists so the data path can be measured under a real training step (tools/train_bench.py): its shape and cost
 match the researchers' model (same hidden/ff/layers/heads sizes, token + segment + time embeddings, pre-norm layers,
 an MLM head on the masked positions and a 3-class sequence-order head on [CLS]), but it is not their code.
 
-Two layouts, one set of weights: the padded seed batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
-one (``lifeseq_shards.device.seed_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens, ``cu_seqlens``
+Two layouts, one set of weights: the padded batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
+one (``lifeseq_shards.device.model_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens, ``cu_seqlens``
 and a host-side ``max_len``). On the packed layout every layer but attention works on (N, hidden) rows, so no FLOP is
 spent on padding; attention runs per person (:func:`varlen_attention`).
 """
@@ -20,6 +20,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .layout import packed_slots, padded_rows
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
 N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
@@ -134,34 +136,52 @@ def varlen_backend(q: Tensor) -> str:
     return "flash-varlen" if flash and q.shape[-1] <= 256 else "padded-sdpa"
 
 
-def _pad_index(packed: Packed, n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(B, max_len) rows of each person's tokens in the packed array (clamped into range) and which are real; and,
-    for each of the ``n`` packed rows, its slot in the flattened (B * max_len) padded array. Gathers both ways, no
-    boolean indexing (that would sync to learn its size)."""
-    starts = packed.cu_seqlens[:-1].long()
-    lengths = packed.cu_seqlens[1:].long() - starts
-    col = torch.arange(packed.max_len, device=starts.device)
-    rows = torch.arange(n, device=starts.device)
-    person = torch.searchsorted(packed.cu_seqlens[1:].long(), rows, right=True)
-    slot = person * packed.max_len + rows - starts[person]
-    return (starts[:, None] + col).clamp_(max=max(n - 1, 0)), col < lengths[:, None], slot
+class PaddedIndex(NamedTuple):
+    """A packed batch's rows laid out padded, for attention on the ``"padded-sdpa"`` backend."""
+
+    rows: Tensor  # (B, max_len) the packed row of each padded slot, clamped into range
+    real: Tensor  # (B, max_len) which slots hold a token
+    slots: Tensor  # (N,) each packed row's slot in the flattened (B * max_len) padded array
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed, dropout_p: float = 0.0) -> Tensor:
+def padded_index(packed: Packed, n: int) -> PaddedIndex:
+    """The :class:`PaddedIndex` of ``n`` packed rows (:mod:`lifeseq_shards.layout`, as the device's packing)."""
+    counts = packed.cu_seqlens.diff().long()
+    rows, real = padded_rows(counts, packed.max_len)
+    return PaddedIndex(rows.clamp_(max=max(n - 1, 0)), real, packed_slots(counts, packed.max_len, n))
+
+
+class PackedPass:
+    """A packed layout as the layers of one forward see it: the padded index depends on the batch only, so the
+    first layer that needs it builds it and the others reuse it (the flash backend never does)."""
+
+    def __init__(self, packed: Packed, n: int) -> None:
+        self.packed, self.n = packed, n
+        self._index: PaddedIndex | None = None
+
+    def padded_index(self) -> PaddedIndex:
+        if self._index is None:
+            self._index = padded_index(self.packed, self.n)
+        return self._index
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed | PackedPass, dropout_p: float = 0.0) -> Tensor:
     """Bidirectional attention of each person's tokens among themselves on (N, heads, head_dim) rows; see
-    :func:`varlen_backend` for the implementation chosen."""
+    :func:`varlen_backend` for the implementation chosen. A :class:`PackedPass` shares its padded index across
+    calls."""
+    batch = packed if isinstance(packed, PackedPass) else PackedPass(packed, q.shape[0])
     if varlen_backend(q) == "flash-varlen":
         d = q.shape[-1]
         pad = -d % 8
         if pad:  # zero q/k columns add nothing to the scores; q rescaled so the kernel's 1/sqrt(d+pad) is 1/sqrt(d)
             q = F.pad(q * math.sqrt((d + pad) / d), (0, pad))
             k, v = F.pad(k, (0, pad)), F.pad(v, (0, pad))
-        cu = packed.cu_seqlens
-        return _VARLEN_ATTN(q, k, v, cu, cu, packed.max_len, packed.max_len)[..., :d]
-    index, real, slot = _pad_index(packed, q.shape[0])
-    qp, kp, vp = (t[index].transpose(1, 2) for t in (q, k, v))  # (B, heads, max_len, head_dim)
-    a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=real[:, None, None, :], dropout_p=dropout_p)
-    return a.transpose(1, 2).flatten(0, 1)[slot]
+        cu, max_len = batch.packed
+        return _VARLEN_ATTN(q, k, v, cu, cu, max_len, max_len)[..., :d]
+    index = batch.padded_index()
+    qp, kp, vp = (t[index.rows].transpose(1, 2) for t in (q, k, v))  # (B, heads, max_len, head_dim)
+    a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=index.real[:, None, None, :], dropout_p=dropout_p)
+    return a.transpose(1, 2).flatten(0, 1)[index.slots]
 
 
 class EncoderLayer(nn.Module):
@@ -180,13 +200,13 @@ class EncoderLayer(nn.Module):
             nn.Linear(cfg.hidden, cfg.ff), nn.GELU(), nn.Linear(cfg.ff, cfg.hidden), nn.Dropout(dropout)
         )
 
-    def forward(self, x: Tensor, attend: Tensor | Packed) -> Tensor:
+    def forward(self, x: Tensor, attend: Tensor | Packed | PackedPass) -> Tensor:
         """``x`` (B, L, hidden) with ``attend`` (B,1,1,L) bool, True = a real key token; or (N, hidden) with
-        :class:`Packed`."""
+        :class:`Packed` (or the :class:`PackedPass` the encoder shares among its layers)."""
         h = x.shape[-1]
         p = self.dropout if self.training else 0.0
         qkv = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, h // self.heads))
-        if isinstance(attend, Packed):
+        if isinstance(attend, (Packed, PackedPass)):
             a = varlen_attention(*qkv.unbind(-3), attend, dropout_p=p).flatten(-2)
         else:
             b, n = x.shape[:2]
@@ -211,7 +231,10 @@ class LifeSeqEncoder(nn.Module):
 
     def encode(self, input_ids: Tensor, layout: Tensor | Packed) -> Tensor:
         """(B, L, hidden) from a padded batch (``layout`` = its padding_mask), (N, hidden) from a packed one."""
-        attend = layout if isinstance(layout, Packed) else layout.bool()[:, None, None, :]
+        if isinstance(layout, Packed):
+            attend: Tensor | PackedPass = PackedPass(layout, input_ids.shape[-1])
+        else:
+            attend = layout.bool()[:, None, None, :]
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, attend)
@@ -230,7 +253,7 @@ class LifeSeqEncoder(nn.Module):
 
 
 def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor]:
-    """The encoder's (input_ids, layout, targets) from a seed batch of either layout."""
+    """The encoder's (input_ids, layout, targets) from a model batch (device.model_batch) of either layout."""
     if "cu_seqlens" in batch:
         return batch["input_ids"], Packed(batch["cu_seqlens"], batch["max_len"]), batch["target_index"]
     return batch["input_ids"], batch["padding_mask"], batch["target_pos"]

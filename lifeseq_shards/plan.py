@@ -20,12 +20,13 @@ the same plan independently and a resumed run recomputes it exactly.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
+
+from .deprecation import module_aliases, warn
 
 # balanced: every rank the same number of batches (training, validation); persons that do not divide are left out
 # and change with the epoch. complete: every person exactly once (inference); ranks may yield different counts.
@@ -38,29 +39,16 @@ _ORDER_TAG = 0x4F524452  # "ORDR"
 _WINDOW_TAG = 0x57494E44  # "WIND"
 
 
-_RENAMED = {"TRAIN": "BALANCED", "INFERENCE": "COMPLETE"}
-_MOVED = ("describe", "PlanReport")  # now in lifeseq_shards.plan_report
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        warnings.warn(f"lifeseq_shards.plan.{name} is deprecated: use {_RENAMED[name]}", DeprecationWarning,
-                      stacklevel=2)
-        return globals()[_RENAMED[name]]
-    if name in _MOVED:
-        from . import plan_report
-
-        warnings.warn(f"lifeseq_shards.plan.{name} is deprecated: use lifeseq_shards.plan_report.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(plan_report, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_aliases(__name__, {"TRAIN": "lifeseq_shards.plan:BALANCED",
+                                        "INFERENCE": "lifeseq_shards.plan:COMPLETE",
+                                        "describe": "lifeseq_shards.plan_report:describe",
+                                        "PlanReport": "lifeseq_shards.plan_report:PlanReport"})
 
 
 def mode_name(mode: str) -> str:
     """``mode`` by its current name; the old names still work, with a DeprecationWarning."""
     if mode in _OLD_MODES:
-        warnings.warn(f"mode={mode!r} is deprecated: use mode={_OLD_MODES[mode]!r}", DeprecationWarning,
-                      stacklevel=3)
+        warn(f"mode={mode!r}", f"mode={_OLD_MODES[mode]!r}", stacklevel=4)
         return _OLD_MODES[mode]
     if mode not in (BALANCED, COMPLETE):
         raise ValueError(f"mode must be {BALANCED!r} or {COMPLETE!r}, not {mode!r}")

@@ -15,7 +15,7 @@ import torch
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
-from lifeseq_shards.device import unpack
+from lifeseq_shards.device import padded_fields
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.model import EncoderConfig
 
@@ -101,7 +101,7 @@ def test_trainer_of_either_package_fits_without_the_len_warning(vocab_dataset: P
 
 # -- resume -------------------------------------------------------------------------------------------------------
 def ids(batch: dict[str, Any]) -> list[int]:
-    return unpack(batch)["person_id"].tolist()
+    return padded_fields(batch)["person_id"].tolist()
 
 
 def test_restored_position_reaches_the_loader_whenever_it_is_built(vocab_dataset: Path) -> None:
@@ -173,5 +173,5 @@ def test_predict_batches_are_never_masked(vocab_dataset: Path) -> None:
     for host in dm.predict_dataloader():
         out = dm.on_after_batch_transfer(host, 0)
         assert not [k for k in out if k.startswith("target_")]
-        tokens = unpack(host)["tokens"].long()  # as read: not masked, not reversed or shuffled
+        tokens = padded_fields(host)["tokens"].long()  # as read: not masked, not reversed or shuffled
         assert torch.equal(out["input_ids"][:, 0], tokens) and torch.equal(out["original_sequence"], tokens)

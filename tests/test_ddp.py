@@ -296,7 +296,7 @@ def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) ->
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
     assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds8, "val")[0]))
     for r in ranks:  # the seed batch, built on the device by the datamodule, with dynamic MLM targets
-        seed = r["seed_batch"]
+        seed = r["model_batch"]
         (ids_dtype, (b, rows, width)), (mask_dtype, mask_shape) = seed["input_ids"], seed["padding_mask"]
         assert (ids_dtype, mask_dtype, rows, mask_shape) == ("torch.int64", "torch.int64", 4, [b, width])
         assert b == 64 and width % 8 == 0

@@ -1,9 +1,10 @@
-"""Host -> device transfer keeps the narrow dtypes; seed_batch widens them into the seed's batch, without a sync."""
+"""Host -> device transfer keeps the narrow dtypes; model_batch widens them into the seed's batch, without a sync."""
 
 from __future__ import annotations
 
 import math
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +14,15 @@ import torch
 from lifeseq_shards.device import (
     PACKED,
     BatchBuilder,
-    DevicePrefetcher,
     host_sync_guard,
+    model_batch,
+    packed_views,
+    padded_fields,
     plan_tokens,
-    seed_batch,
-    split_packed,
     to_device,
 )
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.prefetch import DevicePrefetcher
 
 
 def _tiny_batch() -> dict[str, np.ndarray]:
@@ -46,9 +48,35 @@ def test_to_device_keeps_the_narrow_dtypes() -> None:
     assert all(torch.equal(again[k], moved[k]) for k in moved)
 
 
+@pytest.mark.parametrize(("old", "new"), [("seed_batch", model_batch), ("split_packed", packed_views),
+                                          ("unpack", padded_fields)])
+def test_old_names_warn_and_work(old: str, new: object) -> None:
+    """The names before issue 14 are the renamed functions, reached with a DeprecationWarning."""
+    from lifeseq_shards import device
+
+    with pytest.warns(DeprecationWarning, match=f"device.{old} is deprecated"):
+        alias = getattr(device, old)
+    assert alias is new
+    host = to_device(_tiny_batch(), "cpu")
+    if old == "seed_batch":
+        with pytest.warns(DeprecationWarning):
+            from lifeseq_shards.device import seed_batch  # the import form old code uses
+        old_batch, new_batch = seed_batch(host), model_batch(host)
+        assert old_batch.keys() == new_batch.keys() and all(torch.equal(old_batch[k], new_batch[k]) for k in new_batch)
+    with pytest.raises(AttributeError):
+        device.no_such_name  # noqa: B018
+
+
+def test_prefetcher_at_its_old_place_warns_and_works() -> None:
+    from lifeseq_shards import device
+
+    with pytest.warns(DeprecationWarning, match="use lifeseq_shards.prefetch.DevicePrefetcher"):
+        assert device.DevicePrefetcher is DevicePrefetcher
+
+
 def test_seed_batch_widens_without_losing_values() -> None:
     host = _tiny_batch()
-    out = seed_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(host, "cpu"))
     assert set(out) == {"person_id", "lengths", "padding_mask", "input_ids", "original_sequence"}  # no targets
     assert out["input_ids"].dtype == out["padding_mask"].dtype == out["original_sequence"].dtype == torch.int64
     assert out["input_ids"].shape == (2, 4, 8)
@@ -91,7 +119,7 @@ def test_offline_fields_rebuild_the_seed_batch(sample: Path) -> None:
     host, h5 = _offline_batch(sample, 200)
     L = host["tokens"].shape[1]
     with host_sync_guard():
-        out = seed_batch(to_device(host, "cpu"))
+        out = model_batch(to_device(host, "cpu"))
     assert torch.equal(out["input_ids"], torch.from_numpy(h5["input_ids"][:, :, :L]))
     assert torch.equal(out["padding_mask"], torch.from_numpy(h5["padding_mask"][:, :L]))
     assert torch.equal(out["original_sequence"], torch.from_numpy(h5["original_sequence"][:, :L]))
@@ -114,9 +142,9 @@ def test_offline_targets_beyond_the_default_share_are_kept() -> None:
         "n_targets": np.array([2, 3], dtype=np.uint16),
         "target_cls": np.array([0, 2], dtype=np.uint8),
     }
-    out = seed_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(host, "cpu"))
     assert out["target_pos"].tolist() == [[1, 3, 7], [3, 4, 6]]
-    cropped = seed_batch(
+    cropped = model_batch(
         {
             k: (v[:, :5] if k in ("tokens", "abspos", "age", "segment", "masked_tokens") else v)
             for k, v in to_device(host, "cpu").items()
@@ -134,7 +162,7 @@ def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None
     batch = to_device(host, "cpu")
     masker = DynamicMasker(MaskingConfig(vocab_size=2970, kind=kind, p_reverse=0.2, p_shuffle=0.2))
     with host_sync_guard():
-        out = seed_batch(batch, masker, epoch=1)
+        out = model_batch(batch, masker, epoch=1)
     direct = masker(*(batch[k] for k in ("tokens", "abspos", "age", "segment", "lengths", "person_id")), 1)
     L = host["tokens"].shape[1]
     assert out["input_ids"].shape == (64, 4, L) and out["target_pos"].shape == (64, math.floor(0.3 * L))
@@ -154,15 +182,14 @@ def test_cuda_transfer_and_widening() -> None:
     assert all(moved[k].is_cuda and moved[k].dtype == host[k].dtype for k in host)
     masker = DynamicMasker(MaskingConfig(vocab_size=2**16))
     with host_sync_guard():
-        gpu = seed_batch(moved, masker, epoch=2)
-    cpu = seed_batch(host, masker, epoch=2)
+        gpu = model_batch(moved, masker, epoch=2)
+    cpu = model_batch(host, masker, epoch=2)
     assert all(torch.equal(gpu[k].cpu(), cpu[k]) for k in cpu)
 
 
 @pytest.mark.parametrize("fixture", ["mlm_dataset", "nomlm_dataset"])
 def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.FixtureRequest) -> None:
     """Only real tokens cross the bus; the device pads them back, equal to the host-padded batch, without a sync."""
-    from lifeseq_shards.device import split_packed, unpack
     from lifeseq_shards.reader import ShardedDataset
 
     root = request.getfixturevalue(fixture)
@@ -172,22 +199,22 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
     for host, compact in zip(padded, packed, strict=True):
         buffers = [v for v in compact.values() if isinstance(v, (np.ndarray, torch.Tensor))]
         assert len(buffers) == 1 and buffers[0].nbytes < sum(v.nbytes for v in host.values())
-        assert split_packed(compact)["tokens"].shape == (int(host["lengths"].sum()),)
+        assert packed_views(compact)["tokens"].shape == (int(host["lengths"].sum()),)
         moved = to_device(compact, "cpu")
         with host_sync_guard():
-            wide = unpack(moved)
-            seed_from_packed = seed_batch(moved)
+            wide = padded_fields(moved)
+            model_from_packed = model_batch(moved)
         assert set(wide) == set(host)
         for k, v in host.items():
             assert wide[k].dtype == v.dtype and torch.equal(wide[k], v), k
-        for k, v in seed_batch(host).items():
-            assert torch.equal(seed_from_packed[k], v), k
+        for k, v in model_batch(host).items():
+            assert torch.equal(model_from_packed[k], v), k
         n += 1
     assert n == len(padded)
 
 
 def _person(batch: dict[str, torch.Tensor], i: int) -> dict[str, list]:
-    """Person ``i`` of a seed batch of either layout, as plain lists: its tokens and stamps as the model sees them,
+    """Person ``i`` of a model batch of either layout, as plain lists: its tokens and stamps as the model sees them,
     its MLM targets (position in the person, token) in slot order, and its CLS target."""
     n = int(batch["lengths"][i])
     if "cu_seqlens" in batch:
@@ -218,14 +245,14 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
     for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
         planned = plan_tokens(host_packed, L)
         with host_sync_guard():
-            want = seed_batch(to_device(host_padded, "cpu"), masker, epoch=1)
-            got = seed_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
+            want = model_batch(to_device(host_padded, "cpu"), masker, epoch=1)
+            got = model_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
         assert got["input_ids"].shape == (4, int(want["padding_mask"].sum())) and got["max_len"] == L
         assert got["target_index"].shape == want["target_pos"].shape and "padding_mask" not in got
         assert torch.equal(got["lengths"].long(), want["lengths"].long())
         for j in range(len(got["lengths"])):
             assert _person(got, j) == _person(want, j)
-        cropped += int((split_packed(host_packed)["lengths"] > L).sum())
+        cropped += int((packed_views(host_packed)["lengths"] > L).sum())
         if i == 3:
             break
     assert cropped > 0
@@ -292,6 +319,28 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
             assert torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k], k
 
 
+def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset: Path) -> None:
+    """What Lightning reads and resets on a train loader is the wrapped loader's, writes included (its shutdown of
+    the workers drops the loader's iterator, as for a bare loader); any other attribute is the prefetcher's own, and
+    the implicit forwarding of the past still works with a DeprecationWarning."""
+    from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+
+    loader = ShardedLoader(ShardedDataset(nomlm_dataset, "train", batch_size=40, seed=4, packed=True))
+    prefetcher = DevicePrefetcher(loader, lambda h: h, "cpu")
+    assert prefetcher.dataset is loader.dataset and prefetcher.sampler is loader.sampler
+    assert prefetcher.batch_sampler is loader.batch_sampler and prefetcher.worker_init_fn is None
+    assert prefetcher._iterator is loader._iterator
+    prefetcher._iterator = None  # what lightning's _shutdown_workers_and_reset_iterator does at the end of a fit
+    prefetcher.worker_init_fn = print  # what lightning does under PL_SEED_WORKERS
+    assert loader._iterator is None and loader.worker_init_fn is print
+    assert not {"_iterator", "worker_init_fn"} & set(vars(prefetcher))
+    with pytest.warns(DeprecationWarning, match="DevicePrefetcher.pin_memory .* deprecated"):
+        assert prefetcher.pin_memory is loader.pin_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hasattr(DevicePrefetcher([], lambda h: h, "cpu"), "dataset")  # a plain iterable has none
+
+
 def test_threaded_prefetch_stops_its_thread_and_raises_its_errors(nomlm_dataset: Path) -> None:
     hosts, builder = _prefetch_case(nomlm_dataset, "cpu")
     before = threading.active_count()
@@ -316,21 +365,28 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     hooks build from the plain loader's host batches."""
     from lifeseq_shards.datamodule import LifeSeqDataModule
 
-    def batches(prefetch: bool) -> list[dict]:
-        dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
-                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
+    class InThread(LifeSeqDataModule):
+        def _prefetch_in_thread(self) -> bool:
+            return True
+
+    def batches(prefetch: bool, threaded: bool = False) -> list[dict]:
+        dm = (InThread if threaded else LifeSeqDataModule)(
+            nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
+            masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
         loader = dm.train_dataloader()
         assert isinstance(loader, DevicePrefetcher) == prefetch
+        assert getattr(loader, "threaded", False) == threaded  # the DataModule's choice, through its method
         out = []
         for b, _ in zip(loader, range(3), strict=False):
             out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))
         return out
 
-    plain, ahead = batches(False), batches(True)
-    assert len(plain) == len(ahead) == 3
-    for a, b in zip(plain, ahead, strict=True):
-        assert "cu_seqlens" in a and a.keys() == b.keys()
+    plain, ahead, in_thread = batches(False), batches(True), batches(True, threaded=True)
+    assert len(plain) == len(ahead) == len(in_thread) == 3
+    for a, b, c in zip(plain, ahead, in_thread, strict=True):
+        assert "cu_seqlens" in a and a.keys() == b.keys() == c.keys()
         assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+        assert all(torch.equal(a[k], c[k]) if isinstance(a[k], torch.Tensor) else a[k] == c[k] for k in a)
 
 
 def test_packed_layout_refuses_to_crop_offline_targets(mlm_dataset: Path) -> None:
@@ -342,14 +398,14 @@ def test_packed_layout_refuses_to_crop_offline_targets(mlm_dataset: Path) -> Non
 
 
 def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
-    """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded seed batch."""
+    """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded model batch."""
     from lifeseq_shards.reader import ShardedDataset
 
     for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
         planned = plan_tokens(host)
         with host_sync_guard():
-            want = seed_batch(to_device(host, "cpu"))
-            got = seed_batch(to_device(planned, "cpu"), layout=PACKED)
+            want = model_batch(to_device(host, "cpu"))
+            got = model_batch(to_device(planned, "cpu"), layout=PACKED)
         assert got["target_index"].shape == want["target_pos"].shape
         assert all(_person(got, j) == _person(want, j) for j in range(len(got["lengths"])))
         if i == 2:

@@ -72,11 +72,13 @@ def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
 
 def test_moved_names_import_from_format_with_a_warning() -> None:
     from lifeseq_shards import manifest, shardfile
+    from lifeseq_shards.deprecation import LifeSeqDeprecationWarning
 
-    with pytest.warns(DeprecationWarning, match="lifeseq_shards.format.read_manifest moved to lifeseq_shards.manifest"):
+    with pytest.warns(LifeSeqDeprecationWarning,
+                      match="format.read_manifest is deprecated: use lifeseq_shards.manifest.read_manifest"):
         from lifeseq_shards.format import read_manifest as old
     assert old is manifest.read_manifest
-    with pytest.warns(DeprecationWarning, match="moved to lifeseq_shards.shardfile"):
+    with pytest.warns(DeprecationWarning, match="use lifeseq_shards.shardfile.ShardFile"):
         from lifeseq_shards.format import ShardFile
     assert ShardFile is shardfile.ShardFile
     with pytest.raises(ImportError):

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.device import seed_batch, unpack
+from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
 from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
 from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Segment, ShardedDataset, ShardedLoader, read_segment
@@ -379,11 +379,11 @@ def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
 
 
 def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
-    """pad_to=512 on an offline-mask dataset: seed_batch gives the seed's h5 rows exactly (width 512, 153 target
+    """pad_to=512 on an offline-mask dataset: model_batch gives the seed's h5 rows exactly (width 512, 153 target
     slots: unused ones position 511 and token 0)."""
     c = mlm_rows.cols
     for b in ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=SEED_WIDTH):
-        out, rows = seed_batch(b), mlm_rows.rows(b["person_id"])
+        out, rows = model_batch(b), mlm_rows.rows(b["person_id"])
         assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
         for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
                            ("original_sequence", c["original_sequence"][rows]),
@@ -605,7 +605,7 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
     ld = ShardedLoader(ds, persistent_workers=False)
     with pytest.warns(UserWarning, match="--shm-size"):
-        got = np.concatenate([unpack(b)["person_id"].numpy() for b in ld])
+        got = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
     assert ld.state_dict()["layout"] == roomy.state_dict()["layout"]
     assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
@@ -641,7 +641,7 @@ def test_format1_datasets_read_like_format2(mlm_dataset: Path, tmp_path: Path, p
     new_batches, _ = rank_pass(mlm_dataset, 2, 1, 0, batch_size=100, packed=packed)
     old_batches, _ = rank_pass(old, 2, 1, 0, batch_size=100, packed=packed)
     if packed:  # the buffers differ (runs vs tokens); what the device makes of them does not
-        new_batches, old_batches = ([unpack(b) for b in bs] for bs in (new_batches, old_batches))
+        new_batches, old_batches = ([padded_fields(b) for b in bs] for bs in (new_batches, old_batches))
     assert_same_batches(old_batches, new_batches)
 
 
@@ -675,7 +675,7 @@ def test_old_mode_names_and_reader_names_still_work_with_a_warning(nomlm_dataset
     schema = m.schema
     entry = m.splits["train"].shards[0]
     shard = m.shard_file(entry, str(nomlm_dataset / entry.file))
-    with pytest.warns(DeprecationWarning, match="use read_segment"):
+    with pytest.warns(DeprecationWarning, match="read_piece is deprecated: use lifeseq_shards.reader.read_segment"):
         blocks = reader.read_piece(Segment(shard, 3, 9), schema)
     assert [b.columns["person_id"].tolist() for b in blocks] == [
         b.columns["person_id"].tolist() for b in read_segment(Segment(shard, 3, 9), schema)]

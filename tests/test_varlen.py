@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards import model as model_mod
-from lifeseq_shards.device import host_sync_guard, plan_tokens, seed_batch, to_device
+from lifeseq_shards.device import host_sync_guard, model_batch, plan_tokens, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig, LifeSeqEncoder, Packed, pretrain_losses, varlen_attention
 from lifeseq_shards.reader import ShardedDataset
@@ -62,6 +62,37 @@ def test_varlen_forward_and_gradients_equal_the_padded_models(heads: int) -> Non
     assert grads_pad.keys() == grads_packed.keys()
     for k in grads_pad:
         torch.testing.assert_close(grads_packed[k], grads_pad[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_padded_index_is_built_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer attends over the same persons: the fallback's padded index is built once per forward, not once
+    per layer, and it is the device's packing (the same slots as model_batch's packed layout)."""
+    torch.manual_seed(0)
+    model = LifeSeqEncoder(EncoderConfig(32, 48, 3, 4), VOCAB, dropout=0.0)
+    padded, packed = _padded_and_packed()
+    calls = []
+    built = model_mod.padded_index
+    monkeypatch.setattr(model_mod, "padded_index", lambda *a: calls.append(a) or built(*a))
+    layout = Packed(packed["cu_seqlens"], packed["max_len"])
+    x_packed = model.encode(packed["input_ids"], layout)
+    assert len(calls) == 1
+    torch.testing.assert_close(x_packed, model.encode(padded["input_ids"], padded["padding_mask"])[
+        padded["padding_mask"].bool()], rtol=1e-5, atol=1e-5)
+    index = built(layout, int(packed["cu_seqlens"][-1]))
+    real = padded["padding_mask"].bool()
+    assert torch.equal(index.real, real)
+    assert torch.equal(index.slots, real.flatten().nonzero()[:, 0])  # row i of the packed array: the i-th real slot
+
+
+def test_packed_encoder_traces_as_one_graph() -> None:
+    """The index shared by the layers (a Python object built during the forward) does not break torch.compile's
+    graph: dynamo traces the packed encoder whole (backend "eager": the trace only, no code generation)."""
+    torch.manual_seed(0)
+    model = LifeSeqEncoder(EncoderConfig(32, 48, 2, 4), VOCAB, dropout=0.0)
+    _, packed = _padded_and_packed()
+    layout = Packed(packed["cu_seqlens"], packed["max_len"])
+    compiled = torch.compile(model.encode, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(packed["input_ids"], layout), model.encode(packed["input_ids"], layout))
 
 
 def _reference_kernel(q, k, v, cu_q, cu_k, max_q, max_k):
@@ -129,7 +160,7 @@ def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
     model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), 2970, dropout=0.1).cuda()
     masker = DynamicMasker(MaskingConfig(vocab_size=2970))
     with host_sync_guard(), torch.autocast("cuda", dtype=torch.bfloat16):
-        batch = seed_batch(to_device(planned, "cuda"), masker, epoch=0, layout="packed", max_len=128)
+        batch = model_batch(to_device(planned, "cuda"), masker, epoch=0, layout="packed", max_len=128)
         mlm, cls = pretrain_losses(model, batch)
         (mlm + cls).backward()
     assert torch.isfinite(mlm + cls)

@@ -24,7 +24,7 @@ import click
 import torch
 import torch.nn.functional as F
 
-from lifeseq_shards.device import PACKED, PADDED, plan_tokens, seed_batch, to_device
+from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import Packed, varlen_attention, varlen_backend
@@ -91,12 +91,12 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
     for layout in (PADDED, PACKED):
         def prep(i: int, layout: str = layout) -> dict[str, Any]:
             host = plan_tokens(batches[i % len(batches)], max_len)
-            return seed_batch(to_device(host, device), masker, epoch=0, layout=layout, max_len=max_len)
+            return model_batch(to_device(host, device), masker, epoch=0, layout=layout, max_len=max_len)
 
         host_ms, device_ms = timed(prep, reps, device)
         rows.add(part="prep", what=f"copy+unpack+mask ({layout})", mode="eager", host_ms=host_ms, device_ms=device_ms)
 
-    padded = [seed_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
+    padded = [model_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
     args = [(b["input_ids"][:, 0], *b["input_ids"][:, 1:].unbind(1), b["lengths"], b["person_id"]) for b in padded]
     eager = masker.draw
     for mode in ("eager", "default", "reduce-overhead"):
@@ -120,7 +120,7 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
 
     def prep_compiled(i: int) -> dict[str, Any]:
         host = plan_tokens(batches[i % len(batches)], max_len)
-        return seed_batch(to_device(host, device), compiled, epoch=0, layout=PACKED, max_len=max_len)
+        return model_batch(to_device(host, device), compiled, epoch=0, layout=PACKED, max_len=max_len)
 
     what = f"copy+unpack+mask ({PACKED})"
     try:
@@ -150,7 +150,7 @@ def attention_pair(lengths: torch.Tensor, max_len: int, heads: int, d: int, dtyp
 
 def bench_attention(batches: list[dict[str, Any]], max_len: int, device: torch.device, dtype: torch.dtype,
                     reps: int, rows: Rows) -> None:
-    first = seed_batch(to_device(plan_tokens(batches[0], max_len), device), None, max_len=max_len)
+    first = model_batch(to_device(plan_tokens(batches[0], max_len), device), None, max_len=max_len)
     lengths = first["lengths"].long()
     pairs = float((lengths * lengths).sum())
     for name, hidden, heads in HEAD_LAYOUTS:

@@ -218,7 +218,7 @@ def pad_collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 def ours(work: Path, workers: int, root: str = "ours", rank: int = 0, world_size: int = 1) -> Iterable[Any]:
     from lifeseq_shards import ShardedDataset, ShardedLoader
 
-    # packed: one buffer of real tokens per batch; the training step pads it on the device (device.unpack)
+    # packed: one buffer of real tokens per batch; the training step pads it on the device (device.padded_fields)
     ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="balanced",
                         shuffle=True, seed=0, packed=True, rank=rank, world_size=world_size)
     return ShardedLoader(ds)
@@ -343,9 +343,9 @@ def batch_stats(batch: Any) -> tuple[int, int, int | None]:
     if isinstance(batch, tuple):
         return batch[0], batch[1], None
     if "packed" in batch:
-        from lifeseq_shards.device import split_packed
+        from lifeseq_shards.device import packed_views
 
-        fields = split_packed(batch)
+        fields = packed_views(batch)
         return len(fields["person_id"]), int(fields["lengths"].sum()), batch["packed"].nbytes
     nbytes = sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
     if "padding_mask" in batch:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import torch
 
-from lifeseq_shards.device import PACKED, PADDED, plan_tokens, seed_batch, to_device
+from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqEncoder, pretrain_losses, resolve_size
@@ -59,15 +59,15 @@ def main(data: str, size: str, batch_size: int, max_len: int, reps: int) -> None
     masker = DynamicMasker(MaskingConfig(vocab_size=vocab, seed=0))
     cpu = torch.device("cpu")
     rows: list[tuple[str, Callable[[], Any]]] = []
-    padded = seed_batch(to_device(host, cpu), None, max_len=max_len)
+    padded = model_batch(to_device(host, cpu), None, max_len=max_len)
     args = (padded["input_ids"][:, 0], *padded["input_ids"][:, 1:].unbind(1), padded["lengths"], padded["person_id"])
     rows.append(("masker", lambda: masker(*args, 0)))
     for layout in (PADDED, PACKED):
         rows.append((f"prep {layout} (copy+unpack+mask)",
-                     lambda layout=layout: seed_batch(to_device(host, cpu), masker, layout=layout, max_len=max_len)))
+                     lambda layout=layout: model_batch(to_device(host, cpu), masker, layout=layout, max_len=max_len)))
     model = LifeSeqEncoder(resolve_size(size), vocab, dropout=0.0)
     for layout in (PADDED, PACKED):
-        batch = seed_batch(to_device(host, cpu), masker, layout=layout, max_len=max_len)
+        batch = model_batch(to_device(host, cpu), masker, layout=layout, max_len=max_len)
 
         def step(batch: dict[str, Any] = batch) -> None:
             mlm, cls = pretrain_losses(model, batch)

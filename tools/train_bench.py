@@ -35,7 +35,6 @@ from tqdm import tqdm
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
-from lifeseq_shards.device import DevicePrefetcher
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
@@ -57,7 +56,7 @@ class Point:
     workers: int
     pin_memory: bool = True
     attention: str = "padded"  # "varlen": the packed layout, attention per person (lifeseq_shards.model.Packed)
-    prefetch: bool = False  # the next batch built on a side CUDA stream (device.DevicePrefetcher)
+    prefetch: bool = False  # the next batch built on a side CUDA stream (prefetch.DevicePrefetcher)
     prefetch_thread: bool = False  # ... launched from a background thread (DevicePrefetcher(threaded=True))
     masker: str = "eager"  # "compiled": DynamicMasker(compile=True)
 
@@ -293,11 +292,8 @@ class BenchDataModule(LifeSeqDataModule):
             self.builder = dataclasses.replace(self.builder, masking=DynamicMasker(self.masking, compile=True))
         self.prefetch_thread = prefetch_thread
 
-    def train_dataloader(self) -> Any:
-        loader = super().train_dataloader()
-        if isinstance(loader, DevicePrefetcher):
-            loader.threaded = self.prefetch_thread
-        return loader
+    def _prefetch_in_thread(self) -> bool:
+        return self.prefetch_thread
 
 
 def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int, seed: int,

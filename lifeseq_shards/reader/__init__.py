@@ -8,8 +8,7 @@ and its checkpoint state). docs/architecture.md shows how the data flows between
 
 from __future__ import annotations
 
-import warnings
-
+from ..deprecation import module_aliases
 from ..plan import BALANCED, COMPLETE, Segment
 from .collate import BatchSpec, collate, collate_packed, collate_padded
 from .dataset import LAUNCHER_VARS, MAX_WORKERS, EpochControl, ShardedDataset, default_rank_world
@@ -33,12 +32,6 @@ __all__ = [
     "read_segment", "slot_windows",
 ]
 
-_RENAMED = {"TRAIN": "BALANCED", "INFERENCE": "COMPLETE", "Piece": "Segment"}  # deprecated names
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        warnings.warn(f"lifeseq_shards.reader.{name} is deprecated: use {_RENAMED[name]}", DeprecationWarning,
-                      stacklevel=2)
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_aliases(__name__, {"TRAIN": "lifeseq_shards.plan:BALANCED",
+                                        "INFERENCE": "lifeseq_shards.plan:COMPLETE",
+                                        "Piece": "lifeseq_shards.plan:Segment"})

@@ -43,7 +43,7 @@ def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> dict[str
     as ints. Values are gathered straight from the window's block into the buffer (one copy). A numpy array, not a
     tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled through its pipe)
     where a tensor would go through a fresh shared-memory segment, which costs more than making the batch.
-    :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.unpack`` into named, padded
+    :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.padded_fields`` into named, padded
     tensors on the device."""
     schema = spec.schema
     c = block.columns

@@ -108,7 +108,7 @@ class ShardedDataset(IterableDataset):
         if not 0 <= num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
         if packed and pad_to is not None:
-            raise ValueError("packed batches are padded on the device (lifeseq_shards.device.unpack): no pad_to")
+            raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
         self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
         self.shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
         self.num_workers, self.drop_last = num_workers, drop_last

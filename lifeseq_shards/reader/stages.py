@@ -10,7 +10,6 @@ or a ``pipe:`` command; decode only the blocks needed)
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import webdataset as wds
 import zstandard
 
+from ..deprecation import warn
 from ..format import Block, Field, concat_blocks, decode_member
 from ..manifest import is_local
 from ..plan import Partition, Segment, Window
@@ -73,8 +73,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
 
 def read_piece(piece: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
     """Deprecated name of :func:`read_segment`."""
-    warnings.warn("lifeseq_shards.reader.read_piece is deprecated: use read_segment", DeprecationWarning,
-                  stacklevel=2)
+    warn("lifeseq_shards.reader.read_piece", "lifeseq_shards.reader.read_segment")
     return read_segment(piece, schema)
 
 

@@ -47,7 +47,7 @@ class Tiny(pl.LightningModule):
         self.train_ids: dict[str, list[list[int]]] = {}  # epoch -> the person ids of each of its batches
         self.val_ids: list[list[int]] = []
         self.predicted: list[dict[str, Any]] = []
-        self.seed_batch: dict[str, Any] = {}
+        self.model_batch: dict[str, Any] = {}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         states = self.transformer(x=batch["input_ids"].long(), padding_mask=batch["padding_mask"].long())
@@ -57,9 +57,9 @@ class Tiny(pl.LightningModule):
         return states.pow(2).mean() + cls.pow(2).mean()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if not self.seed_batch:
+        if not self.model_batch:
             ids = batch["input_ids"]
-            self.seed_batch = {"input_ids": [str(ids.dtype), list(ids.shape)],
+            self.model_batch = {"input_ids": [str(ids.dtype), list(ids.shape)],
                                "padding_mask": [str(batch["padding_mask"].dtype), list(batch["padding_mask"].shape)],
                                "real_tokens": int(batch["padding_mask"].sum()), "lengths": int(batch["lengths"].sum()),
                                "targets": sorted(k for k in batch if k.startswith("target_"))}
@@ -91,7 +91,7 @@ class Tiny(pl.LightningModule):
         gather_to_json({"rank": trainer.global_rank, "world_size": trainer.world_size,
                         "num_training_batches": trainer.num_training_batches,
                         "num_val_batches": trainer.num_val_batches, "train": self.train_ids, "val": self.val_ids,
-                        "seed_batch": self.seed_batch}, self.out)
+                        "model_batch": self.model_batch}, self.out)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # the seed's schedule, sized as docs/ddp.md says: asking for estimated_stepping_batches builds the train
