@@ -7,7 +7,6 @@ Usage: python -m tools.bench_convert [--people 50000] [--processes 1 2] [--work 
 from __future__ import annotations
 
 import argparse
-import csv
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.sources.synth import synth_population
 from tools.bench_loader import read_persons, write_seed_h5
+from tools.tables import write_csv
 
 
 def timed_convert(inputs: list[str], out: Path, vocab: str | None, processes: int) -> tuple[float, dict]:
@@ -66,11 +66,7 @@ def main() -> None:
     ok = all(r["ratio_to_gzip_h5"] <= 0.5 for r in rows)
     print(f"bytes on disk <= 0.5x the seed's gzip HDF5: {'PASS' if ok else 'FAIL'}")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "convert.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.out / "convert.csv", rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Writes DIR/prep.csv and DIR/attn.csv, each row as soon as it is measured.
 
 from __future__ import annotations
 
-import csv
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import Packed, varlen_attention, varlen_backend
 from lifeseq_shards.reader import ShardedDataset
+from tools.tables import write_csv
 
 HEAD_LAYOUTS = (("small", 160, 10), ("small-tc", 192, 3), ("medium", 280, 10), ("medium-tc", 320, 5),
                 ("large", 500, 10), ("large-tc", 512, 8))
@@ -68,11 +68,7 @@ class Rows:
     def add(self, **row: Any) -> None:
         self.rows.append(row)
         click.echo(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-        cols = list(dict.fromkeys(k for r in self.rows for k in r))
-        with self.path.open("w", newline="") as f:
-            w = csv.DictWriter(f, cols)
-            w.writeheader()
-            w.writerows(self.rows)
+        write_csv(self.path, self.rows)
 
 
 def host_batches(data: Path, batch_size: int, n: int, pin: bool) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import csv
 import io
 import pstats
 import re
@@ -38,6 +37,7 @@ from lifeseq_shards.format import (
     token_schema,
 )
 from lifeseq_shards.shardfile import iter_tar_members, write_shard
+from tools.tables import write_csv
 
 RAGGED_FIELDS = ("tokens", "abspos", "age", "segment")
 SCHEMA = token_schema(make_schema("uint16"))  # stamps per token: these synthetic events hold one token each
@@ -183,11 +183,7 @@ def run(people: int, repeat: int, work: Path, out: Path | None, profile: bool) -
         r["size_vs_a"] = round(float(r["bytes_per_person"]) / float(base["bytes_per_person"]), 3)
     print_table(rows, people, chosen)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "layouts.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(out / "layouts.csv", rows)
         print(f"wrote {out / 'layouts.csv'}")
     if profile:
         path = work / "profile.tar"

@@ -14,7 +14,6 @@ Usage: python -m tools.bench_loader [--people 200000] [--quick] [--work bench-da
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import importlib.util
 import json
@@ -50,6 +49,7 @@ from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
 from lifeseq_shards.sources.synth import synth_population
 from tools.bench_layouts import npy_members, person_arrays, write_tar
+from tools.tables import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 256
@@ -506,11 +506,7 @@ def report(rows: list[dict[str, Any]], out: Path | None, people: int) -> None:
         print(f"| {claim} | {_fmt(None if value is None else round(value, 3))} |")
     if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "loader.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["contender", "label", *cols, "complete", "error"], extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "loader.csv", rows, ["contender", "label", *cols, "complete", "error"])
     chart(rows, out / "loader.png", people)
     print(f"wrote {out / 'loader.csv'} and {out / 'loader.png'}")
 

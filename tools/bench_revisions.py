@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tools.bench_loader import bars
+from tools.tables import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONTENDERS = ("ours-w0", "ours-w1", "ours-w2", "seed-mem", "zstd-limit")
@@ -46,8 +47,8 @@ def run_bench(checkout: Path, out: Path, args: argparse.Namespace) -> dict[str, 
         raise RuntimeError(f"{checkout}: bench_loader exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     with open(out / "loader.csv", newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if not r["error"]]
-    return {r["contender"]: {k: float(v) if v and k != "label" and k != "contender" else v for k, v in r.items()}
-            for r in rows}
+    numeric = ("persons_per_s", "tokens_per_s", "disk_bytes_per_person", "h2d_bytes_per_person", "first_batch_s")
+    return {r["contender"]: {k: float(v) if k in numeric and v else v for k, v in r.items()} for r in rows}
 
 
 def main() -> None:
@@ -101,11 +102,7 @@ def report(results: list[tuple[int, str, dict[str, dict[str, Any]]]], args: argp
                              "new_persons_per_s": new and new["persons_per_s"]})
         print(f"| {contender} | " + " | ".join(cells) + " |")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "revisions.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(out_rows[0]))
-            w.writeheader()
-            w.writerows(out_rows)
+        write_csv(args.out / "revisions.csv", out_rows)
         print(f"wrote {args.out / 'revisions.csv'}")
 
 

@@ -39,6 +39,7 @@ from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
 from lifeseq_shards.sources.synth import synth_population
+from tools.tables import write_csv
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed")
 ATTENTION = ("padded", "varlen")
@@ -353,13 +354,8 @@ RESULT_KEYS = ("status", "reason", "world", "steps", "step_time_s", "tokens_per_
                "gflop_per_token", "mfu", "mfu_slots")
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    cols = [f.name for f in fields(Point)] + list(RESULT_KEYS)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in cols})
+def write_results(rows: list[dict[str, Any]], path: Path) -> None:
+    write_csv(path, rows, [f.name for f in fields(Point)] + list(RESULT_KEYS))
 
 
 def _fmt(v: Any) -> str:
@@ -502,7 +498,7 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
             row.update(status="skipped", reason=reason)
         rows.append(row)
         if lead:  # after every point, so a sweep stopped by a time limit still leaves its rows
-            write_csv(rows, out / "results.csv")
+            write_results(rows, out / "results.csv")
             write_markdown(rows, environment(device, ceilings, preset, steps, warmup), out / "results.md")
     if lead and plots:
         plot(rows, out)
