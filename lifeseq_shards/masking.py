@@ -25,7 +25,6 @@ DEFAULT_RATIO = 0.30
 
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # added before each mix so that the all-zero input is not a fixed point
-_ABSENT = 1 << 32  # sort key above any 32-bit random key: pushes non-candidates behind every candidate
 
 # One stream per independent decision, so that e.g. the shuffle order and the target choice never share bits.
 _STREAM_CLS, _STREAM_SHUFFLE, _STREAM_SELECT, _STREAM_TOKEN, _STREAM_EVENT = 1, 2, 3, 4, 5
@@ -151,6 +150,13 @@ def _sort_sizes(order: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, 
     return (packed >> bits) & low, packed & low
 
 
+def _behind(candidate: torch.Tensor, key: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """A sort key: ``key`` (below 2**32) where ``candidate``, else ``column + 2**32``, behind every candidate in
+    column order. The offset is the mask shifted, not a literal added to ``column``: compiled, an arange becomes an
+    int32 index in Triton, which refuses a literal beside it that does not fit int32."""
+    return torch.where(candidate, key, column) + ((~candidate).long() << 32)
+
+
 def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
     """``floor(share * n)`` exactly as Python computes ``int(share * n)`` (float64 product, then floor)."""
     return (n.double() * share).floor().long()
@@ -252,7 +258,7 @@ class DynamicMasker:
         k = torch.arange(1, K, device=tokens.device)
         cls = target_cls[:, None]
         order = torch.where(cls == 1, K - k, torch.where(cls == 2, random_bits(keys, k), k))
-        order = torch.where(size[:, 1:] > 0, order, _ABSENT + k)
+        order = _behind(size[:, 1:] > 0, order, k)
         moved, moved_size = _sort_sizes(order, size[:, 1:])
         old_of_slot = torch.cat([torch.zeros_like(moved[:, :1]), moved + 1], 1)
         new_size = torch.cat([size[:, :1], moved_size], 1)
@@ -268,7 +274,7 @@ class DynamicMasker:
         """floor(ratio*length) candidates in random order: first ``keep`` share kept, last share random, rest [MASK]."""
         cfg = self.cfg
         bits = random_bits(keys(_STREAM_SELECT), pos)
-        order = torch.sort(torch.where(candidate, bits, _ABSENT + pos), dim=1, stable=True).indices[:, :slots]
+        order = torch.sort(_behind(candidate, bits, pos), dim=1, stable=True).indices[:, :slots]
         n = torch.minimum(budget, candidate.sum(1))
         n_keep, n_random = _floor_share(cfg.keep, n)[:, None], _floor_share(cfg.random_share, n)[:, None]
         j = torch.arange(slots, device=tokens.device)
@@ -285,11 +291,11 @@ class DynamicMasker:
         segment, size = _groups(tokens, candidate)
         K = size.shape[1]
         k = torch.arange(K, device=tokens.device)
-        order, size_in_order = _sort_sizes(torch.where(size > 0, random_bits(keys, k), _ABSENT + k), size)
+        order, size_in_order = _sort_sizes(_behind(size > 0, random_bits(keys, k), k), size)
         taken_in_order = (torch.cumsum(size_in_order, 1) <= budget[:, None]) & (size_in_order > 0)
         taken = torch.zeros_like(taken_in_order).scatter_(1, order, taken_in_order)
         rank = torch.empty_like(order).scatter_(1, order, k.expand(B, K).contiguous())
         target = candidate & taken.gather(1, segment)
-        sort_key = torch.where(target, rank.gather(1, segment) * L + pos, _ABSENT + pos)
+        sort_key = _behind(target, rank.gather(1, segment) * L + pos, pos)
         tpos = torch.sort(sort_key, dim=1, stable=True).indices[:, :slots]
         return torch.where(target, MASK, tokens), tpos, target.sum(1)
