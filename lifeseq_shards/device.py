@@ -26,7 +26,7 @@ import torch
 
 from lifeseq_shards.deprecation import module_aliases
 from lifeseq_shards.format import RUN_LENGTH, STAMPS
-from lifeseq_shards.layout import packed_slots, padded_rows
+from lifeseq_shards.layout import packed_slots, padded_rows, starts
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
 
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
@@ -184,8 +184,7 @@ def model_batch(
     out["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).int()
     out["max_len"] = L
     if "target_pos" in out:
-        starts = torch.cumsum(lengths, 0) - lengths
-        out["target_index"] = (starts[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
+        out["target_index"] = (starts(lengths)[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
     return out
 
 
@@ -246,7 +245,7 @@ def host_sync_guard() -> Iterator[None]:
         yield
 
 
-# The names before issue 14: "seed" also meant the random seed, and "unpack" did not say padded.
+# Deprecated names: "seed" also meant the random seed, and "unpack" did not say padded.
 __getattr__ = module_aliases(__name__, {"seed_batch": "lifeseq_shards.device:model_batch",
                                         "split_packed": "lifeseq_shards.device:packed_views",
                                         "unpack": "lifeseq_shards.device:padded_fields",

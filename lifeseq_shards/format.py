@@ -270,7 +270,7 @@ def decode_member(data: bytes, schema: Sequence[Field], tag: int | None = None) 
     return decode_block(decompress(data), schema, tag)
 
 
-# Names that moved to their own modules (issue 14): still importable from here, with a DeprecationWarning.
+# Names that moved to their own modules: still importable from here, with a deprecation warning.
 _MOVED = {
     **dict.fromkeys(("BLOCK_SUFFIX", "ShardFile", "block_member_name", "frame_checksum", "iter_tar_members",
                      "read_shard_blocks", "sha256_file", "tar_member", "write_shard"), "shardfile"),

@@ -138,7 +138,7 @@ class Manifest:
                    m["fingerprint"], Histogram(hist["bin_width"], tuple(hist["counts"])), params)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object the converter writes (key order included: the file is byte for byte today's)."""
+        """The JSON object the converter writes (key order included: byte for byte what earlier versions wrote)."""
         tagged = self.tagged
         out = {
             "format_version": self.format_version,
@@ -157,9 +157,19 @@ class Manifest:
 
     def __getitem__(self, key: str) -> Any:
         """The JSON value under ``key``: how the manifest was read when it was a dict (deprecated)."""
+        return self._as_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``dict.get`` of the JSON (deprecated, as :meth:`__getitem__`)."""
+        return self._as_dict().get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._as_dict()
+
+    def _as_dict(self) -> dict[str, Any]:
         warn("reading the manifest as a dict", "its attributes (manifest.splits, manifest.vocab_size, ...) or "
-             "manifest.to_json()")
-        return self.to_json()[key]
+             "manifest.to_json()", stacklevel=4)
+        return self.to_json()
 
     def entries(self) -> Iterator[tuple[str, ShardEntry]]:
         """(split, entry) for every shard file the manifest lists, remainders included, in manifest order."""

@@ -68,6 +68,11 @@ def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
     with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
         splits = ds.manifest["splits"]
     assert splits["train"]["persons"] == ds.manifest.splits["train"].persons
+    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
+        params = ds.manifest.get("params", {})
+    assert params["vocab_size"] == ds.manifest.vocab_size
+    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
+        assert "splits" in ds.manifest and "no such key" not in ds.manifest
 
 
 def test_moved_names_import_from_format_with_a_warning() -> None:

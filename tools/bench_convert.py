@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.manifest import Manifest
 from lifeseq_shards.sources.synth import synth_population
 from tools.bench_loader import read_persons, write_seed_h5
 from tools.tables import write_csv
 
 
-def timed_convert(inputs: list[str], out: Path, vocab: str | None, processes: int) -> tuple[float, dict]:
+def timed_convert(inputs: list[str], out: Path, vocab: str | None, processes: int) -> tuple[float, Manifest]:
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
     m = convert_dataset(inputs, out, vocab, ConvertOptions(processes=processes, val_fraction=0.0, progress=False))
@@ -40,8 +41,8 @@ def main() -> None:
     rows = []
     for p in args.processes:
         secs, m = timed_convert([pq], work / f"from-parquet-{p}", vocab, p)
-        rows.append({"input": "parquet", "processes": p, "persons": m["totals"]["persons"], "seconds": secs,
-                     "bytes": m["totals"]["bytes"]})
+        rows.append({"input": "parquet", "processes": p, "persons": m.totals.persons, "seconds": secs,
+                     "bytes": m.totals.bytes})
     # the same persons in the seed's step-5 layout (int64, padded to 512, gzip level 4, chunks of 64 rows)
     ours = work / f"from-parquet-{args.processes[0]}"
     h5 = work / "encoded.h5"
@@ -49,8 +50,8 @@ def main() -> None:
         write_seed_h5(h5, read_persons(ours), gzip=True)
     for p in args.processes:
         secs, m = timed_convert([str(h5)], work / f"from-h5-{p}", None, p)
-        rows.append({"input": "hdf5", "processes": p, "persons": m["totals"]["persons"], "seconds": secs,
-                     "bytes": m["totals"]["bytes"]})
+        rows.append({"input": "hdf5", "processes": p, "persons": m.totals.persons, "seconds": secs,
+                     "bytes": m.totals.bytes})
     # bytes per person of the very persons the h5 holds: the h5 was written from the parquet dataset's train shards
     h5_persons = rows[-1]["persons"]
     h5_bytes = h5.stat().st_size / h5_persons

@@ -145,7 +145,7 @@ class ShardedLoader(DataLoader):
                 warnings.warn(f"{SHM_DIR} has {free >> 20} MiB free, less than twice the workers' rings ({need >> 20} "
                               "MiB): batches go through the workers' pipes instead, which costs the training process "
                               "more CPU. Give the container more shared memory (docker run --shm-size).", stacklevel=3)
-                self.ring_bytes = 0
+                self.ring_bytes, self._rings = 0, None  # new workers get no rings: the pipes carry the batches
                 return None
             self._rings = make_rings(ds.num_workers, self.ring_bytes)
         data, ctl = self._rings
