@@ -611,6 +611,22 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
     assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
 
 
+def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that restart each pass get no rings once /dev/shm runs short: the whole epoch comes through the pipes."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
+    ld = ShardedLoader(ds, persistent_workers=False)
+    want = sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    first = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
+    assert ld.ring_bytes > 0 and sorted(first.tolist()) == want
+    monkeypatch.setattr(reader.loader.shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
+    with pytest.warns(UserWarning, match="--shm-size"):
+        second = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
+    assert ds.rings is None and ld.ring_bytes == 0
+    assert sorted(second.tolist()) == want
+
+
 def test_loader_refuses_out_of_order_workers(nomlm_dataset: Path) -> None:
     with pytest.raises(ValueError, match="in_order=True"):
         ShardedLoader(ShardedDataset(nomlm_dataset, num_workers=2, packed=True), in_order=False)
