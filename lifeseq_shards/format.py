@@ -9,6 +9,7 @@ never one tar member each: a tar header and an ``np.load`` per person make that 
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
@@ -81,6 +82,12 @@ def schema_json(schema: Sequence[Field]) -> bytes:
 def schema_tag(schema: Sequence[Field]) -> int:
     """The 32-bit tag every format-3 block carries in its header: a block decoded with another schema (fields
     swapped or renamed in the manifest) is refused instead of read into the wrong fields."""
+    return _tag_of(tuple(schema))
+
+
+@functools.cache
+def _tag_of(schema: tuple[Field, ...]) -> int:
+    # every block encoded asks for its schema's tag: a few schemas per process, computed once each
     return zlib.crc32(schema_json(schema))
 
 
