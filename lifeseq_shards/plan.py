@@ -20,6 +20,7 @@ the same plan independently and a resumed run recomputes it exactly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -33,7 +34,7 @@ from .deprecation import module_aliases, warn
 BALANCED, COMPLETE = "balanced", "complete"
 _OLD_MODES = {"train": BALANCED, "inference": COMPLETE}  # deprecated names, still accepted
 # the names a checkpoint's loader layout records: states saved before the rename keep resuming
-STORED_MODE = {BALANCED: "train", COMPLETE: "inference"}
+STORED_MODE = {mode: old for old, mode in _OLD_MODES.items()}
 # Constant tags mixed into the RNG seeds so the shard order and the window shuffles never share a stream.
 _ORDER_TAG = 0x4F524452  # "ORDR"
 _WINDOW_TAG = 0x57494E44  # "WIND"
@@ -176,18 +177,18 @@ def num_batches(persons: int, batch_size: int, drop_last: bool = False) -> int:
     return persons // batch_size if drop_last else -(-persons // batch_size)
 
 
-def rank_batches(
-    shard_sizes: Sequence[int],
-    world_size: int,
-    num_workers: int,
-    batch_size: int,
-    *,
-    mode: str,
-    drop_last: bool = False,
-) -> list[int]:
-    """Batches per rank (sum over its slots). Slot budgets do not depend on the shard order, hence not on seed/epoch."""
+def slot_batches(shard_sizes: Sequence[int], world_size: int, num_workers: int, batch_size: int, *, mode: str,
+                 drop_last: bool = False) -> list[int]:
+    """Batches per slot, every epoch: slot budgets do not depend on the shard order, hence not on seed/epoch."""
     plan = assign(shard_sizes, world_size, num_workers, mode=mode, shuffle=False)
-    return sum_per_rank([num_batches(slot_persons(segments), batch_size, drop_last) for segments in plan], num_workers)
+    return [num_batches(slot_persons(segments), batch_size, drop_last) for segments in plan]
+
+
+def rank_batches(shard_sizes: Sequence[int], world_size: int, num_workers: int, batch_size: int, *, mode: str,
+                 drop_last: bool = False) -> list[int]:
+    """Batches per rank (sum over its slots)."""
+    return sum_per_rank(slot_batches(shard_sizes, world_size, num_workers, batch_size, mode=mode,
+                                     drop_last=drop_last), num_workers)
 
 
 def sum_per_rank(per_slot: list[int], num_workers: int) -> list[int]:
@@ -340,11 +341,16 @@ class Partition:
         return assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, seed=self.seed, epoch=epoch,
                       shuffle=self.shuffle)[slot]
 
+    @functools.cached_property
+    def slot_batches(self) -> list[int]:
+        """:func:`slot_batches` of this partition, computed once (``len()`` and every pass ask for it)."""
+        return slot_batches(self.sizes, self.world_size, self.num_workers, self.batch_size, mode=self.mode,
+                            drop_last=self.drop_last)
+
     def worker_batches(self, rank: int) -> list[int]:
-        """Batches each worker of ``rank`` yields per epoch (the same every epoch)."""
-        plan = assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, shuffle=False)
-        return [num_batches(slot_persons(plan[slot_index(rank, w, self.num_workers)]), self.batch_size,
-                            self.drop_last) for w in range(max(1, self.num_workers))]
+        """Batches each worker of ``rank`` yields per epoch (the same every epoch): its contiguous slots."""
+        first = slot_index(rank, 0, self.num_workers)
+        return self.slot_batches[first : first + max(1, self.num_workers)]
 
     def ordered_windows(self, slot: int, epoch: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
         """:func:`windows` of the slot's stream this epoch, each with the order its persons are yielded in
