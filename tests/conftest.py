@@ -12,6 +12,15 @@ from lifeseq_shards.convert import ConvertOptions, convert_dataset
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lifeseq-sample"
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``cuda`` is skipped where there is no CUDA device (pyproject's marker says so)."""
+    if item.get_closest_marker("cuda") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+
+
 @pytest.fixture(scope="session")
 def sample() -> Path:
     if not (SAMPLE / "encoded_mlm.h5").exists():

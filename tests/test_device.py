@@ -175,7 +175,6 @@ def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_transfer_and_widening() -> None:
     host = {k: torch.from_numpy(v).pin_memory() for k, v in _tiny_batch().items()}
     moved = to_device(host, "cuda")
@@ -294,8 +293,7 @@ def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
 
 
 @pytest.mark.parametrize("threaded", [False, True])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str, threaded: bool) -> None:
     hosts, builder = _prefetch_case(nomlm_dataset, device)
     direct = [builder(h, device, 2) for h in hosts]

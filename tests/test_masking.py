@@ -371,7 +371,6 @@ def test_no_host_sync(persons: dict[str, torch.Tensor], kind: str) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["random", "event"])
 def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: str) -> None:
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
@@ -384,7 +383,6 @@ def test_cuda_matches_cpu_bit_for_bit(persons: dict[str, torch.Tensor], kind: st
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.xfail(TORCH_BEFORE_2_13, strict=False, reason="torch 2.11's inductor generates Triton that holds a 64-bit "
                    "constant of the sort keys as int32 (H200, docs/results/gpu-2026-11-30-small/tests.log)")
 @pytest.mark.parametrize("kind", ["random", pytest.param("event", marks=pytest.mark.xfail(

@@ -127,7 +127,6 @@ def test_backend_choice_is_explicit() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("heads", [3, 10, 5])  # head dims 64 (small-tc), 16 (small), 6 (padded to 8)
 def test_cuda_flash_varlen_equals_the_padded_model_in_bf16(heads: int) -> None:
     torch.manual_seed(0)
@@ -150,7 +149,6 @@ def test_cuda_flash_varlen_equals_the_padded_model_in_bf16(heads: int) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
     """The padding-free step on CUDA, from the copied packed batch to the gradients: no host sync anywhere (CUDA's
     sync debug mode "error" and the Python-level pulls, device.host_sync_guard). Only the host-side plan (the token
