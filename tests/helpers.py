@@ -5,11 +5,13 @@ under test."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import tarfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -19,6 +21,7 @@ from click.testing import CliRunner
 from lifeseq_shards.cli import main
 from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
 FIELDS = ("tokens", "abspos", "age", "segment")  # the rows of the seed's input_ids
 
@@ -135,3 +138,18 @@ def wait_for(cond: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def repo_first(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with this checkout first on PYTHONPATH: a child process imports the code under test, whatever is
+    installed."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+
+
+def to_format2(m: dict[str, Any]) -> None:
+    """A manifest as the converter wrote it before format 3: no head_checksum (nor schema tags in the blocks,
+    unchecked then)."""
+    m["format_version"] = 2
+    for info in m["splits"].values():
+        for e in [*info["shards"], info["remainder"] or {}]:
+            e.pop("head_checksum", None)

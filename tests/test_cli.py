@@ -7,17 +7,16 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import repo_first
 
 import lifeseq_shards
 from lifeseq_shards import datamodule, reader
 
 HEAVY = {"torch", "webdataset", "lightning", "pytorch_lightning"}
 # the child imports this checkout, whatever is installed
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                     os.environ.get("PYTHONPATH", "")])}
+ENV = repo_first(os.environ)
 
 
 def imported_by(statement: str) -> set[str]:

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import split_ids
+from helpers import repo_first, split_ids
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 
@@ -50,9 +50,8 @@ def launch(cmds: list[list[str]], logs: Path, timeout: float) -> None:
     Like ``subprocess.run(cmd, timeout=...)``, but the kill reaches the whole group (torchrun's ranks, Lightning's
     re-launched rank, DataLoader workers), and output goes to files, so a chatty process cannot block on a full pipe.
     """
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT", "NODE_RANK", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = repo_first({k: v for k, v in os.environ.items() if k not in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_WORLD_SIZE")})
     logs.mkdir(parents=True, exist_ok=True)
     procs, files = [], []
     for i, cmd in enumerate(cmds):

@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import SMALL_SHARDS, shardify, wait_for
+from helpers import REPO, SMALL_SHARDS, repo_first, shardify, to_format2, wait_for
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
-REPO = Path(__file__).resolve().parents[1]
 SHM = Path("/dev/shm")
 ManifestJSON = dict[str, Any]
 
@@ -96,14 +95,6 @@ def swap(a: str, b: str) -> Callable[[ManifestJSON], None]:
         for f in m["schema"]:
             f["name"] = {a: b, b: a}.get(f["name"], f["name"])
     return change
-
-
-def to_format2(m: ManifestJSON) -> None:
-    """What the converter wrote before format 3: no head_checksum (nor schema tags in the blocks, unchecked then)."""
-    m["format_version"] = 2
-    for info in m["splits"].values():
-        for e in [*info["shards"], info["remainder"] or {}]:
-            e.pop("head_checksum", None)
 
 
 @pytest.mark.parametrize("fields", [("age", "segment"), ("tokens", "masked_tokens")])
@@ -316,7 +307,7 @@ def test_a_killed_training_process_leaves_nothing_behind(nomlm_dataset: Path) ->
     """`python train.py | tee log` after an out-of-memory kill: the pipe reaches EOF (no forkserver, worker or
     resource tracker keeps it open), no process of the training's group survives, and its semaphores are gone
     from /dev/shm."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = repo_first(os.environ)
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ddp_scripts" / "train_until_killed.py"),
                              str(nomlm_dataset)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)  # its own process group: what it starts is found by group
