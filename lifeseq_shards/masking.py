@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .cudagraph import GraphedFunction
+
 PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
 DEFAULT_RATIO = 0.30
 
@@ -31,10 +33,12 @@ _STREAM_CLS, _STREAM_SHUFFLE, _STREAM_SELECT, _STREAM_TOKEN, _STREAM_EVENT = 1, 
 
 
 def _mul32(x, c: int):
-    """``x * c mod 2**32`` for 0 <= x, c < 2**32 without any intermediate above 2**49 (tensor or int ``x``)."""
-    lo = (x & 0xFFFF) * c
-    hi = ((x >> 16) * (c & 0xFFFF)) & 0xFFFF
-    return (lo + (hi << 16)) & _M32
+    """``x * c mod 2**32`` for 0 <= x, c < 2**32 without any intermediate above 2**49 (tensor or int ``x``).
+
+    ``c`` is split into 16-bit halves: ``x * c_lo`` and ``x_lo * c_hi * 2**16`` both stay below 2**48, and the rest
+    of ``x * c_hi * 2**16`` is a multiple of 2**32. Five elementwise kernels: the hash is most of the masker's launches.
+    """
+    return (x * (c & 0xFFFF) + (x & 0xFFFF) * ((c >> 16) << 16)) & _M32
 
 
 def _mix32(x):
@@ -56,19 +60,24 @@ def _words(v):
     return v & _M32, (v >> 32) & _M32
 
 
-def person_keys(seed: int, epoch: int, stream: int, person_id: torch.Tensor) -> torch.Tensor:
-    """(B,) 32-bit keys, one per person, for one (seed, epoch, stream): the batch-independent part of every draw."""
-    h = 0
-    for w in (*_words(seed), *_words(epoch), stream):
-        h = _absorb(h, w)  # Python ints: computed on the host once, passed to the kernels as a scalar
-    for w in _words(person_id.long()):
-        h = _absorb(h, w)
-    return h
+def person_keys(seed: int, epoch: int, streams: tuple[int, ...], person_id: torch.Tensor) -> torch.Tensor:
+    """(S, B) 32-bit keys, one per stream and person, for one (seed, epoch): the batch-independent part of every
+    draw. All streams go through one set of kernels; only the first word differs per stream."""
+    starts = []
+    for stream in streams:
+        h = 0
+        for w in (*_words(seed), *_words(epoch), stream):
+            h = _absorb(h, w)  # Python ints: computed on the host once, passed to the kernels as a scalar
+        starts.append(h)
+    low, high = _words(person_id.long())
+    first = _mix32((torch.stack([low ^ h for h in starts]) + _GOLDEN) & _M32)  # _absorb(h, low), h per stream
+    return _absorb(first, high)
 
 
 def random_bits(keys: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """(B, n) uniform 32-bit integers for counters ``counter`` ((n,) or (B, n)), distinct across a person's counters."""
-    return _absorb(keys[:, None], counter)
+    """(..., n) uniform 32-bit integers for keys (...) and counters ``counter`` ((n,) or (..., n)), distinct across
+    one key's counters."""
+    return _absorb(keys[..., None], counter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,29 +174,34 @@ def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
 class DynamicMasker:
     """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
 
-    ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
-    the first call: the same masks bit for bit in a few fused kernels instead of a few hundred launches, which is
-    what a host-bound step pays for (docs/tuning.md). Opt-in until a GPU run says it pays; each new (B, L) and each
-    epoch (a Python int, so a constant of the graph) compiles once more, and past dynamo's recompile limit the
-    masker runs eagerly.
+    Two opt-in ways to launch fewer kernels, for a host-bound step (docs/tuning.md), each the same masks bit for bit
+    and each opt-in until a GPU run says it pays:
+
+    - ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
+      the first call: a few fused kernels. Each new (B, L) and each epoch (a Python int, so a constant of the graph)
+      compiles once more, and past dynamo's recompile limit the masker runs eagerly.
+    - ``graph=True`` replays the eager kernels as a CUDA graph (:class:`~lifeseq_shards.cudagraph.GraphedFunction`),
+      captured once per (B, L) and epoch: one launch, no compiler. Eager off CUDA.
     """
 
-    def __init__(self, cfg: MaskingConfig, compile: bool = False) -> None:
+    def __init__(self, cfg: MaskingConfig, compile: bool = False, graph: bool = False) -> None:
         if cfg.vocab_size is None:
             raise ValueError("MaskingConfig.vocab_size is unset: pass the number of token ids (LifeSeqDataModule "
                              "fills it in from the dataset's manifest)")
-        self.cfg, self.compile = cfg, compile
-        self._compiled: Callable[..., dict[str, torch.Tensor]] | None = None  # built lazily: the masker pickles
+        if compile and graph:
+            raise ValueError("compile=True and graph=True: choose one (compile=True with CUDA graphs is "
+                             "torch.compile's mode='reduce-overhead')")
+        self.cfg, self.compile, self.graph = cfg, compile, graph
+        self._run: Callable[..., dict[str, torch.Tensor]] | None = None  # built lazily: the masker pickles
 
     def __call__(self, *args: Any) -> dict[str, torch.Tensor]:
-        if not self.compile:
-            return self.draw(*args)
-        if self._compiled is None:
-            self._compiled = torch.compile(self.draw, dynamic=False)
-        return self._compiled(*args)
+        if self._run is None:
+            self._run = (torch.compile(self.draw, dynamic=False) if self.compile
+                         else GraphedFunction(self.draw) if self.graph else self.draw)
+        return self._run(*args)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_compiled": None}  # a compiled function does not pickle; it is rebuilt on use
+        return {**self.__dict__, "_run": None}  # compiled functions and CUDA graphs do not pickle: rebuilt on use
 
     def draw(
         self,
@@ -206,14 +220,18 @@ class DynamicMasker:
         pos = torch.arange(L, device=tokens.device)
         real = pos < lengths[:, None]
 
-        def keys(stream: int) -> torch.Tensor:
-            return person_keys(cfg.seed, epoch, stream, person_id)
+        # Every draw's counter is a position (0..L), so all of them are one hash pass: stream i's bits are bits[i].
+        # The random tokens' bits are drawn for every position and gathered at the chosen ones.
+        streams = ((_STREAM_CLS, _STREAM_SHUFFLE) if cfg.cls_task else ()) + (
+            (_STREAM_SELECT, _STREAM_TOKEN) if cfg.kind == "random" else (_STREAM_EVENT,))
+        keys = person_keys(cfg.seed, epoch, streams, person_id)
+        bits = random_bits(keys, torch.arange(L + 1, device=tokens.device))
 
         if cfg.cls_task:
-            u = random_bits(keys(_STREAM_CLS), torch.zeros(1, dtype=torch.long, device=tokens.device))[:, 0].double()
+            u = bits[0, :, 0].double()
             rev, shuf = cfg.p_reverse * 2.0**32, (cfg.p_reverse + cfg.p_shuffle) * 2.0**32
             target_cls = torch.where(u < rev, 1, torch.where(u < shuf, 2, 0))
-            tokens, stamps = self._permute_events(target_cls, keys(_STREAM_SHUFFLE), tokens, stamps, real, pos)
+            tokens, stamps = self._permute_events(target_cls, bits[1, :, 1:], tokens, stamps, real, pos)
         else:
             target_cls = torch.zeros(B, dtype=torch.long, device=tokens.device)
 
@@ -221,9 +239,9 @@ class DynamicMasker:
         slots = math.floor(cfg.ratio * L)
         budget = _floor_share(cfg.ratio, lengths)
         if cfg.kind == "random":
-            masked, tpos, n = self._random_targets(keys, tokens, candidate, budget, pos, slots)
+            masked, tpos, n = self._random_targets(bits[-2, :, :L], bits[-1], tokens, candidate, budget, pos, slots)
         else:
-            masked, tpos, n = self._event_targets(keys(_STREAM_EVENT), tokens, candidate, budget, pos, slots)
+            masked, tpos, n = self._event_targets(bits[-1], tokens, candidate, budget, pos, slots)
         target_pos, target_tokens = fill_target_slots(tpos, tokens.gather(1, tpos), n, L, slots)
         return {
             "masked_tokens": masked,
@@ -239,7 +257,7 @@ class DynamicMasker:
     @staticmethod
     def _permute_events(
         target_cls: torch.Tensor,
-        keys: torch.Tensor,
+        shuffle_bits: torch.Tensor,
         tokens: torch.Tensor,
         stamps: list[torch.Tensor],
         real: torch.Tensor,
@@ -257,7 +275,7 @@ class DynamicMasker:
         start = torch.cumsum(size, 1) - size
         k = torch.arange(1, K, device=tokens.device)
         cls = target_cls[:, None]
-        order = torch.where(cls == 1, K - k, torch.where(cls == 2, random_bits(keys, k), k))
+        order = torch.where(cls == 1, K - k, torch.where(cls == 2, shuffle_bits, k))
         order = _behind(size[:, 1:] > 0, order, k)
         moved, moved_size = _sort_sizes(order, size[:, 1:])
         old_of_slot = torch.cat([torch.zeros_like(moved[:, :1]), moved + 1], 1)
@@ -270,28 +288,27 @@ class DynamicMasker:
         src_token, src_stamp = torch.where(real, src_token, pos), torch.where(real, src_stamp, pos)
         return tokens.gather(1, src_token), [s.gather(1, src_stamp) for s in stamps]
 
-    def _random_targets(self, keys, tokens, candidate, budget, pos, slots):
+    def _random_targets(self, bits, token_bits, tokens, candidate, budget, pos, slots):
         """floor(ratio*length) candidates in random order: first ``keep`` share kept, last share random, rest [MASK]."""
         cfg = self.cfg
-        bits = random_bits(keys(_STREAM_SELECT), pos)
         order = torch.sort(_behind(candidate, bits, pos), dim=1, stable=True).indices[:, :slots]
         n = torch.minimum(budget, candidate.sum(1))
         n_keep, n_random = _floor_share(cfg.keep, n)[:, None], _floor_share(cfg.random_share, n)[:, None]
         j = torch.arange(slots, device=tokens.device)
         original = tokens.gather(1, order)
         span = cfg.vocab_size - cfg.n_special
-        replacement = cfg.n_special + ((random_bits(keys(_STREAM_TOKEN), order) * span) >> 32)
+        replacement = cfg.n_special + ((token_bits.gather(1, order) * span) >> 32)
         value = torch.where(j < n_keep, original, torch.where(j >= n[:, None] - n_random, replacement, MASK))
         value = torch.where(j < n[:, None], value, original)  # the positions beyond n are distinct: no-op writes
         return tokens.scatter(1, order, value), order, n
 
-    def _event_targets(self, keys, tokens, candidate, budget, pos, slots):
+    def _event_targets(self, bits, tokens, candidate, budget, pos, slots):
         """Whole segments ([SEP]-delimited, background included) in random order while their total stays <= budget."""
         B, L = tokens.shape
         segment, size = _groups(tokens, candidate)
         K = size.shape[1]
         k = torch.arange(K, device=tokens.device)
-        order, size_in_order = _sort_sizes(_behind(size > 0, random_bits(keys, k), k), size)
+        order, size_in_order = _sort_sizes(_behind(size > 0, bits, k), size)
         taken_in_order = (torch.cumsum(size_in_order, 1) <= budget[:, None]) & (size_in_order > 0)
         taken = torch.zeros_like(taken_in_order).scatter_(1, order, taken_in_order)
         rank = torch.empty_like(order).scatter_(1, order, k.expand(B, K).contiguous())

@@ -282,21 +282,26 @@ class _Counting:
         self.taken = state["taken"]
 
 
-def _prefetch_case(dataset: Path, device: str) -> tuple[list, BatchBuilder]:
+def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[list, BatchBuilder]:
     from lifeseq_shards.reader import ShardedDataset
 
     hosts = list(ShardedDataset(dataset, "train", batch_size=40, seed=4, packed=True))[:4]
     if device == "cuda":
         hosts = [{**h, "packed": torch.from_numpy(h["packed"]).pin_memory()} for h in hosts]
-    builder = BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3)), PACKED, 48)
+    masker = DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3), graph=graph)
+    builder = BatchBuilder(masker, PACKED, 48)
     return hosts, builder
 
 
+@pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str, threaded: bool) -> None:
-    hosts, builder = _prefetch_case(nomlm_dataset, device)
-    direct = [builder(h, device, 2) for h in hosts]
+def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: str, threaded: bool,
+                                                 graph: bool) -> None:
+    """The same batches as built directly with the eager masker; with ``graph`` the prefetcher's masker replays CUDA
+    graphs (captured in the prefetch thread when threaded, eager off CUDA)."""
+    hosts, builder = _prefetch_case(nomlm_dataset, device, graph)
+    direct = [_prefetch_case(nomlm_dataset, device)[1](h, device, 2) for h in hosts]
     loader = _Counting(hosts)
     prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device, threaded=threaded)
     assert len(prefetcher) == 4 and prefetcher.state_dict() == {"taken": 0}  # the loader's own attributes

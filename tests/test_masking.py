@@ -91,8 +91,11 @@ def test_mul32_is_multiplication_mod_2_32() -> None:
 
 def test_random_bits_are_distinct_and_uniform() -> None:
     pid = torch.tensor([0, 1, -1, 2**40 + 7, -(2**62)], dtype=torch.long)
-    keys = person_keys(0, 0, 3, pid)
+    keys = person_keys(0, 0, (3,), pid)[0]
     assert len(set(keys.tolist())) == len(pid)  # negative and > 32-bit ids are told apart
+    together = person_keys(0, 0, (1, 3, 5), pid)  # streams hashed together are the streams hashed one by one
+    assert torch.equal(together[1], keys) and all(torch.equal(together[i], person_keys(0, 0, (s,), pid)[0])
+                                                   for i, s in ((0, 1), (2, 5)))
     bits = random_bits(keys, torch.arange(4096))
     assert bits.min() >= 0 and bits.max() < 2**32
     for row in bits:
@@ -349,11 +352,26 @@ def test_sort_sizes_is_a_stable_sort_then_a_gather() -> None:
         _sort_sizes(torch.zeros(1, 2**15 + 1, dtype=torch.long), torch.zeros(1, 2**15 + 1, dtype=torch.long))
 
 
-def test_a_compiled_masker_pickles_without_its_graph() -> None:
-    masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB), compile=True)
-    masker._compiled = lambda *args: {}  # stands in for the torch.compile'd draw, which does not pickle
+@pytest.mark.parametrize("how", ["compile", "graph"])
+def test_a_compiled_or_graphed_masker_pickles_without_its_graph(how: str) -> None:
+    masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB), **{how: True})
+    masker._run = lambda *args: {}  # stands in for the torch.compile'd draw or the CUDA graphs, which do not pickle
     again = pickle.loads(pickle.dumps(masker))
-    assert again.compile and again._compiled is None and again.cfg == masker.cfg
+    assert getattr(again, how) and again._run is None and again.cfg == masker.cfg
+
+
+def test_compile_and_graph_exclude_each_other() -> None:
+    with pytest.raises(ValueError, match="choose one"):
+        DynamicMasker(MaskingConfig(vocab_size=VOCAB), compile=True, graph=True)
+
+
+def test_a_graphed_masker_off_cuda_draws_eagerly(persons: dict[str, torch.Tensor]) -> None:
+    cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
+    batch = [*(persons[k][:64] for k in FIELDS), persons["lengths"][:64], persons["person_id"][:64]]
+    masker = DynamicMasker(cfg, graph=True)
+    got, want = masker(*batch, 3), DynamicMasker(cfg)(*batch, 3)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert masker._run._graphs == {}  # nothing captured on a CPU
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,3 +414,27 @@ def test_compiled_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor],
             persons["person_id"][:256].cuda(), 4)
     got, want = DynamicMasker(cfg, compile=True)(*args), DynamicMasker(cfg)(*args)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["random", "event"])
+def test_graphed_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor], kind: str) -> None:
+    """CUDA graphs replay the eager masks bit for bit: new inputs reach the graph, a later call leaves earlier
+    outputs alone, a new epoch drops the old epoch's graph, a new (B, L) gets its own, no host sync in a replay."""
+    cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
+    cuda = {k: v.cuda() for k, v in persons.items()}
+
+    def args(rows: slice) -> list[torch.Tensor]:
+        return [*(cuda[k][rows] for k in FIELDS), cuda["lengths"][rows], cuda["person_id"][rows]]
+
+    graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
+    first = graphed(*args(slice(0, 256)), 4)
+    first_copy = {k: v.clone() for k, v in first.items()}
+    with host_sync_guard():
+        second = graphed(*args(slice(256, 512)), 4)
+    later = [(rows, epoch, graphed(*args(rows), epoch)) for rows, epoch in ((slice(0, 256), 5), (slice(0, 100), 5))]
+    for rows, epoch, got in [(slice(0, 256), 4, first), (slice(256, 512), 4, second), *later]:
+        want = eager(*args(rows), epoch)
+        assert all(torch.equal(got[k], want[k]) for k in want), (rows, epoch)
+    assert all(torch.equal(first[k], first_copy[k]) for k in first)
+    assert len(graphed._run._graphs) == 2  # epoch 5's two shapes; epoch 4's graph is gone

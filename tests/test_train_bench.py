@@ -180,9 +180,12 @@ def test_varlen_tables_judge_small_tc_at_its_fastest_point(tmp_path: Path) -> No
     new = [(*r, "eager", "False") for r in old] + [
         ("small-tc", "varlen", "True", "True", "ok", "1900", "0.03", "compiled", "True"),
         ("small-tc", "varlen", "True", "False", "skipped", "", "", "compiled", "False")]
+    graphed = [*new, ("small-tc", "varlen", "True", "True", "ok", "2000", "0.02", "graphed", "False")]
     for rows, cols, best, gap, ratio in ((old, axes, "varlen prefetch compiled", "0.36", "1.36"),
                                          (new, (*axes, "masker", "prefetch_thread"),
-                                          "varlen prefetch in a thread compiled + masker compiled", "0.03", "1.9")):
+                                          "varlen prefetch in a thread compiled + masker compiled", "0.03", "1.9"),
+                                         (graphed, (*axes, "masker", "prefetch_thread"),
+                                          "varlen prefetch compiled + masker graphed", "0.02", "2")):
         with (tmp_path / "results.csv").open("w", newline="") as f:  # the other columns blank
             out = csv.DictWriter(f, [*cols, *(k for k in tables.NUMBERS if k not in cols)], restval="")
             out.writeheader()

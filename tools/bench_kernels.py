@@ -1,9 +1,10 @@
 """The parts of a GPU step that issue 13 changes, timed one by one on real batches (tools/device_check.sh runs it):
 
 - ``prep``: a batch's preparation (copy, unpack, masking, and the packing for the padding-free layout) per layout,
-  host time to launch it and device time to run it; the masker alone, eager against ``torch.compile`` (default,
-  and "reduce-overhead", which replays CUDA graphs: the shapes are fixed at (B, L)), compiled outputs checked equal
-  to eager ones bit for bit; and the packed preparation with ``DynamicMasker(compile=True)``.
+  host time to launch it and device time to run it; the masker alone, eager against its eager kernels replayed as
+  a CUDA graph (``DynamicMasker(graph=True)``) and ``torch.compile`` (default, and "reduce-overhead", which replays
+  CUDA graphs of inductor's kernels: the shapes are fixed at (B, L)), outputs checked equal to eager ones bit for
+  bit; and the packed preparation with ``DynamicMasker(graph=True)`` and ``DynamicMasker(compile=True)``.
 - ``attn``: one attention forward + backward at the reference model's head layouts (the seed's 10 heads of 16, 28 or
   50 dims, the "-tc" sizes' heads of 64), padded with a key mask (scaled_dot_product_attention) against per person
   (``lifeseq_shards.model.varlen_attention``), on the lengths of real batches.
@@ -92,11 +93,26 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
         host_ms, device_ms = timed(prep, reps, device)
         rows.add(part="prep", what=f"copy+unpack+mask ({layout})", mode="eager", host_ms=host_ms, device_ms=device_ms)
 
+    what = f"copy+unpack+mask ({PACKED})"
+    for mode, launch in (("graphed", {"graph": True}), ("compiled", {"compile": True})):
+        fast = DynamicMasker(masker.cfg, **launch)  # what train_bench's masker=graphed / compiled runs in the step
+
+        def prep_fast(i: int, fast: DynamicMasker = fast) -> dict[str, Any]:
+            host = plan_tokens(batches[i % len(batches)], max_len)
+            return model_batch(to_device(host, device), fast, epoch=0, layout=PACKED, max_len=max_len)
+
+        try:
+            host_ms, device_ms = timed(prep_fast, reps, device)
+            rows.add(part="prep", what=what, mode=f"masker {mode}", host_ms=host_ms, device_ms=device_ms)
+        except Exception as e:
+            rows.add(part="prep", what=what, mode=f"masker {mode}", error=_error(e))
+
     padded = [model_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
     args = [(b["input_ids"][:, 0], *b["input_ids"][:, 1:].unbind(1), b["lengths"], b["person_id"]) for b in padded]
     eager = masker.draw
-    for mode in ("eager", "default", "reduce-overhead"):
-        fn = eager if mode == "eager" else torch.compile(eager, mode=mode, dynamic=False)
+    launchers = {"eager": eager, "graphed": DynamicMasker(masker.cfg, graph=True),
+                 **{mode: torch.compile(eager, mode=mode, dynamic=False) for mode in ("default", "reduce-overhead")}}
+    for mode, fn in launchers.items():
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         try:
             t0 = time.perf_counter()
@@ -111,19 +127,6 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
                      graphs_compiled=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)
         except Exception as e:  # a compile failure is a result too
             rows.add(part="prep", what="masker", mode=mode, error=_error(e))
-
-    compiled = DynamicMasker(masker.cfg, compile=True)  # what train_bench's masker=compiled runs in the step
-
-    def prep_compiled(i: int) -> dict[str, Any]:
-        host = plan_tokens(batches[i % len(batches)], max_len)
-        return model_batch(to_device(host, device), compiled, epoch=0, layout=PACKED, max_len=max_len)
-
-    what = f"copy+unpack+mask ({PACKED})"
-    try:
-        host_ms, device_ms = timed(prep_compiled, reps, device)
-        rows.add(part="prep", what=what, mode="masker compiled", host_ms=host_ms, device_ms=device_ms)
-    except Exception as e:
-        rows.add(part="prep", what=what, mode="masker compiled", error=_error(e))
 
 
 def attention_pair(lengths: torch.Tensor, max_len: int, heads: int, d: int, dtype: torch.dtype):

@@ -6,7 +6,8 @@
 #   env.txt      nvidia-smi, CPUs, torch/CUDA/Lightning versions, which varlen attention this torch has
 #   tests.log    `pytest -m cuda`: the CUDA cases (flash varlen = padded model, prefetch, masking CPU = CUDA, ...)
 #   results.csv, results.md   tools/train_bench.py --preset varlen (padded vs varlen, prefetch, compiled, seed sizes)
-#   attn.csv, prep.csv        tools/bench_kernels.py (attention per head layout; batch prep, masker eager/compiled)
+#   attn.csv, prep.csv        tools/bench_kernels.py (attention per head layout; batch prep, masker eager/graphed/
+#                             compiled)
 #   tables.md    tools/varlen_tables.py: the docs/tuning.md tables from the two above, ready to paste
 #
 #   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python),
@@ -16,11 +17,12 @@
 #   in .git/info/exclude. Then run `bash tools/device_check.sh` there, carrying .whl and .devshared.
 #   A dry run on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python OUT=/tmp/dc bash tools/device_check.sh cpu
 #
-# `bash tools/device_check.sh small` runs only what decides issue 13's small-tc bars after the first run missed them,
+# `bash tools/device_check.sh small` runs only what decides issue 13's small-tc bars after two runs missed them,
 # in at most DEADLINE_S (230) seconds from its start, wheel install included (every stage's timeout is cut to what
 # is left): the `small` preset of train_bench (8 small-tc points: padded eager, then the padding-free step with the
-# compiled masker, the prefetch thread and both, ~2 minutes), bench_kernels' prep part (masker eager vs compiled,
-# the packed preparation with the compiled masker), then `pytest -m cuda` on the masking and device tests, tables.
+# CUDA-graphed or compiled masker, the prefetch thread, the compiled model, ~2 minutes), bench_kernels' prep part
+# (masker eager vs graphed vs compiled, the packed preparation with each), then `pytest -m cuda` on the masking and
+# device tests, tables.
 # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dcs bash tools/device_check.sh small-cpu
 set -uo pipefail
 MODE=${1:-gpu}
@@ -51,7 +53,7 @@ fi
 case "$MODE" in small|small-cpu)
   if [ "$MODE" = small-cpu ]; then  # the same stages and points at sizes a 2-core CPU runs (no compile: minutes)
     SWEEP=(--sizes small-tc --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2
-           --compile off --masker eager --budget-s 60)
+           --compile off --masker eager,graphed --budget-s 60)
     KERNELS=(--batch-size 8 --max-len 64 --reps 2)
     DEADLINE=$((T0 + ${DEADLINE_S:-1800})) T_PREP=900  # inductor's C++ compiles of the masker take minutes here
   else

@@ -40,7 +40,7 @@ def _variant(r: dict[str, str]) -> tuple[str, str]:
 def _label(r: dict[str, str]) -> str:
     masker, thread = _variant(r)
     words = [r["attention"], "prefetch" if r["prefetch"] == "True" else "", "in a thread" if thread == "True" else "",
-             "compiled" if r["compile"] == "True" else "eager", "+ masker compiled" if masker == "compiled" else ""]
+             "compiled" if r["compile"] == "True" else "eager", f"+ masker {masker}" if masker != "eager" else ""]
     return " ".join(w for w in words if w)
 
 

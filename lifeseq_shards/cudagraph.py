@@ -1,0 +1,91 @@
+"""A host-bound function of tensors replayed as CUDA graphs (:class:`GraphedFunction`): captured once per input
+shapes and constants, then each call is a few copies in, one graph launch and a copy out, instead of the hundreds of
+kernel launches it takes eagerly. For functions with no host sync and no randomness of torch's, like the masker.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_GRAPHS = 8
+
+
+@dataclass(frozen=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: list[torch.Tensor]  # the captured kernels read these: each call copies its arguments into them
+    outputs: dict[str, torch.Tensor]  # and write these, in the graphs' shared pool: overwritten by the next replay
+
+
+class GraphedFunction:
+    """``fn(*args)``, where ``args`` are tensors and hashable constants and ``fn`` returns a dict of tensors, run as a
+    CUDA graph on CUDA tensors and eagerly elsewhere; the same results either way.
+
+    One graph per (shapes, dtypes, device) of the tensors and values of the constants: a new constant (the epoch,
+    for the masker) drops the graphs of the old one. Past ``max_graphs`` shapes for one set of constants (a padded
+    layout without a fixed width gives each batch its own), new shapes run eagerly, with one warning. The outputs
+    are copies, so a later call does not overwrite them; every replay waits for the previous one to finish (they
+    share inputs and a memory pool), whichever stream or thread makes it. Capturing synchronises the device, once
+    per graph, and so does a change of constants.
+    """
+
+    def __init__(self, fn: Callable[..., dict[str, torch.Tensor]], max_graphs: int = MAX_GRAPHS) -> None:
+        self.fn, self.max_graphs = fn, max_graphs
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._constants: tuple[Any, ...] | None = None
+        self._pool: Any = None
+        self._done: torch.cuda.Event | None = None
+        self._warned = False
+
+    def __call__(self, *args: Any) -> dict[str, torch.Tensor]:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or tensors[0].device.type != "cuda":
+            return self.fn(*args)
+        constants = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        if constants != self._constants:
+            if self._done is not None:
+                self._done.synchronize()  # the last replay has finished before its graph's memory is given back
+            self._graphs.clear()
+            self._constants = constants
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+        graph = self._graphs.get(key)
+        if graph is None:
+            if len(self._graphs) >= self.max_graphs:
+                if not self._warned:
+                    warnings.warn(f"{len(self._graphs)} input shapes captured already: further shapes run eagerly "
+                                  "(give the batches a fixed width, e.g. pad_to, to replay one graph)", stacklevel=2)
+                    self._warned = True
+                return self.fn(*args)
+            graph = self._graphs[key] = self._capture(args)
+        stream = torch.cuda.current_stream(tensors[0].device)
+        if self._done is not None:
+            stream.wait_event(self._done)
+        for static, value in zip(graph.inputs, tensors, strict=True):
+            static.copy_(value)
+        graph.graph.replay()
+        out = {k: v.clone() for k, v in graph.outputs.items()}
+        self._done = torch.cuda.Event()
+        self._done.record(stream)
+        return out
+
+    def _capture(self, args: tuple[Any, ...]) -> _Graph:
+        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        device = next(a.device for a in static if isinstance(a, torch.Tensor))
+        current = torch.cuda.current_stream(device)
+        warm = torch.cuda.Stream(device)
+        warm.wait_stream(current)
+        with torch.cuda.stream(warm):
+            self.fn(*static)  # lazy initialisations (workspaces, handles) must not happen inside the capture
+        current.wait_stream(warm)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the training thread may launch its step while a prefetch thread captures
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            outputs = self.fn(*static)
+        return _Graph(graph, [a for a in static if isinstance(a, torch.Tensor)], outputs)
