@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.model import Packed, varlen_attention, varlen_backend
+from lifeseq_shards.model import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.reader import ShardedDataset
 from tools.tables import write_csv
 
-HEAD_LAYOUTS = (("small", 160, 10), ("small-tc", 192, 3), ("medium", 280, 10), ("medium-tc", 320, 5),
-                ("large", 500, 10), ("large-tc", 512, 8))
+# (name, hidden, heads) of every size, narrowest first, so each seed size sits beside its tensor-core twin
+HEAD_LAYOUTS = tuple(sorted(((name, cfg.hidden, cfg.heads) for name, cfg in SIZES.items()), key=lambda x: x[1]))
 
 
 def _sync(device: torch.device) -> None:
