@@ -194,3 +194,12 @@ def test_varlen_tables_judge_small_tc_at_its_fastest_point(tmp_path: Path) -> No
         assert "| small-tc varlen (prefetch) / padded eager, real tokens/s | 1.15 | >= 1.5x | NO |" in md
         assert f"| small-tc fastest padding-free point ({best}) device_gap_frac | {gap} | < 5 % |" in md
         assert f"| small-tc fastest padding-free point ({best}) / padded eager, real tokens/s | {ratio} |" in md
+
+
+@pytest.mark.parametrize(("option", "value"), [("--masker", "fancy"), ("--attention", "flat"), ("--precisions", "fp8")])
+def test_an_unknown_axis_value_is_refused_before_anything_runs(tmp_path: Path, option: str, value: str) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(bench.main, ["--preset", "tiny", "--out", str(tmp_path), option, value])
+    assert result.exit_code == 2 and f"['{value}']" in result.output
+    assert not any(tmp_path.iterdir())  # no data synthesised, no results written

@@ -276,10 +276,6 @@ def skip_reason(p: Point, device: torch.device) -> str | None:
         return "this GPU has no bf16"
     if p.pin_memory is False and device.type != "cuda":
         return "pinned memory only matters with a GPU"
-    if p.attention not in ATTENTION:
-        return f"attention must be one of {ATTENTION}"
-    if p.masker not in MASKERS:
-        return f"masker must be one of {MASKERS}"
     if p.prefetch_thread and not p.prefetch:
         return "prefetch_thread needs prefetch"
     return None
@@ -551,10 +547,9 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
         "masker": masker and tuple(masker.split(",")),
     }
     grids = tuple({**g, **{k: v for k, v in overrides.items() if v}} for g in pre.grids)
-    bad = {x for g in grids for x in g["precision"]} - set(PRECISIONS)
-    bad |= {x for g in grids for x in g["attention"]} - set(ATTENTION)
-    if bad:
-        raise click.BadParameter(f"unknown precision or attention {sorted(bad)}")
+    for axis, known in (("precision", PRECISIONS), ("attention", ATTENTION), ("masker", MASKERS)):
+        if bad := sorted({x for g in grids for x in g[axis]} - set(known)):
+            raise click.BadParameter(f"unknown {axis} {bad}: one of {', '.join(known)}")
     pre = Preset(grids, steps or pre.steps, warmup or pre.warmup, pre.people, budget_s or pre.budget_s)
     data_dir = data or synth_dataset(out / "data", pre.people, seed)
     for noise in (".*does not have many workers.*", ".*no `validation_step`.*"):
