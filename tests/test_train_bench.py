@@ -120,6 +120,11 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
         assert 0 < float(r["mfu"]) < 1 and float(r["peak_mem_mb"]) > 0
         n = int(r["steps"])
         assert n == pre.steps - pre.warmup
+        # the host's time per step, split by phase: on CPU (synchronous) the phases and the wait are the whole step
+        phases = [float(r[f"host_{phase}_ms"]) for phase in bench.HOST_PHASES]
+        step_ms = float(r["step_time_s"]) * 1e3
+        assert all(ms > 0 for ms in phases)
+        assert 0.8 * step_ms <= sum(phases) + float(r["data_wait_frac"]) * step_ms <= step_ms * 1.0001
         # The measured steps are batches warmup..steps-1 of epoch 0: replay them and sum their real lengths.
         # Read with the reader the DataModule wraps (rank 0 of 1, shuffled with the same seed, cropped to max_len).
         ds = ShardedDataset(shards, "train", p.batch_size, rank=0, world_size=1, seed=0, pad_to=p.max_len)
@@ -135,6 +140,10 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
             assert float(r["mfu_slots"]) == pytest.approx(float(r["mfu"]))
     md = (tmp_path / "results.md").read_text()
     assert md.count("| small | 128 |") == 4
+    phases = tables.main(tmp_path).split("### Host time per step, by phase (ms)")[1].strip().splitlines()
+    assert len(phases) == 2 + 4 and phases[2].startswith("| small padded eager | ")  # header, rule, a row a point
+    assert [float(c.replace(",", "")) for c in phases[2].split("|")[4:7]] == pytest.approx(
+        [float(table[0][f"host_{phase}_ms"]) for phase in bench.HOST_PHASES], rel=0.01)
 
     # --resume after a stop: the ok rows come back exactly as measured, and only the other points run again.
     table[1]["status"] = "skipped"

@@ -3,8 +3,8 @@ padding-free varlen) x device-side prefetch (x loader workers, pinned memory), e
 lifeseq_shards.model on the real LifeSeqDataModule.
 
 Per point: real (non-padding) tokens/s, samples/s, step time, the share of the step the host spends blocked on the
-loader and the device's gap between steps, peak memory, and MFU on real tokens and on computed slots against a matmul
-ceiling measured on this device first. Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads
+loader and the device's gap between steps, the host's time inside the step by phase (forward, backward, optimizer),
+peak memory, and MFU on real tokens and on computed slots against a matmul ceiling measured on this device first. Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads
 them.
 
     python -m tools.train_bench --preset cpu --out docs/results/cpu-DATE
@@ -45,6 +45,7 @@ PRECISIONS = ("32-true", "tf32", "bf16-mixed")
 ATTENTION = ("padded", "varlen")
 MASKERS = ("eager", "compiled", "graphed")
 CEILING_DTYPE = {"32-true": "fp32", "tf32": "tf32", "bf16-mixed": "bf16"}
+HOST_PHASES = ("forward", "backward", "optimizer")  # StepMeter's split of the host's time inside a step
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,10 @@ class StepMeter(Callback):
     batch's copy, unpack and masking, and any time the device sat idle waiting for the host. On a GPU the host runs
     ahead and its wait includes time blocked on a full launch queue; only the device gap says whether the GPU
     waited. Token counts stay on the device until the window closes.
+
+    The host's time inside a step is split the same way, by Lightning's hooks: forward (the training step and its
+    logging, up to the backward), backward, and optimizer (the optimizer and scheduler steps): what a host-bound
+    step spends launching each part (docs/tuning.md).
     """
 
     def __init__(self, warmup: int) -> None:
@@ -194,6 +199,8 @@ class StepMeter(Callback):
         self.steps = self.samples = self.padded = self.attended = 0  # attended: padded query-key pairs
         self.counts: torch.Tensor | None = None  # real tokens, sum of squared lengths, used MLM targets
         self.totals: list[float] = []
+        self.host = dict.fromkeys(HOST_PHASES, 0.0)  # seconds over the measured steps
+        self.phase_start: float | None = None  # None outside a measured step
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -209,9 +216,24 @@ class StepMeter(Callback):
         self.padded += batch["input_ids"].numel() // 4  # slots computed: B*L padded, the N real tokens packed
         if "padding_mask" in batch:  # every query slot attends to all L keys
             self.attended += batch["padding_mask"].numel() * batch["padding_mask"].shape[1]
+        self.phase_start = time.perf_counter()  # after this hook's own launches
+
+    def _phase_ends(self, phase: str) -> None:
+        if self.phase_start is not None:
+            now = time.perf_counter()
+            self.host[phase] += now - self.phase_start
+            self.phase_start = now
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        self._phase_ends("forward")
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._phase_ends("backward")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self._phase_ends("optimizer")
+        self.phase_start = None
         if batch_idx == self.warmup - 1:
             _sync(pl_module.device)
             self.t0 = time.perf_counter()
@@ -345,12 +367,13 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
         "gflop_per_token": fpt / 1e9,
         "mfu": real / elapsed * fpt / ceiling,
         "mfu_slots": slots / elapsed * slot_fpt / ceiling,
+        **{f"host_{phase}_ms": seconds / meter.steps * 1e3 for phase, seconds in meter.host.items()},
     }
 
 
 RESULT_KEYS = ("status", "reason", "world", "steps", "step_time_s", "tokens_per_s", "samples_per_s",
                "data_wait_frac", "device_gap_frac", "peak_mem_mb", "real_tokens", "padded_tokens", "pad_frac",
-               "gflop_per_token", "mfu", "mfu_slots")
+               "gflop_per_token", "mfu", "mfu_slots", *(f"host_{phase}_ms" for phase in HOST_PHASES))
 
 
 def write_results(rows: list[dict[str, Any]], path: Path) -> None:

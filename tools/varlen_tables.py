@@ -110,6 +110,23 @@ def sweep(rows: list[dict[str, str]]) -> list[str]:
     return out
 
 
+def host_phases(rows: list[dict[str, str]]) -> list[str]:
+    """Where each point's step goes on the host: between steps (fetching and preparing the next batch) and inside
+    the step (train_bench.StepMeter's forward, backward, optimizer), in ms per step; empty before they were measured."""
+    measured = [r for r in rows if r["status"] == "ok" and _num(r.get("host_forward_ms")) >= 0]
+    if not measured:
+        return []
+    out = ["| point | step ms | between steps | forward | backward | optimizer | device_gap_frac |",
+           "|---|---|---|---|---|---|---|"]
+    for r in measured:
+        step = _num(r["step_time_s"]) * 1e3
+        cells = [step, _num(r["data_wait_frac"]) * step,
+                 *(_num(r[f"host_{phase}_ms"]) for phase in ("forward", "backward", "optimizer")),
+                 _num(r["device_gap_frac"])]
+        out.append(f"| {r['size']} {_label(r)} | " + " | ".join(_fmt(c) for c in cells) + " |")
+    return out
+
+
 def attention(rows: list[dict[str, str]]) -> list[str]:
     out = ["| sizes | heads x dim | padded (SDPA + mask) ms | varlen ms | speed-up | varlen kernel | "
            "varlen TFLOP/s (real pairs) |", "|---|---|---|---|---|---|---|"]
@@ -138,6 +155,8 @@ def main(folder: Path) -> str:
     results = _read(folder / "results.csv")
     parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep (train_bench)", "",
              *sweep(results)]
+    if phases := host_phases(results):
+        parts += ["", "### Host time per step, by phase (ms)", "", *phases]
     if attn := _read(folder / "attn.csv"):
         parts += ["", "### Attention alone, forward + backward, per head layout", "", *attention(attn)]
     if rows := _read(folder / "prep.csv"):
