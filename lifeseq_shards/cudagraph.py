@@ -5,6 +5,7 @@ kernel launches it takes eagerly. For functions with no host sync and no randomn
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ class GraphedFunction:
     for the masker) drops the graphs of the old one. Past ``max_graphs`` shapes for one set of constants (a padded
     layout without a fixed width gives each batch its own), new shapes run eagerly, with one warning. The outputs
     are copies, so a later call does not overwrite them; every replay waits for the previous one to finish (they
-    share inputs and a memory pool), whichever stream or thread makes it. Capturing synchronises the device, once
-    per graph, and so does a change of constants.
+    share inputs and a memory pool), whichever stream makes it, and calls from two threads (a prefetch thread and the
+    validation loop) take turns. A graph captured under ``torch.inference_mode`` (Lightning's validation) replays
+    outside it too. Capturing synchronises the device, once per graph, and so does a change of constants.
     """
 
     def __init__(self, fn: Callable[..., dict[str, torch.Tensor]], max_graphs: int = MAX_GRAPHS) -> None:
@@ -40,17 +42,24 @@ class GraphedFunction:
         self._constants: tuple[Any, ...] | None = None
         self._pool: Any = None
         self._done: torch.cuda.Event | None = None
+        self._capture_stream: torch.cuda.Stream | None = None  # its own: never a stream that NCCL or a step uses
+        self._lock = threading.Lock()
         self._warned = False
 
     def __call__(self, *args: Any) -> dict[str, torch.Tensor]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if not tensors or tensors[0].device.type != "cuda":
             return self.fn(*args)
+        with self._lock:
+            return self._replay(args, tensors)
+
+    def _replay(self, args: tuple[Any, ...], tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         constants = tuple(a for a in args if not isinstance(a, torch.Tensor))
         if constants != self._constants:
             if self._done is not None:
                 self._done.synchronize()  # the last replay has finished before its graph's memory is given back
             self._graphs.clear()
+            self._pool = None  # the cleared graphs were its only users: a new one for the next captures
             self._constants = constants
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
         graph = self._graphs.get(key)
@@ -74,18 +83,22 @@ class GraphedFunction:
         return out
 
     def _capture(self, args: tuple[Any, ...]) -> _Graph:
-        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        device = next(a.device for a in static if isinstance(a, torch.Tensor))
-        current = torch.cuda.current_stream(device)
-        warm = torch.cuda.Stream(device)
-        warm.wait_stream(current)
-        with torch.cuda.stream(warm):
-            self.fn(*static)  # lazy initialisations (workspaces, handles) must not happen inside the capture
-        current.wait_stream(warm)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the training thread may launch its step while a prefetch thread captures
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = self.fn(*static)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        # normal tensors even under inference_mode, so that a replay outside it can copy into them
+        with torch.inference_mode(False), torch.cuda.device(device):
+            static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            current = torch.cuda.current_stream(device)
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(device, priority=-1)  # not the pool NCCL's streams use
+            self._capture_stream.wait_stream(current)
+            with torch.cuda.stream(self._capture_stream):
+                self.fn(*static)  # lazy initialisations (workspaces, handles) must not happen inside the capture
+            current.wait_stream(self._capture_stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the training thread may launch its step while a prefetch thread captures
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream,
+                                  capture_error_mode="thread_local"):
+                outputs = self.fn(*static)
         return _Graph(graph, [a for a in static if isinstance(a, torch.Tensor)], outputs)

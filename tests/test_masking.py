@@ -438,3 +438,28 @@ def test_graphed_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor], 
         assert all(torch.equal(got[k], want[k]) for k in want), (rows, epoch)
     assert all(torch.equal(first[k], first_copy[k]) for k in first)
     assert len(graphed._run._graphs) == 2  # epoch 5's two shapes; epoch 4's graph is gone
+
+
+@pytest.mark.cuda
+def test_graphed_masker_under_inference_mode_and_from_two_threads(persons: dict[str, torch.Tensor]) -> None:
+    """A graph captured under inference_mode (Lightning's validation) replays outside it, and a prefetch thread and
+    the main thread calling one masker at once each get their own batch's masks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
+    cuda = {k: v.cuda() for k, v in persons.items()}
+
+    def args(rows: slice) -> list[torch.Tensor]:
+        return [*(cuda[k][rows] for k in FIELDS), cuda["lengths"][rows], cuda["person_id"][rows]]
+
+    graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
+    halves = [slice(0, 256), slice(256, 512)]
+    want = [eager(*args(rows), 1) for rows in halves]
+    with torch.inference_mode():
+        during = graphed(*args(halves[0]), 1)
+    after = graphed(*args(halves[1]), 1)
+    assert all(torch.equal(during[k], want[0][k]) and torch.equal(after[k], want[1][k]) for k in want[0])
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda i: (i, graphed(*args(halves[i % 2]), 1)), range(16)))
+    torch.cuda.synchronize()
+    assert all(torch.equal(out[k], want[i % 2][k]) for i, out in got for k in out)
