@@ -4,8 +4,8 @@ lifeseq_shards.model on the real LifeSeqDataModule.
 
 Per point: real (non-padding) tokens/s, samples/s, step time, the share of the step the host spends blocked on the
 loader and the device's gap between steps, the host's time inside the step by phase (forward, backward, optimizer),
-peak memory, and MFU on real tokens and on computed slots against a matmul ceiling measured on this device first. Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads
-them.
+peak memory, and MFU on real tokens and on computed slots against a matmul ceiling measured on this device first.
+Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads them.
 
     python -m tools.train_bench --preset cpu --out docs/results/cpu-DATE
     python -m tools.train_bench --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
