@@ -163,6 +163,11 @@ def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, parts", [
     (VOCAB.encode() + b"b\xe9,E,10\n", ["line 12", "not UTF-8"]),
     (VOCAB.encode() + b"b,E,4294967296\n", ["line 12", "ID 4294967296"]),
+    # the masker, the padding and the seed's step 5 take [PAD] [CLS] [SEP] [MASK] [UNK] to be ids 0-4
+    (VOCAB.replace("[SEP],G,2", "[SEP],G,12").replace("a,E,5", "a,E,2").encode(), ["line 4", "[SEP] has ID 12",
+                                                                                     "IDs 0-4"]),
+    (b"TOKEN,CATEGORY,ID\n" + b"".join(b"%s,G,%d\n" % (s, i + 1) for i, s in enumerate(
+        [b"[PAD]", b"[CLS]", b"[SEP]", b"[MASK]", b"[UNK]", b"a", b"m", b"y", b"g", b"o"])), ["[PAD] has ID 1"]),
 ])
 def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
     (tmp_path / "v.csv").write_bytes(text)

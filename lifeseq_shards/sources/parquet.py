@@ -40,7 +40,8 @@ TOKEN_ID_MAX = np.iinfo(np.uint32).max
 
 
 def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
-    """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous or the specials unknown."""
+    """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous, or the specials unknown or
+    not at IDs 0-4 (where the masker and the padding take them to be)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
@@ -57,6 +58,7 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
     rows = [(r["TOKEN"], r["ID"], reader.line_num) for r in reader]
     vocab: dict[str, int] = {}
     seen: dict[int, str] = {}
+    lines: dict[str, int] = {}
     for token, raw_id, line in rows:
         try:
             i = int(raw_id)
@@ -69,9 +71,14 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
         if token in vocab:
             raise SourceError(f"{path}: line {line}: token {token!r} listed twice")
         vocab[token], seen[i] = i, token
+        lines[token] = line
     absent = [s for s in SPECIALS if s not in vocab]
     if absent:
         raise SourceError(f"{path}: vocabulary lacks special token(s) {' '.join(absent)}")
+    for want, s in enumerate(SPECIALS):  # the masker, the padding and the seed's step 5 use these ids, not the file's
+        if vocab[s] != want:
+            raise SourceError(f"{path}: line {lines[s]}: {s} has ID {vocab[s]}; the specials {' '.join(SPECIALS)} "
+                              f"must be IDs 0-{len(SPECIALS) - 1} in that order (the masking and padding assume them)")
     return vocab
 
 
