@@ -154,6 +154,34 @@ def test_h5_input_refused(case: str, tmp_path: Path) -> None:
     assert_refused(code, out, str(path), *parts)
 
 
+def mlm_targets(n: int = 4, width: int = 10, **at: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The seed's offline-MLM datasets for ``write_h5`` rows of 3 tokens: no target in any row but the rows named
+    ``rowR=(position, true token)``, each with that one target."""
+    slots = int(0.3 * width)
+    pos, tok = np.full((n, width), -1), np.full((n, width), -1)
+    pos[:, :slots], tok[:, :slots] = width - 1, 0
+    for key, (p, t) in at.items():
+        pos[int(key[3:]), 0], tok[int(key[3:]), 0] = p, t
+    return {"target_pos": pos, "target_tokens": tok, "target_cls": np.zeros(n, np.int64)}
+
+
+def test_mlm_targets_helper_converts(tmp_path: Path) -> None:
+    """The offline-MLM rows the refusals below start from are accepted (a target inside the sequence)."""
+    path = write_h5(tmp_path / "in.h5", width=10, **mlm_targets(row1=(1, 5)))
+    code, out = shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0)
+    assert code == 0, out
+    assert shardify("verify", tmp_path / "out")[0] == 0
+
+
+def test_mlm_target_past_the_sequence_refused(tmp_path: Path) -> None:
+    """A target position at or past the row's real tokens (what verify refuses) is refused by the converter, not
+    written into a dataset that `verify` then calls broken."""
+    path = write_h5(tmp_path / "in.h5", width=10, **mlm_targets(row2=(7, 5)))
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0),
+                   str(path), "row 2", "person 102", "target_pos 7", "3 tokens")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
     a, b = write_h5(tmp_path / "a.h5"), write_h5(tmp_path / "b.h5", sequence_id=np.array([7, 8, 9, 101]))
     assert_refused(*shardify("convert", a, b, "-o", tmp_path / "out"),

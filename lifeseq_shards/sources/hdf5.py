@@ -116,11 +116,18 @@ def encode_h5_task(task: tuple[str, int, int]) -> Block:
     if len(bad):
         raise SourceError(f"{path}: row {start + bad[0]}: target slots are not the seed's layout "
                           f"({t} slots filled from the front, then -1)")
+    owner = np.repeat(np.arange(n), n_targets)
+    target_pos = tpos[:, :t][prefix]
+    outside = np.flatnonzero((target_pos < 0) | (target_pos >= lengths[owner]))
+    if outside.size:  # a label for a padding position: verify refuses it, and no loss can use it
+        r = owner[outside[0]]
+        raise SourceError(f"{path}: row {start + r} (person {pid[r]}): target_pos {target_pos[outside[0]]} is not "
+                          f"a position of its {lengths[r]} tokens")
     cols.update(
         n_targets=n_targets.astype(np.int64),
         target_cls=mlm["target_cls"].astype(np.int64),
         masked_tokens=ids[:, 0][real],
-        target_pos=tpos[:, :t][prefix],
+        target_pos=target_pos,
         target_tokens=ttok[:, :t][prefix],
     )
     return Block(cols)
