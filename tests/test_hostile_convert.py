@@ -182,6 +182,30 @@ def test_mlm_target_past_the_sequence_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("dataset, override", [
+    ("original_sequence", {}),
+    ("input_ids", {"row2": (1, 5)}),  # the masked ids (row 0 of input_ids) of an offline-MLM file
+    ("target_tokens", {"row2": (1, 50)}),
+])
+def test_h5_token_outside_the_vocabulary_refused(dataset: str, override: dict[str, tuple[int, int]], vocab: Path,
+                                                  tmp_path: Path) -> None:
+    """With --vocab the manifest records its size, which the masker and the model's embedding take as the bound of
+    every token id: an id at or beyond it is refused (it used to convert, and only `verify` found it)."""
+    ids = np.zeros((4, 4, 10), dtype=np.int64)
+    ids[:, 0, :3] = [1, 5, 2]
+    orig = ids[:, 0].copy()
+    if dataset == "original_sequence":
+        orig[2, 1] = ids[2, 0, 1] = 50
+    if dataset == "input_ids":
+        ids[2, 0, 1] = 50
+    mlm = mlm_targets(**override) if override else {}
+    path = write_h5(tmp_path / "in.h5", width=10, input_ids=ids, original_sequence=orig, **mlm)
+    assert_refused(*shardify("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0),
+                   str(path), "row 2", "person 102", dataset, "token id 50", "vocabulary of 10")
+    code, out = shardify("convert", path, "-o", tmp_path / "no-vocab", "--val-fraction", 0)  # no bound to check
+    assert code == 0, out
+
+
 def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
     a, b = write_h5(tmp_path / "a.h5"), write_h5(tmp_path / "b.h5", sequence_id=np.array([7, 8, 9, 101]))
     assert_refused(*shardify("convert", a, b, "-o", tmp_path / "out"),

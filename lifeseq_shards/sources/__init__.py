@@ -48,7 +48,8 @@ def open_sources(
         tasks = [t for p in inputs for t in h5_tasks(p)]
         # the encoded file holds ids only: its vocabulary (when given) says how many there are, for the manifest
         vocab_size = max(read_vocab(vocab).values()) + 1 if vocab is not None else None
-        return Source(kind, tasks, encode_h5_task, infos[0][1], vocab_size, sum(i[0] for i in infos))
+        encode = partial(encode_h5_task, vocab_size=vocab_size)  # token ids are checked against it
+        return Source(kind, tasks, encode, infos[0][1], vocab_size, sum(i[0] for i in infos))
     if vocab is None:
         raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
     from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks
