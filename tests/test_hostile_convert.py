@@ -109,6 +109,9 @@ PARQUET_CASES = {
     "background not UTF-8": ({"background": pa.StructArray.from_arrays(
         [strings([b"m", b"m", b"\xfe"]), *[pa.array(["y"] * 3)] * 3], names=list(BG))},
         ["row 2", "background.birth_month", "not UTF-8"]),
+    "background lacks a field": ({"background": pa.array([{**{k: v for k, v in BG.items() if k != "gender"},
+                                                            "sex": "g"}] * N)},
+                                 ["column 'background'", "gender"]),
     "sentence a flat string": ({"sentence": pa.array(["a a a a a"] * N)}, ["column 'sentence' is string"]),
     "sentence of integers": ({"sentence": pa.array([[[5]] * 5] * N)}, ["int64>>, expected list<list<string>>"]),
     "duplicate id": ({"RINPERSOON": pa.array([100, 101, 100])}, ["row 0: person id 100 occurs 2 times", "row 2"]),

@@ -132,7 +132,10 @@ def _is_number(t: pa.DataType) -> bool:
 # per column: (what it must be, its test); strings must be UTF-8 text (binary would never match the vocabulary)
 COLUMN_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
     PERSON: ("integers", _is_number),
-    BACKGROUND: ("struct<string fields>", lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)),
+    # every field of the prefix present: a missing (renamed) one would make every person's token [UNK] unseen
+    BACKGROUND: (f"struct<{', '.join(sorted(BACKGROUND_ORDER))}: string>",
+                 lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)
+                 and set(BACKGROUND_ORDER) <= {f.name for f in t}),
     SENTENCE: ("list<list<string>>", lambda t: _is_list_of(t, lambda e: _is_list_of(e, _is_text))),
     **{c: ("list<integer>", lambda t: _is_list_of(t, _is_number)) for c in PER_EVENT},
 }
