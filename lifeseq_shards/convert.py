@@ -86,6 +86,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     ``out/.conversion-staging``) and replaces an old one only once complete, so a failed conversion leaves it."""
     opts = opts or ConvertOptions()
     check_dtypes(opts.dtypes)
+    _check_shards(opts)
     out = Path(out)
     t0 = time.time()
     try:
@@ -122,6 +123,15 @@ def check_dtypes(dtypes: dict[str, str]) -> None:
             raise ConvertError(f"--dtype {name}={dtype}: no field {name!r} to set (fields: {', '.join(DTYPE_FIELDS)})")
         if dtype not in INT_DTYPES:
             raise ConvertError(f"--dtype {name}={dtype}: not an integer dtype (one of {', '.join(INT_DTYPES)})")
+
+
+def _check_shards(opts: ConvertOptions) -> None:
+    """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
+    slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
+    if opts.shards and opts.shards % slots:
+        raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
+                           f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
+                           f"{slots}, or only one of the two")
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,8 @@ OPTION_CASES = [
     (["--dtype", "abspos=float32"], "--dtype abspos=float32: not an integer dtype"),
     (["--dtype", "abspos=bogus"], "--dtype abspos=bogus: not an integer dtype"),
     (["--dtype", "lenght=int32"], "--dtype lenght=int32: no field 'lenght'"),
+    # both asked for and they disagree: --shards used to win silently, and training then left persons out
+    (["--shards", "3", "--gpus", "2"], "--shards 3 does not divide into 1 x 2 x 1 = 2 readers"),
 ]
 
 
