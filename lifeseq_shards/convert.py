@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,10 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
         splits = _pass2(stage, ids, spill, buckets, schema, opts, pool)
     except SourceError as e:
         raise ConvertError(str(e)) from None
+    except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
+        raise ConvertError(f"{stage.parent}: a conversion process died (killed by a signal: out of memory?); nothing "
+                           f"was written; rerun, with fewer --processes (now {opts.processes}) if memory is "
+                           "short") from None
     finally:
         spill.close()
         if pool is not None:

@@ -432,6 +432,29 @@ def test_killed_while_replacing_leaves_no_dataset_and_rerun_clears_only_ours(dat
         "manifest.json", ".conversion.lock", "all/embeddings.npy", "train/notes.txt", "README.txt"}
 
 
+# the pool worker that encodes the second input dies as an out-of-memory kill would end it
+DIE_IN_WORKER = """
+real = c._encode_and_narrow
+def dying(args):
+    if args[1][0].endswith("1.h5"):
+        os._exit(9)
+    return real(args)
+c._encode_and_narrow = dying
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_pool_worker_that_dies_is_one_line(tmp_path: Path) -> None:
+    """A pool worker killed mid-conversion (the OOM killer) ends the conversion with one line and exit 2, not a
+    BrokenProcessPool traceback, and leaves no dataset."""
+    inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(3)]
+    proc = hooked(DIE_IN_WORKER, tmp_path / "report", "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
+    _, err = proc.communicate(timeout=60)
+    assert_refused(proc.returncode, err.decode(), f"{tmp_path / 'ds'}: a conversion process died", "--processes")
+    assert {p.name for p in (tmp_path / "ds").iterdir()} == {".conversion.lock"}
+
+
 def state(pid: int) -> str | None:
     """The process's state letter (Z: exited, not yet reaped by its new parent), or None when gone."""
     try:
