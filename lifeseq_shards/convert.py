@@ -311,7 +311,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
     for name, n in counts.items():
         if n == 0:
             continue
-        s = shard_count(n, opts)
+        s = shard_count(n, opts, name)
         (out / name).mkdir()
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
                                     2 * opts.processes)
@@ -349,19 +349,21 @@ def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:
     return h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
 
 
-def shard_count(persons: int, opts: ConvertOptions) -> int:
-    """Shards for a split of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
+def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
+    """Shards for ``split`` of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
     largest highly composite number that keeps >= min_shard_persons per shard (so < 1 % fall in the remainder)."""
     if persons == 0:
         return 0
+    # which split is too small, and what changes its size
+    of = f"split {split} (--val-fraction / --num-val set its size)" if split else "a split"
     if opts.shards:
         if opts.shards > persons:
-            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of a split")
+            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
         return opts.shards
     default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
     slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
     if slots == 1:
         return default
     if slots > persons:
-        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of a split")
+        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
     return slots * max(1, default // slots)

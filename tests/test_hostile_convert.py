@@ -260,6 +260,16 @@ def test_plan_option_refused(args: list[str], mlm_dataset: Path) -> None:
     assert_refused(*shardify("plan", mlm_dataset, "--batch-size", "8", *args), args[0])
 
 
+@pytest.mark.parametrize("args, part", [
+    (["--shards", "4"], "--shards 4 is more than the 2 persons of split val"),
+    (["--gpus", "2", "--workers", "2"], "4 readers (nodes x gpus x workers) is more than the 2 persons of split val"),
+])
+def test_too_few_persons_for_the_shards_names_the_split(args: list[str], part: str, tmp_path: Path) -> None:
+    """The split that cannot be cut is named, with what to change (it said "of a split": train or val?)."""
+    path = write_h5(tmp_path / "in.h5", n=40)
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--num-val", 2, *args), part, "--num-val")
+
+
 def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
     """The error for a sequence over 65,535 tokens says `--dtype length=int32`; that option is honoured (every count
     and position in a sequence widens with it) and the long sequence comes back whole."""
