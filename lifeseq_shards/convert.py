@@ -346,7 +346,10 @@ def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:
             return np.zeros(len(ids), dtype=bool)
         threshold = np.partition(h, opts.num_val - 1)[opts.num_val - 1]
         return h <= threshold
-    return h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+    val = h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+    if val.all():  # as --num-val: a dataset without a train split is no conversion anyone asked for
+        raise ConvertError(f"--val-fraction {opts.val_fraction} leaves no training persons ({len(ids)} in all)")
+    return val
 
 
 def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:

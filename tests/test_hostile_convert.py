@@ -270,6 +270,16 @@ def test_too_few_persons_for_the_shards_names_the_split(args: list[str], part: s
     assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--num-val", 2, *args), part, "--num-val")
 
 
+@pytest.mark.parametrize("args, part", [
+    (["--num-val", "4"], "--num-val 4 leaves no training persons (4 in all)"),
+    (["--val-fraction", "0.999"], "--val-fraction 0.999 leaves no training persons (4 in all)"),
+])
+def test_a_split_that_leaves_no_training_persons_is_refused(args: list[str], part: str, tmp_path: Path) -> None:
+    """Both ways of sizing val refuse to leave train empty (--val-fraction wrote a dataset without a train split)."""
+    assert_refused(*shardify("convert", write_h5(tmp_path / "in.h5"), "-o", tmp_path / "out", *args), part)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
     """The error for a sequence over 65,535 tokens says `--dtype length=int32`; that option is honoured (every count
     and position in a sequence widens with it) and the long sequence comes back whole."""
