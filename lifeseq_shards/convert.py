@@ -202,13 +202,17 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     jobs = ((source, t, schema) for t in source.tasks)
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
-    ids: list[np.ndarray] = []
-    rows: list[tuple[str, np.ndarray]] = []  # per chunk of ids: its file and rows, to name a duplicated id
+    ids: list[np.ndarray] = []  # the persons kept
+    # every input row's person id, filtered out or kept (a duplicate is one either way), with its file and rows
+    seen: list[np.ndarray] = []
+    rows: list[tuple[str, np.ndarray]] = []
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for path, row, block in results:
+        for path, row, every_id, block in results:
             bar.update(1)
+            seen.append(every_id)
+            rows.append((path, row))
             if block.n == 0:
                 continue
             pid = block.columns["person_id"]
@@ -218,7 +222,6 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
             for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
                 spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
             ids.append(pid.astype(np.int64))
-            rows.append((path, row))
             lengths = block.columns["length"].astype(np.int64)
             tokens += int(lengths.sum())
             hb = lengths // HISTOGRAM_BIN
@@ -230,10 +233,10 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     if len(all_ids) == 0:
         raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
                            "(empty input, or every person filtered out)")
-    uniq, counts = np.unique(all_ids, return_counts=True)
+    uniq, counts = np.unique(np.concatenate(seen), return_counts=True)
     if (counts > 1).any():
         pid = uniq[counts > 1][0]
-        at = [f"{path}: row {r}" for chunk, (path, row) in zip(ids, rows, strict=True) for r in row[chunk == pid]]
+        at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
         raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
     return all_ids, hist, tokens
 
@@ -280,12 +283,16 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, Block]:
-    """(file, each person's row in it, the narrowed block)."""
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, Block]:
+    """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
+    narrowed block of the persons kept)."""
     source, task, schema = args
     block = source.encode(task)
     rows = block.columns.pop("row")
-    return task[0], rows, to_runs(_narrow(block, token_schema(schema), _task_label(task)), schema)
+    every_row, every_id = block.columns.pop("every_row", rows), block.columns.pop("every_id", None)
+    every_id = block.columns["person_id"] if every_id is None else every_id
+    return task[0], every_row, every_id.astype(np.int64), to_runs(_narrow(block, token_schema(schema),
+                                                                          _task_label(task)), schema)
 
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:
