@@ -284,6 +284,15 @@ def test_a_split_that_leaves_no_training_persons_is_refused(args: list[str], par
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("args", [["--max-seq-len", "256"], ["--time-range-start", "100"],
+                                  ["--time-range-end", "5"]], ids=" ".join)
+def test_parquet_only_options_refused_for_h5(args: list[str], tmp_path: Path) -> None:
+    """An encoded .h5 keeps its width and its events: an option that would cut them is refused, not ignored."""
+    path = write_h5(tmp_path / "in.h5")
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", *args), str(path), args[0], "parquet input only")
+    assert not (tmp_path / "out").exists()
+
+
 def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
     """The error for a sequence over 65,535 tokens says `--dtype length=int32`; that option is honoured (every count
     and position in a sequence widens with it) and the long sequence comes back whole."""

@@ -15,7 +15,7 @@ from typing import Any
 from ..format import Block
 from .errors import SourceError
 
-__all__ = ["Source", "SourceError", "open_sources"]
+__all__ = ["Source", "SourceError", "input_kind", "open_sources"]
 
 
 @dataclass
@@ -32,7 +32,7 @@ def open_sources(
     inputs: list[str], vocab: str | None, max_seq_len: int, time_range: tuple[int | None, int | None]
 ) -> Source:
     """Recognise the input kind from the file name and check every file before any work starts."""
-    kinds = {_kind(p) for p in inputs}
+    kinds = {input_kind(p) for p in inputs}
     if len(kinds) != 1:
         raise SourceError(f"{inputs[0]}: inputs mix kinds {sorted(kinds)}; convert one kind at a time")
     kind = kinds.pop()
@@ -65,7 +65,7 @@ def open_sources(
     return Source(kind, tasks, encode, False, max(vocab_map.values()) + 1, sum(parquet_rows(p) for p in inputs))
 
 
-def _kind(path: str) -> str:
+def input_kind(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix in (".h5", ".hdf5"):
         return "hdf5"
