@@ -88,10 +88,28 @@ def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[
     """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
     from .convert import ConvertOptions, convert_dataset
 
+    _refuse_parquet_only(inputs)
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
     m = convert_dataset(list(inputs), out, vocab, opts)
     splits = ", ".join(f"{k} {v.persons:,} in {len(v.shards)} shards" for k, v in m.splits.items())
     click.echo(f"{out}: {m.totals.persons:,} persons ({splits}); fingerprint {m.fingerprint}")
+
+
+def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:
+    """An option given for .h5 input that only parquet input honours: refused, not ignored (an encoded file keeps
+    its own width and events, so `--max-seq-len 256` would silently leave its sequences at 512)."""
+    from .sources import SourceError, input_kind
+
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in ("max_seq_len", "time_range_start", "time_range_end")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    try:
+        h5 = all(input_kind(p) == "hdf5" for p in inputs)
+    except SourceError:
+        return  # an unknown kind: open_sources names it
+    if given and h5:
+        _fail(f"{inputs[0]}: {', '.join(given)} applies to parquet input only (an encoded .h5 keeps its own "
+              "sequence width and events); drop it")
 
 
 @main.command()

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     ``out/.conversion-staging``) and replaces an old one only once complete, so a failed conversion leaves it."""
     opts = opts or ConvertOptions()
     check_dtypes(opts.dtypes)
+    _check_shards(opts)
     out = Path(out)
     t0 = time.time()
     try:
@@ -124,6 +126,15 @@ def check_dtypes(dtypes: dict[str, str]) -> None:
             raise ConvertError(f"--dtype {name}={dtype}: not an integer dtype (one of {', '.join(INT_DTYPES)})")
 
 
+def _check_shards(opts: ConvertOptions) -> None:
+    """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
+    slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
+    if opts.shards and opts.shards % slots:
+        raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
+                           f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
+                           f"{slots}, or only one of the two")
+
+
 @dataclass(frozen=True)
 class _Passes:
     """What the two passes found and wrote: the manifest's content but for the conversion's parameters."""
@@ -147,6 +158,10 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
         splits = _pass2(stage, ids, spill, buckets, schema, opts, pool)
     except SourceError as e:
         raise ConvertError(str(e)) from None
+    except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
+        raise ConvertError(f"{stage.parent}: a conversion process died (killed by a signal: out of memory?); nothing "
+                           f"was written; rerun, with fewer --processes (now {opts.processes}) if memory is "
+                           "short") from None
     finally:
         spill.close()
         if pool is not None:
@@ -187,13 +202,17 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     jobs = ((source, t, schema) for t in source.tasks)
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
-    ids: list[np.ndarray] = []
-    rows: list[tuple[str, np.ndarray]] = []  # per chunk of ids: its file and rows, to name a duplicated id
+    ids: list[np.ndarray] = []  # the persons kept
+    # every input row's person id, filtered out or kept (a duplicate is one either way), with its file and rows
+    seen: list[np.ndarray] = []
+    rows: list[tuple[str, np.ndarray]] = []
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for path, row, block in results:
+        for path, row, every_id, block in results:
             bar.update(1)
+            seen.append(every_id)
+            rows.append((path, row))
             if block.n == 0:
                 continue
             pid = block.columns["person_id"]
@@ -203,7 +222,6 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
             for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
                 spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
             ids.append(pid.astype(np.int64))
-            rows.append((path, row))
             lengths = block.columns["length"].astype(np.int64)
             tokens += int(lengths.sum())
             hb = lengths // HISTOGRAM_BIN
@@ -215,10 +233,10 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     if len(all_ids) == 0:
         raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
                            "(empty input, or every person filtered out)")
-    uniq, counts = np.unique(all_ids, return_counts=True)
+    uniq, counts = np.unique(np.concatenate(seen), return_counts=True)
     if (counts > 1).any():
         pid = uniq[counts > 1][0]
-        at = [f"{path}: row {r}" for chunk, (path, row) in zip(ids, rows, strict=True) for r in row[chunk == pid]]
+        at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
         raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
     return all_ids, hist, tokens
 
@@ -265,12 +283,16 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, Block]:
-    """(file, each person's row in it, the narrowed block)."""
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, Block]:
+    """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
+    narrowed block of the persons kept)."""
     source, task, schema = args
     block = source.encode(task)
     rows = block.columns.pop("row")
-    return task[0], rows, to_runs(_narrow(block, token_schema(schema), _task_label(task)), schema)
+    every_row, every_id = block.columns.pop("every_row", rows), block.columns.pop("every_id", None)
+    every_id = block.columns["person_id"] if every_id is None else every_id
+    return task[0], every_row, every_id.astype(np.int64), to_runs(_narrow(block, token_schema(schema),
+                                                                          _task_label(task)), schema)
 
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:
@@ -296,7 +318,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
     for name, n in counts.items():
         if n == 0:
             continue
-        s = shard_count(n, opts)
+        s = shard_count(n, opts, name)
         (out / name).mkdir()
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
                                     2 * opts.processes)
@@ -331,22 +353,27 @@ def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:
             return np.zeros(len(ids), dtype=bool)
         threshold = np.partition(h, opts.num_val - 1)[opts.num_val - 1]
         return h <= threshold
-    return h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+    val = h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+    if val.all():  # as --num-val: a dataset without a train split is no conversion anyone asked for
+        raise ConvertError(f"--val-fraction {opts.val_fraction} leaves no training persons ({len(ids)} in all)")
+    return val
 
 
-def shard_count(persons: int, opts: ConvertOptions) -> int:
-    """Shards for a split of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
+def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
+    """Shards for ``split`` of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
     largest highly composite number that keeps >= min_shard_persons per shard (so < 1 % fall in the remainder)."""
     if persons == 0:
         return 0
+    # which split is too small, and what changes its size
+    of = f"split {split} (--val-fraction / --num-val set its size)" if split else "a split"
     if opts.shards:
         if opts.shards > persons:
-            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of a split")
+            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
         return opts.shards
     default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
     slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
     if slots == 1:
         return default
     if slots > persons:
-        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of a split")
+        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
     return slots * max(1, default // slots)

@@ -109,9 +109,16 @@ PARQUET_CASES = {
     "background not UTF-8": ({"background": pa.StructArray.from_arrays(
         [strings([b"m", b"m", b"\xfe"]), *[pa.array(["y"] * 3)] * 3], names=list(BG))},
         ["row 2", "background.birth_month", "not UTF-8"]),
+    "background lacks a field": ({"background": pa.array([{**{k: v for k, v in BG.items() if k != "gender"},
+                                                            "sex": "g"}] * N)},
+                                 ["column 'background'", "gender"]),
     "sentence a flat string": ({"sentence": pa.array(["a a a a a"] * N)}, ["column 'sentence' is string"]),
     "sentence of integers": ({"sentence": pa.array([[[5]] * 5] * N)}, ["int64>>, expected list<list<string>>"]),
     "duplicate id": ({"RINPERSOON": pa.array([100, 101, 100])}, ["row 0: person id 100 occurs 2 times", "row 2"]),
+    # the copy in row 2 has too few events to be kept: which copy survived was the filter's silent choice
+    "duplicate id, one copy filtered out": ({"RINPERSOON": pa.array([100, 101, 100]), **{
+        c: pa.array([[1, 2, 3, 4, 5]] * 2 + [[1, 2, 3]]) for c in ("abspos", "age", "segment")},
+        "sentence": pa.array([[["a"]] * 5] * 2 + [[["a"]] * 3])}, ["row 0: person id 100 occurs 2 times", "row 2"]),
 }
 
 
@@ -154,6 +161,58 @@ def test_h5_input_refused(case: str, tmp_path: Path) -> None:
     assert_refused(code, out, str(path), *parts)
 
 
+def mlm_targets(n: int = 4, width: int = 10, **at: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The seed's offline-MLM datasets for ``write_h5`` rows of 3 tokens: no target in any row but the rows named
+    ``rowR=(position, true token)``, each with that one target."""
+    slots = int(0.3 * width)
+    pos, tok = np.full((n, width), -1), np.full((n, width), -1)
+    pos[:, :slots], tok[:, :slots] = width - 1, 0
+    for key, (p, t) in at.items():
+        pos[int(key[3:]), 0], tok[int(key[3:]), 0] = p, t
+    return {"target_pos": pos, "target_tokens": tok, "target_cls": np.zeros(n, np.int64)}
+
+
+def test_mlm_targets_helper_converts(tmp_path: Path) -> None:
+    """The offline-MLM rows the refusals below start from are accepted (a target inside the sequence)."""
+    path = write_h5(tmp_path / "in.h5", width=10, **mlm_targets(row1=(1, 5)))
+    code, out = shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0)
+    assert code == 0, out
+    assert shardify("verify", tmp_path / "out")[0] == 0
+
+
+def test_mlm_target_past_the_sequence_refused(tmp_path: Path) -> None:
+    """A target position at or past the row's real tokens (what verify refuses) is refused by the converter, not
+    written into a dataset that `verify` then calls broken."""
+    path = write_h5(tmp_path / "in.h5", width=10, **mlm_targets(row2=(7, 5)))
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0),
+                   str(path), "row 2", "person 102", "target_pos 7", "3 tokens")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("dataset, override", [
+    ("original_sequence", {}),
+    ("input_ids", {"row2": (1, 5)}),  # the masked ids (row 0 of input_ids) of an offline-MLM file
+    ("target_tokens", {"row2": (1, 50)}),
+])
+def test_h5_token_outside_the_vocabulary_refused(dataset: str, override: dict[str, tuple[int, int]], vocab: Path,
+                                                  tmp_path: Path) -> None:
+    """With --vocab the manifest records its size, which the masker and the model's embedding take as the bound of
+    every token id: an id at or beyond it is refused (it used to convert, and only `verify` found it)."""
+    ids = np.zeros((4, 4, 10), dtype=np.int64)
+    ids[:, 0, :3] = [1, 5, 2]
+    orig = ids[:, 0].copy()
+    if dataset == "original_sequence":
+        orig[2, 1] = ids[2, 0, 1] = 50
+    if dataset == "input_ids":
+        ids[2, 0, 1] = 50
+    mlm = mlm_targets(**override) if override else {}
+    path = write_h5(tmp_path / "in.h5", width=10, input_ids=ids, original_sequence=orig, **mlm)
+    assert_refused(*shardify("convert", path, "--vocab", vocab, "-o", tmp_path / "out", "--val-fraction", 0),
+                   str(path), "row 2", "person 102", dataset, "token id 50", "vocabulary of 10")
+    code, out = shardify("convert", path, "-o", tmp_path / "no-vocab", "--val-fraction", 0)  # no bound to check
+    assert code == 0, out
+
+
 def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
     a, b = write_h5(tmp_path / "a.h5"), write_h5(tmp_path / "b.h5", sequence_id=np.array([7, 8, 9, 101]))
     assert_refused(*shardify("convert", a, b, "-o", tmp_path / "out"),
@@ -163,6 +222,11 @@ def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, parts", [
     (VOCAB.encode() + b"b\xe9,E,10\n", ["line 12", "not UTF-8"]),
     (VOCAB.encode() + b"b,E,4294967296\n", ["line 12", "ID 4294967296"]),
+    # the masker, the padding and the seed's step 5 take [PAD] [CLS] [SEP] [MASK] [UNK] to be ids 0-4
+    (VOCAB.replace("[SEP],G,2", "[SEP],G,12").replace("a,E,5", "a,E,2").encode(), ["line 4", "[SEP] has ID 12",
+                                                                                     "IDs 0-4"]),
+    (b"TOKEN,CATEGORY,ID\n" + b"".join(b"%s,G,%d\n" % (s, i + 1) for i, s in enumerate(
+        [b"[PAD]", b"[CLS]", b"[SEP]", b"[MASK]", b"[UNK]", b"a", b"m", b"y", b"g", b"o"])), ["[PAD] has ID 1"]),
 ])
 def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
     (tmp_path / "v.csv").write_bytes(text)
@@ -183,6 +247,8 @@ OPTION_CASES = [
     (["--dtype", "abspos=float32"], "--dtype abspos=float32: not an integer dtype"),
     (["--dtype", "abspos=bogus"], "--dtype abspos=bogus: not an integer dtype"),
     (["--dtype", "lenght=int32"], "--dtype lenght=int32: no field 'lenght'"),
+    # both asked for and they disagree: --shards used to win silently, and training then left persons out
+    (["--shards", "3", "--gpus", "2"], "--shards 3 does not divide into 1 x 2 x 1 = 2 readers"),
 ]
 
 
@@ -196,6 +262,35 @@ def test_convert_option_refused(args: list[str], part: str, vocab: Path, tmp_pat
 @pytest.mark.parametrize("args", [["--gpus", "0"], ["--gpus", "-1"], ["--batch-size", "0"], ["--nodes", "0"]])
 def test_plan_option_refused(args: list[str], mlm_dataset: Path) -> None:
     assert_refused(*shardify("plan", mlm_dataset, "--batch-size", "8", *args), args[0])
+
+
+@pytest.mark.parametrize("args, part", [
+    (["--shards", "4"], "--shards 4 is more than the 2 persons of split val"),
+    (["--gpus", "2", "--workers", "2"], "4 readers (nodes x gpus x workers) is more than the 2 persons of split val"),
+])
+def test_too_few_persons_for_the_shards_names_the_split(args: list[str], part: str, tmp_path: Path) -> None:
+    """The split that cannot be cut is named, with what to change (it said "of a split": train or val?)."""
+    path = write_h5(tmp_path / "in.h5", n=40)
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--num-val", 2, *args), part, "--num-val")
+
+
+@pytest.mark.parametrize("args, part", [
+    (["--num-val", "4"], "--num-val 4 leaves no training persons (4 in all)"),
+    (["--val-fraction", "0.999"], "--val-fraction 0.999 leaves no training persons (4 in all)"),
+])
+def test_a_split_that_leaves_no_training_persons_is_refused(args: list[str], part: str, tmp_path: Path) -> None:
+    """Both ways of sizing val refuse to leave train empty (--val-fraction wrote a dataset without a train split)."""
+    assert_refused(*shardify("convert", write_h5(tmp_path / "in.h5"), "-o", tmp_path / "out", *args), part)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("args", [["--max-seq-len", "256"], ["--time-range-start", "100"],
+                                  ["--time-range-end", "5"]], ids=" ".join)
+def test_parquet_only_options_refused_for_h5(args: list[str], tmp_path: Path) -> None:
+    """An encoded .h5 keeps its width and its events: an option that would cut them is refused, not ignored."""
+    path = write_h5(tmp_path / "in.h5")
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", *args), str(path), args[0], "parquet input only")
+    assert not (tmp_path / "out").exists()
 
 
 def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
@@ -368,6 +463,29 @@ def test_killed_while_replacing_leaves_no_dataset_and_rerun_clears_only_ours(dat
     assert person_ids(dataset) == list(range(500, 540)) and shardify("verify", dataset)[0] == 0
     assert {str(p.relative_to(dataset)) for p in dataset.rglob("*") if p.is_file()} == listed(dataset) | {
         "manifest.json", ".conversion.lock", "all/embeddings.npy", "train/notes.txt", "README.txt"}
+
+
+# the pool worker that encodes the second input dies as an out-of-memory kill would end it
+DIE_IN_WORKER = """
+real = c._encode_and_narrow
+def dying(args):
+    if args[1][0].endswith("1.h5"):
+        os._exit(9)
+    return real(args)
+c._encode_and_narrow = dying
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_pool_worker_that_dies_is_one_line(tmp_path: Path) -> None:
+    """A pool worker killed mid-conversion (the OOM killer) ends the conversion with one line and exit 2, not a
+    BrokenProcessPool traceback, and leaves no dataset."""
+    inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(3)]
+    proc = hooked(DIE_IN_WORKER, tmp_path / "report", "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
+    _, err = proc.communicate(timeout=60)
+    assert_refused(proc.returncode, err.decode(), f"{tmp_path / 'ds'}: a conversion process died", "--processes")
+    assert {p.name for p in (tmp_path / "ds").iterdir()} == {".conversion.lock"}
 
 
 def state(pid: int) -> str | None:

@@ -1,6 +1,8 @@
 """Input readers. Each kind splits its file into independent *tasks* (row groups, row ranges) that a process pool
 turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them. Besides the
-schema's fields a source block holds ``row``: each person's row in its file, for errors (it is not stored)."""
+schema's fields a source block holds ``row``: each person's row in its file, for errors (it is not stored); a
+source that filters persons out also gives ``every_id`` / ``every_row``: the person id of each of its input rows,
+kept or not, so that a duplicated id is refused whichever copy the filter keeps."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from ..format import Block
 from .errors import SourceError
 
-__all__ = ["Source", "SourceError", "open_sources"]
+__all__ = ["Source", "SourceError", "input_kind", "open_sources"]
 
 
 @dataclass
@@ -30,7 +32,7 @@ def open_sources(
     inputs: list[str], vocab: str | None, max_seq_len: int, time_range: tuple[int | None, int | None]
 ) -> Source:
     """Recognise the input kind from the file name and check every file before any work starts."""
-    kinds = {_kind(p) for p in inputs}
+    kinds = {input_kind(p) for p in inputs}
     if len(kinds) != 1:
         raise SourceError(f"{inputs[0]}: inputs mix kinds {sorted(kinds)}; convert one kind at a time")
     kind = kinds.pop()
@@ -48,7 +50,8 @@ def open_sources(
         tasks = [t for p in inputs for t in h5_tasks(p)]
         # the encoded file holds ids only: its vocabulary (when given) says how many there are, for the manifest
         vocab_size = max(read_vocab(vocab).values()) + 1 if vocab is not None else None
-        return Source(kind, tasks, encode_h5_task, infos[0][1], vocab_size, sum(i[0] for i in infos))
+        encode = partial(encode_h5_task, vocab_size=vocab_size)  # token ids are checked against it
+        return Source(kind, tasks, encode, infos[0][1], vocab_size, sum(i[0] for i in infos))
     if vocab is None:
         raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
     from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks
@@ -62,7 +65,7 @@ def open_sources(
     return Source(kind, tasks, encode, False, max(vocab_map.values()) + 1, sum(parquet_rows(p) for p in inputs))
 
 
-def _kind(path: str) -> str:
+def input_kind(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix in (".h5", ".hdf5"):
         return "hdf5"

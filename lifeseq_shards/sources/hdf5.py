@@ -69,8 +69,24 @@ def _row_of(path: str, start: int, per_row: int, i: int) -> str:
     return f"{path}: row {start + i // per_row}"
 
 
-def encode_h5_task(task: tuple[str, int, int]) -> Block:
-    """Rows [start, stop) as an int64 Block: unpadded sequences and, for the MLM file, its offline masks."""
+def _check_vocab(path: str, start: int, cols: dict[str, np.ndarray], vocab_size: int) -> None:
+    """Every token id (unmasked, masked, true ids of the targets) in [0, vocab_size): the manifest records that size
+    and the masker and the model's embedding take it as the bound, so an id beyond it would fail (or index out of
+    range on a GPU) in training, not here."""
+    for name, dataset, count in (("tokens", "original_sequence", "length"), ("masked_tokens", "input_ids", "length"),
+                                 ("target_tokens", "target_tokens", "n_targets")):
+        if name not in cols:
+            continue
+        bad = np.flatnonzero((cols[name] < 0) | (cols[name] >= vocab_size))
+        if bad.size:
+            r = int(np.searchsorted(np.cumsum(cols[count]), bad[0], "right"))
+            raise SourceError(f"{path}: row {start + r} (person {cols['person_id'][r]}): {dataset} holds token id "
+                              f"{cols[name][bad[0]]}, outside the vocabulary of {vocab_size} (--vocab)")
+
+
+def encode_h5_task(task: tuple[str, int, int], vocab_size: int | None = None) -> Block:
+    """Rows [start, stop) as an int64 Block: unpadded sequences and, for the MLM file, its offline masks; with
+    ``vocab_size`` (from --vocab) every token id is checked against it."""
     path, start, stop = task
     try:
         with _open(path) as f:
@@ -105,6 +121,8 @@ def encode_h5_task(task: tuple[str, int, int]) -> Block:
         if len(differ):
             raise SourceError(f"{path}: row {start + differ[0]}: input_ids differs from original_sequence "
                               "but the file has no MLM targets")
+        if vocab_size is not None:
+            _check_vocab(path, start, cols, vocab_size)
         return Block(cols)
     t = target_slots(width)
     tpos, ttok = mlm["target_pos"], mlm["target_tokens"]
@@ -116,11 +134,20 @@ def encode_h5_task(task: tuple[str, int, int]) -> Block:
     if len(bad):
         raise SourceError(f"{path}: row {start + bad[0]}: target slots are not the seed's layout "
                           f"({t} slots filled from the front, then -1)")
+    owner = np.repeat(np.arange(n), n_targets)
+    target_pos = tpos[:, :t][prefix]
+    outside = np.flatnonzero((target_pos < 0) | (target_pos >= lengths[owner]))
+    if outside.size:  # a label for a padding position: verify refuses it, and no loss can use it
+        r = owner[outside[0]]
+        raise SourceError(f"{path}: row {start + r} (person {pid[r]}): target_pos {target_pos[outside[0]]} is not "
+                          f"a position of its {lengths[r]} tokens")
     cols.update(
         n_targets=n_targets.astype(np.int64),
         target_cls=mlm["target_cls"].astype(np.int64),
         masked_tokens=ids[:, 0][real],
-        target_pos=tpos[:, :t][prefix],
+        target_pos=target_pos,
         target_tokens=ttok[:, :t][prefix],
     )
+    if vocab_size is not None:
+        _check_vocab(path, start, cols, vocab_size)
     return Block(cols)

@@ -40,7 +40,8 @@ TOKEN_ID_MAX = np.iinfo(np.uint32).max
 
 
 def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
-    """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous or the specials unknown."""
+    """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous, or the specials unknown or
+    not at IDs 0-4 (where the masker and the padding take them to be)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
@@ -57,6 +58,7 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
     rows = [(r["TOKEN"], r["ID"], reader.line_num) for r in reader]
     vocab: dict[str, int] = {}
     seen: dict[int, str] = {}
+    lines: dict[str, int] = {}
     for token, raw_id, line in rows:
         try:
             i = int(raw_id)
@@ -69,9 +71,14 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
         if token in vocab:
             raise SourceError(f"{path}: line {line}: token {token!r} listed twice")
         vocab[token], seen[i] = i, token
+        lines[token] = line
     absent = [s for s in SPECIALS if s not in vocab]
     if absent:
         raise SourceError(f"{path}: vocabulary lacks special token(s) {' '.join(absent)}")
+    for want, s in enumerate(SPECIALS):  # the masker, the padding and the seed's step 5 use these ids, not the file's
+        if vocab[s] != want:
+            raise SourceError(f"{path}: line {lines[s]}: {s} has ID {vocab[s]}; the specials {' '.join(SPECIALS)} "
+                              f"must be IDs 0-{len(SPECIALS) - 1} in that order (the masking and padding assume them)")
     return vocab
 
 
@@ -125,7 +132,10 @@ def _is_number(t: pa.DataType) -> bool:
 # per column: (what it must be, its test); strings must be UTF-8 text (binary would never match the vocabulary)
 COLUMN_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
     PERSON: ("integers", _is_number),
-    BACKGROUND: ("struct<string fields>", lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)),
+    # every field of the prefix present: a missing (renamed) one would make every person's token [UNK] unseen
+    BACKGROUND: (f"struct<{', '.join(sorted(BACKGROUND_ORDER))}: string>",
+                 lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)
+                 and set(BACKGROUND_ORDER) <= {f.name for f in t}),
     SENTENCE: ("list<list<string>>", lambda t: _is_list_of(t, lambda e: _is_list_of(e, _is_text))),
     **{c: ("list<integer>", lambda t: _is_list_of(t, _is_number)) for c in PER_EVENT},
 }
@@ -323,6 +333,8 @@ def encode_parquet_task(
     prefix_at = (unit_out[prefix_unit][:, None] + np.arange(PREFIX_LEN)).ravel()
     tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab, person_row)[persons].ravel()
     out = {"person_id": person[persons], "row": first + persons, "tokens": tokens,
+           # every row's person, kept or not: a duplicated id is refused even when the filter drops one copy
+           "every_id": person, "every_row": first + np.arange(len(person)),
            "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
     out_event = np.repeat(unit_event, unit_len)
     for c in PER_EVENT:
