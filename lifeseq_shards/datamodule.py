@@ -170,15 +170,19 @@ class LifeSeqDataHooks:
         assert self._train is not None
         epoch, batches = self._train.position
         trainer = self.trainer
-        fitting = getattr(getattr(trainer, "state", None), "fn", None) == "fit"  # TrainerFn.FITTING
-        if trainer is None or not fitting or trainer.current_epoch != epoch:
+        if trainer is None or self._trainer_fn() != "fit" or trainer.current_epoch != epoch:
             return epoch, batches
         p = trainer.fit_loop.epoch_loop.batch_progress.current
         on_batch_end = p.ready == p.started == p.processed == p.completed + 1  # RESTARTED_ON_TRAIN_BATCH_END
         return epoch, min(batches, p.processed if on_batch_end else p.completed)
 
+    def _trainer_fn(self) -> str | None:
+        """The Trainer's entry point under way ("fit", "validate", "test", "predict"; a str enum), None unknown."""
+        return getattr(getattr(self.trainer, "state", None), "fn", None)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "train" not in state:
+        # validate/test/predict(ckpt_path=...) restore it too: kept, it would move a later fit off its epoch's start
+        if "train" not in state or self._trainer_fn() not in (None, "fit"):
             return
         if self._train is None:
             self._resume = state["train"]

@@ -176,6 +176,35 @@ def test_checkpoint_inside_a_training_batch_resumes_at_that_batch(vocab_dataset:
         assert [ids(b) for b in resumed.train_dataloader()] == full[resume_at:]
 
 
+@pytest.mark.timeout(120)
+def test_a_checkpoint_restored_to_validate_does_not_move_a_later_fit(vocab_dataset: Path, tmp_path: Path) -> None:
+    """trainer.validate(ckpt_path=...) restores the DataModule's state too; a fit started afterwards without
+    ckpt_path starts at epoch 0, batch 0, and must not inherit the validated checkpoint's position."""
+    import lightning.pytorch as pl
+
+    from lifeseq_shards.model import LifeSeqPretrainModule
+
+    def trainer() -> Any:
+        return pl.Trainer(accelerator="cpu", devices=1, max_steps=3, limit_val_batches=1, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          num_sanity_val_steps=0)
+
+    class Validated(LifeSeqPretrainModule):
+        def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return self.training_step(batch, batch_idx)
+
+    dm = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+    model = Validated(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+    first = trainer()
+    first.fit(model, datamodule=dm)
+    first.save_checkpoint(tmp_path / "three.ckpt")
+    fresh = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+    trainer().validate(model, datamodule=fresh, ckpt_path=tmp_path / "three.ckpt", weights_only=False)
+    again = trainer()
+    again.fit(model, datamodule=fresh)  # raised: "the train loader is at batch 4 ... the trainer at batch 1"
+    assert again.global_step == 3 and fresh.state_dict()["train"]["batches"] == 3
+
+
 def test_loader_out_of_step_with_the_trainer_is_refused(vocab_dataset: Path) -> None:
     """The failure this guards against: the loader replays the epoch from batch 0 while the trainer resumes at
     batch 7 (a position restored after the pass began, or never)."""
