@@ -159,10 +159,30 @@ class LifeSeqDataHooks:
             return {}
         n = self.trainer.num_training_batches if self.trainer is not None else math.inf
         # limit_train_batches ends an epoch early: a checkpoint at its end resumes at the next epoch's start
-        return {"train": self._train.state_dict(epoch_batches=int(n) if math.isfinite(n) else None)}
+        return {"train": self._train.state_dict(epoch_batches=int(n) if math.isfinite(n) else None,
+                                                position=self._saved_position())}
+
+    def _saved_position(self) -> tuple[int, int]:
+        """The train loader's position as Lightning resumes the fit. A checkpoint saved inside a training batch
+        (Lightning's SLURM requeue handler saves on SIGUSR1 wherever the step stands) resumes by training that
+        batch again (``batch_progress.reset_on_restart``: back to the completed count), though the loader has
+        handed it out already; saved in ``on_train_batch_end`` (processed, not yet completed), after it."""
+        assert self._train is not None
+        epoch, batches = self._train.position
+        trainer = self.trainer
+        if trainer is None or self._trainer_fn() != "fit" or trainer.current_epoch != epoch:
+            return epoch, batches
+        p = trainer.fit_loop.epoch_loop.batch_progress.current
+        on_batch_end = p.ready == p.started == p.processed == p.completed + 1  # RESTARTED_ON_TRAIN_BATCH_END
+        return epoch, min(batches, p.processed if on_batch_end else p.completed)
+
+    def _trainer_fn(self) -> str | None:
+        """The Trainer's entry point under way ("fit", "validate", "test", "predict"; a str enum), None unknown."""
+        return getattr(getattr(self.trainer, "state", None), "fn", None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "train" not in state:
+        # validate/test/predict(ckpt_path=...) restore it too: kept, it would move a later fit off its epoch's start
+        if "train" not in state or self._trainer_fn() not in (None, "fit"):
             return
         if self._train is None:
             self._resume = state["train"]

@@ -66,8 +66,11 @@ class DevicePrefetcher:
         """(epoch, batches) of the loader as of the batch the step has, not of those built ahead."""
         return self._handed if self._handed is not None else self.loader.position  # type: ignore[attr-defined]
 
-    def state_dict(self, epoch_batches: int | None = None) -> dict[str, Any]:
-        return self.loader.state_dict(epoch_batches, position=self.position)  # type: ignore[attr-defined]
+    def state_dict(self, epoch_batches: int | None = None,
+                   position: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The loader's state as of ``position`` (default: :attr:`position`, the batch handed out)."""
+        return self.loader.state_dict(epoch_batches,  # type: ignore[attr-defined]
+                                      position=self.position if position is None else position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._handed = None

@@ -41,6 +41,15 @@ def fake_trainer(ready: int = 0, epoch: int = 0, batches: float = float("inf")) 
                            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
 
 
+def fitting_trainer(ready: int, started: int, processed: int, completed: int) -> Any:
+    """A Trainer inside trainer.fit with Lightning's batch progress of the current epoch."""
+    trainer = fake_trainer(ready)
+    trainer.state = SimpleNamespace(fn="fit")
+    trainer.fit_loop.epoch_loop.batch_progress.current = SimpleNamespace(ready=ready, started=started,
+                                                                         processed=processed, completed=completed)
+    return trainer
+
+
 def module(root: Path, trainer: Any = None, **kw: Any) -> LifeSeqDataModule:
     dm = LifeSeqDataModule(root, batch_size=64, num_workers=0, **kw)
     dm.trainer = trainer
@@ -147,6 +156,53 @@ def test_limited_epoch_checkpoint_resumes_at_the_next_epoch(vocab_dataset: Path)
     for _ in range(3):
         next(it)
     assert (dm.state_dict()["train"]["epoch"], dm.state_dict()["train"]["batches"]) == (1, 0)
+
+
+def test_checkpoint_inside_a_training_batch_resumes_at_that_batch(vocab_dataset: Path) -> None:
+    """Lightning's SLURM requeue handler (SIGUSR1) saves wherever the step stands. Saved inside batch 3's step
+    (Lightning's progress: 3 ready and started, 2 processed and completed), the fit resumes by training batch 3
+    again, so the data must resume at batch 3 too; saved in on_train_batch_end (3 processed), after it."""
+    full = [ids(b) for b in module(vocab_dataset, fake_trainer()).train_dataloader()]
+    for processed, resume_at in ((2, 2), (3, 3)):
+        dm = module(vocab_dataset, fake_trainer())
+        it = iter(dm.train_dataloader())
+        for _ in range(3):
+            next(it)
+        dm.trainer = fitting_trainer(ready=3, started=3, processed=processed, completed=2)
+        state = dm.state_dict()
+        assert state["train"]["batches"] == resume_at
+        resumed = module(vocab_dataset, fake_trainer())
+        resumed.load_state_dict(state)
+        assert [ids(b) for b in resumed.train_dataloader()] == full[resume_at:]
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_restored_to_validate_does_not_move_a_later_fit(vocab_dataset: Path, tmp_path: Path) -> None:
+    """trainer.validate(ckpt_path=...) restores the DataModule's state too; a fit started afterwards without
+    ckpt_path starts at epoch 0, batch 0, and must not inherit the validated checkpoint's position."""
+    import lightning.pytorch as pl
+
+    from lifeseq_shards.model import LifeSeqPretrainModule
+
+    def trainer() -> Any:
+        return pl.Trainer(accelerator="cpu", devices=1, max_steps=3, limit_val_batches=1, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          num_sanity_val_steps=0)
+
+    class Validated(LifeSeqPretrainModule):
+        def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return self.training_step(batch, batch_idx)
+
+    dm = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+    model = Validated(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+    first = trainer()
+    first.fit(model, datamodule=dm)
+    first.save_checkpoint(tmp_path / "three.ckpt")
+    fresh = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+    trainer().validate(model, datamodule=fresh, ckpt_path=tmp_path / "three.ckpt", weights_only=False)
+    again = trainer()
+    again.fit(model, datamodule=fresh)  # raised: "the train loader is at batch 4 ... the trainer at batch 1"
+    assert again.global_step == 3 and fresh.state_dict()["train"]["batches"] == 3
 
 
 def test_loader_out_of_step_with_the_trainer_is_refused(vocab_dataset: Path) -> None:

@@ -341,6 +341,21 @@ def test_lightning_zero_workers_limited_epochs_resume_exactly(lightning_zero_wor
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * LIGHTNING_S + 30)
+def test_lightning_ddp_checkpoint_inside_a_step_resumes_exactly(ds8: Path, tmp_path: Path) -> None:
+    """Lightning's SLURM auto-requeue (SIGUSR1) saves a checkpoint wherever the step stands, and the requeued job
+    resumes from it by training that step's batch again: the data must resume at that batch, not after it (the
+    resumed run used to stop with "loader is at batch 9 ... trainer at batch 8")."""
+    full, ckpt = tmp_path / "full" / "result.json", tmp_path / "full" / "inside-step.ckpt"
+    run = ("--epochs", "2", "--prefetch")
+    launch([lightning(ds8, full, *run, "--save-mid-step", str(CKPT_STEP), str(ckpt))], full.parent, LIGHTNING_S)
+    out = tmp_path / "resumed.json"
+    launch([lightning(ds8, out, *run, "--resume", str(ckpt))], tmp_path, LIGHTNING_S)
+    for f, r in zip(read_ranks(full), read_ranks(out), strict=True):
+        assert r["train"] == {"0": f["train"]["0"][CKPT_STEP:], "1": f["train"]["1"]}, f"rank {f['rank']}"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 30)
 def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, tmp_path: Path) -> None:
     """7 shards over 2 ranks x 2 workers: the pooled tail is sliced; fewer than 4 persons are left out this epoch."""

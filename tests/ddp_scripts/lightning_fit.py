@@ -6,7 +6,8 @@ batch's shape.
 ``lifeseq_shards.pl``'s DataModule), the default with ``import lightning``. ``--predict`` runs ``trainer.predict``
 instead (rank 0 writes every rank's predicted person ids and token fingerprints). ``--ckpt-every K`` saves a
 checkpoint every K steps (mid-epoch), one at each epoch's end and one after each validation (as the seed's
-``pretrain.py`` does); ``--resume CKPT`` continues the fit from one.
+``pretrain.py`` does); ``--save-mid-step STEP PATH`` saves one inside training step STEP (as Lightning's SLURM
+requeue handler does); ``--resume CKPT`` continues the fit from one.
 ``ddp`` re-launches this script per rank; ``ddp_spawn`` spawns the ranks, and their DataLoader workers re-import this
 file (not running main): Lightning is imported inside main() so that those workers start in about a second instead
 of importing it each."""
@@ -39,6 +40,8 @@ def main() -> None:
     p.add_argument("--limit-train", type=int, default=None, help="limit_train_batches")
     p.add_argument("--limit-val", type=int, default=None, help="limit_val_batches")
     p.add_argument("--predict", action="store_true", help="run trainer.predict (every person once) instead of fit")
+    p.add_argument("--save-mid-step", nargs=2, metavar=("STEP", "PATH"),
+                   help="save a checkpoint inside training step STEP (as SLURM's auto-requeue signal does)")
     args = p.parse_args()
 
     os.environ["LIFESEQ_FLAVOUR"] = args.flavour  # read by tiny_model, in this process and in the ranks it starts
@@ -74,7 +77,8 @@ def main() -> None:
     if args.predict:
         trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
     else:
-        trainer.fit(Tiny(args.out), datamodule=dm, ckpt_path=args.resume)
+        model = Tiny(args.out, (int(args.save_mid_step[0]), args.save_mid_step[1]) if args.save_mid_step else None)
+        trainer.fit(model, datamodule=dm, ckpt_path=args.resume)
 
 
 if __name__ == "__main__":

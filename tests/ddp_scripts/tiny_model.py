@@ -39,9 +39,10 @@ class TinyTransformer(nn.Module):
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, save_mid_step: tuple[int, str] | None = None) -> None:
         super().__init__()
         self.out = out
+        self.save_mid_step = save_mid_step  # (step, path): a checkpoint inside that step, as SLURM's requeue saves
         self.transformer = TinyTransformer()
         self.cls_decoder = nn.Linear(4, 3)
         self.train_ids: dict[str, list[list[int]]] = {}  # epoch -> the person ids of each of its batches
@@ -64,7 +65,12 @@ class Tiny(pl.LightningModule):
                                "real_tokens": int(batch["padding_mask"].sum()), "lengths": int(batch["lengths"].sum()),
                                "targets": sorted(k for k in batch if k.startswith("target_"))}
         self.train_ids.setdefault(str(self.current_epoch), []).append(batch["person_id"].tolist())
-        return self._loss(batch)
+        loss = self._loss(batch)
+        if self.save_mid_step is not None and self.trainer.global_step == self.save_mid_step[0]:
+            # Lightning's SLURM handler (SIGUSR1) calls save_checkpoint wherever the step stands
+            self.trainer.save_checkpoint(self.save_mid_step[1])
+            self.save_mid_step = None
+        return loss
 
     def on_validation_epoch_start(self) -> None:
         self.val_ids = []  # drop the sanity check's batches
