@@ -58,8 +58,9 @@ class LifeSeqDataHooks:
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
     its ``vocab_size`` comes from the dataset's manifest). Validation reads the val split without shuffling but with
     the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
-    would otherwise hang); predict reads every person once (train and val with their remainders, unless
-    ``predict_split`` names others), never masked and never permuted.
+    would otherwise hang). ``drop_last`` drops each slot's short last batch in training only: validation loses no
+    one. Predict reads every person once (train and val with their remainders, unless ``predict_split`` names
+    others), never masked and never permuted.
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
@@ -108,11 +109,12 @@ class LifeSeqDataHooks:
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool) -> ShardedLoader:
+    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool,
+                drop_last: bool = False) -> ShardedLoader:
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=self.drop_last and mode == BALANCED,
+                            drop_last=drop_last,
                             pad_to=None if self.builder.layout == PACKED else self.pad_to,
                             packed=self.pad_to is None or self.builder.layout == PACKED)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
@@ -120,7 +122,7 @@ class LifeSeqDataHooks:
                              batches_per_message=self.batches_per_message, **extra)
 
     def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
-        loader = self._loader("train", BALANCED, shuffle=True)
+        loader = self._loader("train", BALANCED, shuffle=True, drop_last=self.drop_last)
         # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
         loader.set_epoch(self._epoch())
         if self._resume is not None:
@@ -140,6 +142,7 @@ class LifeSeqDataHooks:
         return False
 
     def val_dataloader(self) -> ShardedLoader:
+        # every slot holds as many persons as every other, so every rank has as many batches without drop_last
         return self._loader("val", BALANCED, shuffle=False)
 
     def predict_dataloader(self) -> ShardedLoader:

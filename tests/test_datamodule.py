@@ -231,3 +231,18 @@ def test_predict_batches_are_never_masked(vocab_dataset: Path) -> None:
         assert not [k for k in out if k.startswith("target_")]
         tokens = padded_fields(host)["tokens"].long()  # as read: not masked, not reversed or shuffled
         assert torch.equal(out["input_ids"][:, 0], tokens) and torch.equal(out["original_sequence"], tokens)
+
+
+def test_drop_last_drops_training_tails_only(vocab_dataset: Path) -> None:
+    """drop_last=True drops each slot's short last batch in training; validation (the seed's never dropped any)
+    reads the same persons as without it, still the same number of batches on every rank."""
+
+    def persons(dm: LifeSeqDataModule, loader: str) -> list[int]:
+        return [int(p) for b in getattr(dm, loader)() for p in padded_fields(b)["person_id"]]
+
+    dropping, keeping = (LifeSeqDataModule(vocab_dataset, batch_size=9, num_workers=0, drop_last=d)
+                         for d in (True, False))
+    val_all = persons(keeping, "val_dataloader")
+    assert len(val_all) % 9 and persons(dropping, "val_dataloader") == val_all  # a short tail, kept
+    train_dropped, train_all = persons(dropping, "train_dataloader"), persons(keeping, "train_dataloader")
+    assert len(train_all) % 9 and len(train_dropped) == len(train_all) // 9 * 9  # a short tail, dropped
