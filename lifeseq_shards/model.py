@@ -40,6 +40,10 @@ class EncoderConfig:
         return self.hidden // self.heads
 
 
+# A module's hparams may hold one: allowed in torch.load's weights_only mode, which Lightning uses to load checkpoints
+torch.serialization.add_safe_globals([EncoderConfig])
+
+
 # The seed's sizes, and the same rounded for tensor cores: hidden = the next multiple of 64, heads of 64 (the
 # head dims 16 / 28 / 50 of the originals are below FlashAttention's smallest tile of 32 or not a multiple of 8),
 # and ff = the multiple of 64 that keeps the per-layer weight count closest to the original's (within 2%;

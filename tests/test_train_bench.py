@@ -212,3 +212,17 @@ def test_an_unknown_axis_value_is_refused_before_anything_runs(tmp_path: Path, o
     result = CliRunner().invoke(bench.main, ["--preset", "tiny", "--out", str(tmp_path), option, value])
     assert result.exit_code == 2 and f"['{value}']" in result.output
     assert not any(tmp_path.iterdir())  # no data synthesised, no results written
+
+
+def test_a_checkpoint_of_a_custom_size_loads_with_lightnings_defaults(tmp_path: Path) -> None:
+    """hparams holding an EncoderConfig load under torch.load's weights_only mode (Lightning's default), not only
+    with weights_only=False."""
+    module = LifeSeqPretrainModule(EncoderConfig(64, 128, 1, 1), 40)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader([_fixed_batch(40)] * 2, batch_size=None))
+    trainer.save_checkpoint(tmp_path / "custom.ckpt")
+    again = LifeSeqPretrainModule.load_from_checkpoint(tmp_path / "custom.ckpt")
+    assert again.cfg == module.cfg
+    weights = zip(again.state_dict().values(), module.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in weights)
