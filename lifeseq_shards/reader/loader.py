@@ -211,8 +211,9 @@ class ShardedLoader(DataLoader):
                              "order; resume without the loader's state to start its epoch over")
         changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if then[k] != now[k]]
         if changed:
-            raise ValueError(f"cannot resume exactly: {'; '.join(changed)} since the checkpoint (another split, or "
-                             "another order of its persons)")
+            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint (another "
+                             "split, or another order of its persons); resume with the checkpoint's settings, or "
+                             "without the loader's state to start this epoch over")
         ds.resume_at(int(state["epoch"]), int(state["batches"]))
         self._epoch, self._yielded = int(state["epoch"]), int(state["batches"])
 
