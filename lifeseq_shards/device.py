@@ -188,6 +188,16 @@ def model_batch(
     return out
 
 
+def without_offline_masks(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` without its offline MLM fields: keys of a padded batch, entries of a packed batch's ``fields`` (the
+    buffer is left as is: only its description shrinks), so :func:`model_batch` finds no offline masks to use."""
+    out = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
+    if "fields" in out:
+        out["fields"] = tuple(f for f in out["fields"] if f[0] not in OFFLINE_MLM_FIELDS)
+        out.pop("targets_width", None)
+    return out
+
+
 def is_model_batch(batch: Any) -> bool:
     """A batch :func:`model_batch` already built (a host batch has no ``input_ids``)."""
     return isinstance(batch, dict) and "input_ids" in batch
@@ -215,7 +225,7 @@ class BatchBuilder:
         if is_model_batch(batch):
             return batch
         if self.masking is None:
-            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
+            batch = without_offline_masks(batch)
         masker = self.masking if isinstance(self.masking, DynamicMasker) else None
         return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
 
