@@ -132,7 +132,7 @@ def plan_tokens(batch: dict[str, Any], max_len: int | None = None) -> dict[str, 
         return batch
     lengths = packed_views(batch)["lengths"]
     kept = lengths if max_len is None else lengths.clamp(max=max_len)
-    return {**batch, "n_tokens": int(kept.sum())}
+    return {**batch, "n_tokens": int(kept.sum()), "n_tokens_max_len": max_len}
 
 
 def model_batch(
@@ -155,6 +155,11 @@ def model_batch(
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
     if layout == PACKED and "n_tokens" not in batch:
         raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
+    if layout == PACKED and batch.get("n_tokens_max_len", max_len) != max_len:
+        # the token count sizes the gathers: for another crop they would read or write the wrong rows (CUDA checks
+        # no size, to stay free of syncs)
+        raise ValueError(f"the packed batch was planned for max_len={batch['n_tokens_max_len']} "
+                         f"(device.plan_tokens) but model_batch got max_len={max_len}: plan with the same max_len")
     n_tokens = batch.get("n_tokens")
     batch = padded_fields(batch, max_len)
     tokens = batch["tokens"].long()

@@ -438,3 +438,17 @@ def test_no_masking_drops_the_offline_masks_of_packed_batches(mlm_dataset: Path,
             assert torch.equal(row, want["input_ids"][j, :, :n])
         if i == 2:
             break
+
+
+def test_packed_layout_refuses_a_plan_for_another_max_len(nomlm_dataset: Path) -> None:
+    """plan_tokens sized the packed layout for one crop; model_batch asked for another would gather a wrong number
+    of rows (on CUDA, unchecked): refused in one line naming both, before any kernel."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True)))
+    for planned_for, asked in ((None, 32), (32, None), (32, 48)):
+        batch = to_device(plan_tokens(host, planned_for), "cpu")
+        with pytest.raises(ValueError, match=f"planned for max_len={planned_for}.*max_len={asked}"):
+            model_batch(batch, layout=PACKED, max_len=asked)
+        model_batch(batch, layout=PACKED, max_len=planned_for)  # as planned: fine
+    assert plan_tokens(plan_tokens(host, 32), 48)["n_tokens_max_len"] == 32  # a planned batch comes back as is
