@@ -39,6 +39,12 @@ def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
         return None
     if not isinstance(masking, MaskingConfig):
         raise ValueError(f"masking must be None, 'offline' or a MaskingConfig, not {masking!r}")
+    if masking.cls_task and manifest.offline_mlm:
+        # ~10% of the stored sequences are already reversed or shuffled: a new CLS task would mislabel them
+        raise ValueError(f"{root}: converted from an offline-MLM file, whose sequences are stored after the seed's "
+                         "CLS task (about 10% with their events reversed or shuffled), so a new CLS task would "
+                         "label them wrongly: convert encoded_nomlm.h5 (or the step-4 parquet) for dynamic masking, "
+                         "or pass MaskingConfig(cls_task=False)")
     vocab = manifest.vocab_size
     if masking.vocab_size is None:
         if vocab is None:
@@ -56,7 +62,8 @@ class LifeSeqDataHooks:
 
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
-    its ``vocab_size`` comes from the dataset's manifest). Validation reads the val split without shuffling but with
+    its ``vocab_size`` comes from the dataset's manifest; on an offline-MLM dataset, whose sequences are stored after
+    the seed's CLS task, only with ``cls_task=False``). Validation reads the val split without shuffling but with
     the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
     would otherwise hang). ``drop_last`` drops each slot's short last batch in training only: validation loses no
     one. Predict reads every person once (train and val with their remainders, unless ``predict_split`` names

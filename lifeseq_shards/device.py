@@ -132,7 +132,7 @@ def plan_tokens(batch: dict[str, Any], max_len: int | None = None) -> dict[str, 
         return batch
     lengths = packed_views(batch)["lengths"]
     kept = lengths if max_len is None else lengths.clamp(max=max_len)
-    return {**batch, "n_tokens": int(kept.sum())}
+    return {**batch, "n_tokens": int(kept.sum()), "n_tokens_max_len": max_len}
 
 
 def model_batch(
@@ -155,6 +155,11 @@ def model_batch(
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
     if layout == PACKED and "n_tokens" not in batch:
         raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
+    if layout == PACKED and batch.get("n_tokens_max_len", max_len) != max_len:
+        # the token count sizes the gathers: for another crop they would read or write the wrong rows (CUDA checks
+        # no size, to stay free of syncs)
+        raise ValueError(f"the packed batch was planned for max_len={batch['n_tokens_max_len']} "
+                         f"(device.plan_tokens) but model_batch got max_len={max_len}: plan with the same max_len")
     n_tokens = batch.get("n_tokens")
     batch = padded_fields(batch, max_len)
     tokens = batch["tokens"].long()
@@ -188,6 +193,16 @@ def model_batch(
     return out
 
 
+def without_offline_masks(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` without its offline MLM fields: keys of a padded batch, entries of a packed batch's ``fields`` (the
+    buffer is left as is: only its description shrinks), so :func:`model_batch` finds no offline masks to use."""
+    out = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
+    if "fields" in out:
+        out["fields"] = tuple(f for f in out["fields"] if f[0] not in OFFLINE_MLM_FIELDS)
+        out.pop("targets_width", None)
+    return out
+
+
 def is_model_batch(batch: Any) -> bool:
     """A batch :func:`model_batch` already built (a host batch has no ``input_ids``)."""
     return isinstance(batch, dict) and "input_ids" in batch
@@ -215,7 +230,7 @@ class BatchBuilder:
         if is_model_batch(batch):
             return batch
         if self.masking is None:
-            batch = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
+            batch = without_offline_masks(batch)
         masker = self.masking if isinstance(self.masking, DynamicMasker) else None
         return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
 

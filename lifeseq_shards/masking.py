@@ -102,6 +102,11 @@ class MaskingConfig:
     def __post_init__(self) -> None:
         if self.kind not in ("random", "event"):
             raise ValueError(f"kind must be 'random' or 'event', not {self.kind!r}")
+        for name in ("ratio", "p_reverse", "p_shuffle", "keep", "mask"):  # a NaN passes every comparison below
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} {getattr(self, name)} is not a finite number")
+        if self.n_special < UNK + 1:  # the ids below are fixed: [MASK]/[UNK] would be targets and replacements
+            raise ValueError(f"n_special {self.n_special} is below 5: ids 0-4 are [PAD] [CLS] [SEP] [MASK] [UNK]")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"ratio {self.ratio} is not in [0, 1]")
         if min(self.keep, self.mask, self.p_reverse, self.p_shuffle) < 0:

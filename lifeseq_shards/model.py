@@ -264,9 +264,15 @@ def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor]:
 
 
 def pretrain_losses(model: nn.Module, batch: dict) -> tuple[Tensor, Tensor]:
-    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy."""
+    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy.
+
+    The MLM loss is the sum over the used slots divided by their count, at least 1: a batch without any target
+    (short persons, ``ratio=0``) gets 0, not the NaN of a mean over nothing, which would turn every weight NaN at
+    the next optimizer step. The count stays on the device (no sync)."""
     mlm, cls = model(*model_inputs(batch))
-    mlm_loss = F.cross_entropy(mlm.flatten(0, 1).float(), batch["target_tokens"].flatten(), ignore_index=PAD_ID)
+    targets = batch["target_tokens"].flatten()
+    total = F.cross_entropy(mlm.flatten(0, 1).float(), targets, ignore_index=PAD_ID, reduction="sum")
+    mlm_loss = total / (targets != PAD_ID).sum().clamp(min=1)
     return mlm_loss, F.cross_entropy(cls.float(), batch["target_cls"])
 
 

@@ -16,7 +16,7 @@ import torch
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device import padded_fields
-from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -214,6 +214,23 @@ def test_loader_out_of_step_with_the_trainer_is_refused(vocab_dataset: Path) -> 
         dm.on_after_batch_transfer(batch, 0)
     dm.trainer = fake_trainer(ready=0)
     assert dm.on_after_batch_transfer(batch, 0)["input_ids"].dtype == torch.int64
+
+
+def test_dynamic_cls_task_on_an_offline_mlm_dataset_is_refused(mlm_dataset: Path) -> None:
+    """Its stored sequences are the seed's after its CLS task: about 10% already reversed or shuffled, yet a new CLS
+    task would label them 0 (original order), or reverse a reversed one back and label it 1. Refused, naming the two
+    ways out; dynamic MLM without the CLS task is fine (the seed's own masks are drawn on those sequences too)."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    stored_cls = [int(c) for b in ShardedDataset(mlm_dataset, "train", batch_size=256, pad_to=512)
+                  for c in b["target_cls"]]
+    assert sum(c != 0 for c in stored_cls) > 0.05 * len(stored_cls)  # what a new CLS task would mislabel
+    for masking in (MaskingConfig(vocab_size=SAMPLE_IDS), MaskingConfig(vocab_size=SAMPLE_IDS, p_reverse=0.0)):
+        with pytest.raises(ValueError, match="offline-MLM.*after the seed's CLS task.*encoded_nomlm.h5.*"
+                                             "cls_task=False"):
+            module(mlm_dataset, masking=masking)
+    dm = module(mlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS, cls_task=False))
+    assert isinstance(dm.builder.masking, DynamicMasker) and not dm.builder.masking.cfg.cls_task
 
 
 # -- predict ------------------------------------------------------------------------------------------------------

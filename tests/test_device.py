@@ -413,3 +413,42 @@ def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
         assert all(_person(got, j) == _person(want, j) for j in range(len(got["lengths"])))
         if i == 2:
             break
+
+
+@pytest.mark.parametrize("layout", ["padded", PACKED])
+def test_no_masking_drops_the_offline_masks_of_packed_batches(mlm_dataset: Path, layout: str) -> None:
+    """``masking=None`` on an offline-MLM dataset: the model sees the stored sequences, no [MASK] and no targets,
+    whether the host batch is padded (pad_to) or packed (the DataModule's default, where the offline fields live in
+    the buffer, not as keys of the batch)."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    padded = ShardedDataset(mlm_dataset, "train", batch_size=16, seed=1, pad_to=512)
+    packed = ShardedDataset(mlm_dataset, "train", batch_size=16, seed=1, packed=True)
+    for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
+        want = BatchBuilder(None)(host_padded, "cpu", 0)
+        got = BatchBuilder(None, layout)(host_packed, "cpu", 0)
+        assert not {"target_pos", "target_index", "target_tokens", "target_cls"} & set(got)
+        shown = got["input_ids"][:, 0] if layout == "padded" else got["input_ids"][0]
+        assert torch.equal(shown, got["original_sequence"])  # no [MASK], no random token
+        assert (want["input_ids"][:, 0] == 3).sum() == 0
+        for j in range(len(got["lengths"])):
+            n = int(got["lengths"][j])
+            row = (got["input_ids"][j, :, :n] if layout == "padded" else
+                   got["input_ids"][:, int(got["cu_seqlens"][j]) : int(got["cu_seqlens"][j + 1])])
+            assert torch.equal(row, want["input_ids"][j, :, :n])
+        if i == 2:
+            break
+
+
+def test_packed_layout_refuses_a_plan_for_another_max_len(nomlm_dataset: Path) -> None:
+    """plan_tokens sized the packed layout for one crop; model_batch asked for another would gather a wrong number
+    of rows (on CUDA, unchecked): refused in one line naming both, before any kernel."""
+    from lifeseq_shards.reader import ShardedDataset
+
+    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True)))
+    for planned_for, asked in ((None, 32), (32, None), (32, 48)):
+        batch = to_device(plan_tokens(host, planned_for), "cpu")
+        with pytest.raises(ValueError, match=f"planned for max_len={planned_for}.*max_len={asked}"):
+            model_batch(batch, layout=PACKED, max_len=asked)
+        model_batch(batch, layout=PACKED, max_len=planned_for)  # as planned: fine
+    assert plan_tokens(plan_tokens(host, 32), 48)["n_tokens_max_len"] == 32  # a planned batch comes back as is

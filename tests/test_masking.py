@@ -463,3 +463,14 @@ def test_graphed_masker_under_inference_mode_and_from_two_threads(persons: dict[
         got = list(pool.map(lambda i: (i, graphed(*args(halves[i % 2]), 1)), range(16)))
     torch.cuda.synchronize()
     assert all(torch.equal(out[k], want[i % 2][k]) for i, out in got for k in out)
+
+
+@pytest.mark.parametrize("bad", [{"n_special": 4}, {"n_special": 0}, {"keep": math.nan}, {"mask": math.nan},
+                                 {"p_reverse": math.nan}, {"p_shuffle": math.inf}, {"ratio": math.nan}])
+def test_configurations_that_break_the_rules_are_refused(bad: dict) -> None:
+    """The masker's specials are fixed ([PAD] 0, [CLS] 1, [SEP] 2, [MASK] 3, [UNK] 4): with n_special below 5, [MASK]
+    or [UNK] would be targets and random replacements. A NaN share compares false everywhere: NaN keep gave a
+    garbage count of random tokens, NaN p_reverse silently no CLS task."""
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        MaskingConfig(vocab_size=VOCAB, **bad)
+    MaskingConfig(vocab_size=VOCAB, n_special=6)  # more specials than the seed's: fine

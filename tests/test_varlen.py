@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from lifeseq_shards import model as model_mod
 from lifeseq_shards.device import host_sync_guard, model_batch, plan_tokens, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.model import EncoderConfig, LifeSeqEncoder, Packed, pretrain_losses, varlen_attention
+from lifeseq_shards.model import (
+    EncoderConfig,
+    LifeSeqEncoder,
+    Packed,
+    model_inputs,
+    pretrain_losses,
+    varlen_attention,
+)
 from lifeseq_shards.reader import ShardedDataset
 
 VOCAB = 40
@@ -162,3 +169,25 @@ def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
         mlm, cls = pretrain_losses(model, batch)
         (mlm + cls).backward()
     assert torch.isfinite(mlm + cls)
+
+
+def test_a_batch_without_mlm_targets_has_a_zero_mlm_loss() -> None:
+    """A batch whose persons have no MLM target (persons of 1-3 tokens, ratio=0, a CLS-only run): the MLM loss is 0
+    and adds no gradient, in both layouts, where a mean over zero targets was NaN and turned every weight NaN at the
+    optimizer step. With targets, it is still their mean."""
+    torch.manual_seed(0)
+    model = LifeSeqEncoder(EncoderConfig(32, 48, 2, 4), VOCAB, dropout=0.0)
+    padded, packed = _padded_and_packed()
+    for batch in (padded, packed):
+        batch["target_tokens"] = torch.zeros_like(batch["target_tokens"])  # every slot unused
+    loss_pad, grads_pad = _losses_and_grads(model, padded)
+    loss_packed, grads_packed = _losses_and_grads(model, packed)
+    assert loss_pad[0] == loss_packed[0] == 0 and torch.isfinite(loss_pad).all()
+    for k in grads_pad:
+        assert torch.isfinite(grads_pad[k]).all() and torch.isfinite(grads_packed[k]).all(), k
+        torch.testing.assert_close(grads_packed[k], grads_pad[k], rtol=1e-4, atol=1e-6, msg=k)
+    padded, _ = _padded_and_packed()
+    mlm, _ = model(*model_inputs(padded))
+    used = padded["target_tokens"] != 0
+    want = F.cross_entropy(mlm[used].float(), padded["target_tokens"][used])
+    torch.testing.assert_close(pretrain_losses(model, padded)[0], want, rtol=1e-6, atol=1e-6)
