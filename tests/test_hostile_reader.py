@@ -375,3 +375,22 @@ def test_a_pipe_command_that_sends_nothing_is_one_line(nomlm_dataset: Path, comm
         list(ds)
     assert re.fullmatch(rf"pipe:{command} # \S+/train/shard-\d+\.tar: ended after 0 blocks, needed 1"
                         rf"{re.escape(status)}", str(err.value)), str(err.value)
+
+
+# -- 7. set_epoch / resume_at outside an epoch -------------------------------------------------------------------------
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda ds: ds.resume_at(0, len(ds) + 5), r"cannot resume epoch 0 after 61 batches: this rank's epoch has 56 "
+                                              r"\(resume at 0\.\.56, or set_epoch\(1\) for the next\)"),
+    (lambda ds: ds.resume_at(2, -1), r"cannot resume epoch 2 after -1 batches"),
+    (lambda ds: ds.set_epoch(-1), r"epoch -1: epochs are numbered from 0"),
+])
+def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Callable[[ShardedDataset], None],
+                                                 needle: str) -> None:
+    """Before: resuming past the epoch's end gave an empty epoch without a word (num_workers=0; workers failed
+    with 'batches consumed, but the workers only produce'), a negative epoch numpy's 'expected non-negative
+    integer' at the first batch; now the call refuses, naming the dataset."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=re.escape(str(nomlm_dataset)) + ": " + needle):
+        call(ds)
+    ds.resume_at(0, len(ds))  # the end of the epoch: nothing left of it
+    assert list(ds) == []

@@ -168,10 +168,17 @@ class ShardedDataset(IterableDataset):
     # -- epochs and resume ------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
-        self._control.set_epoch(epoch)
+        self.resume_at(epoch, 0)
 
     def resume_at(self, epoch: int, batches: int) -> None:
-        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned."""
+        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned. Refused
+        outside the epoch (a negative epoch, or more batches than this rank's ``len()``): the pass would be empty
+        or fail in the workers, not say why."""
+        if epoch < 0:
+            raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
+                             f"has {len(self)} (resume at 0..{len(self)}, or set_epoch({epoch + 1}) for the next)")
         self._control.set_epoch(epoch, batches)
 
     def next_pass(self) -> tuple[int, int]:
