@@ -394,3 +394,12 @@ def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Call
         call(ds)
     ds.resume_at(0, len(ds))  # the end of the epoch: nothing left of it
     assert list(ds) == []
+
+
+@pytest.mark.parametrize(("arg", "value"), [("pad_to", 0), ("pad_to", -8), ("pad_multiple", 0), ("batch_size", 0),
+                                            ("batch_size", -1), ("seed", -1)])
+def test_arguments_that_cannot_be_are_refused_at_construction(nomlm_dataset: Path, arg: str, value: int) -> None:
+    """Before: pad_to=0 gave batches of persons cropped to no tokens, without a word; the others failed at the first
+    batch, in a worker (a ZeroDivisionError, numpy's 'expected non-negative integer') or in ShardedLoader."""
+    with pytest.raises(ValueError, match=rf"^{arg} must be an integer >= [01], not {value}$"):
+        ShardedDataset(nomlm_dataset, rank=0, world_size=1, **{arg: value})
