@@ -4,6 +4,7 @@ with other settings, and a training process killed with SIGKILL. Each case faile
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -338,3 +339,67 @@ def test_a_killed_training_process_leaves_nothing_behind(nomlm_dataset: Path) ->
             os.killpg(proc.pid, signal.SIGKILL)
         for p in shm:  # the test's own leftovers only (those its processes had mapped)
             p.unlink(missing_ok=True)
+
+
+# -- 6. remote transports: what a `pipe:` command or an http(s) server does at the edges ------------------------------
+SLOWCAT = """import sys, time
+with open(sys.argv[1], "rb") as fh:
+    for chunk in iter(lambda: fh.read(2048), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        time.sleep(0.002)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pipe_read_that_stops_early_is_not_the_commands_failure(small_blocks: Path, tmp_path: Path) -> None:
+    """A window that ends inside a shard reads only its first blocks and closes the stream while the command still
+    sends (as `aws s3 cp ... -` does over a network). Before: the command's exit status after that close
+    (BrokenPipeError: exit 1; only a shell's 141 was let through) failed the epoch with `exit 1 (read)`."""
+    script = tmp_path / "slowcat.py"
+    script.write_text(SLOWCAT)
+    root = f"pipe:{sys.executable} {script} {small_blocks}/{{}}"
+    local = read_all(small_blocks)
+    remote = read_all(root)  # type: ignore[arg-type]
+    assert len(remote) == len(local) == 56
+    assert all(torch.equal(a["person_id"], b["person_id"]) for a, b in zip(remote, local, strict=True))
+
+
+@pytest.mark.parametrize(("command", "status"), [("exit 3", " (the command exited with status 3)"), ("true", "")])
+def test_a_pipe_command_that_sends_nothing_is_one_line(nomlm_dataset: Path, command: str, status: str) -> None:
+    """The shards' command fails (or succeeds) without a byte: one line naming it, with its exit status when it
+    failed (the manifest was read; the shard reads go through the command)."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    ds.shards = [dataclasses.replace(s, url=f"pipe:{command} # {s.url}") for s in ds.shards]
+    with pytest.raises(OSError) as err:
+        list(ds)
+    assert re.fullmatch(rf"pipe:{command} # \S+/train/shard-\d+\.tar: ended after 0 blocks, needed 1"
+                        rf"{re.escape(status)}", str(err.value)), str(err.value)
+
+
+# -- 7. set_epoch / resume_at outside an epoch -------------------------------------------------------------------------
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda ds: ds.resume_at(0, len(ds) + 5), r"cannot resume epoch 0 after 61 batches: this rank's epoch has 56 "
+                                              r"\(resume at 0\.\.56, or set_epoch\(1\) for the next\)"),
+    (lambda ds: ds.resume_at(2, -1), r"cannot resume epoch 2 after -1 batches"),
+    (lambda ds: ds.set_epoch(-1), r"epoch -1: epochs are numbered from 0"),
+])
+def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Callable[[ShardedDataset], None],
+                                                 needle: str) -> None:
+    """Before: resuming past the epoch's end gave an empty epoch without a word (num_workers=0; workers failed
+    with 'batches consumed, but the workers only produce'), a negative epoch numpy's 'expected non-negative
+    integer' at the first batch; now the call refuses, naming the dataset."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=re.escape(str(nomlm_dataset)) + ": " + needle):
+        call(ds)
+    ds.resume_at(0, len(ds))  # the end of the epoch: nothing left of it
+    assert list(ds) == []
+
+
+@pytest.mark.parametrize(("arg", "value"), [("pad_to", 0), ("pad_to", -8), ("pad_multiple", 0), ("batch_size", 0),
+                                            ("batch_size", -1), ("seed", -1)])
+def test_arguments_that_cannot_be_are_refused_at_construction(nomlm_dataset: Path, arg: str, value: int) -> None:
+    """Before: pad_to=0 gave batches of persons cropped to no tokens, without a word; the others failed at the first
+    batch, in a worker (a ZeroDivisionError, numpy's 'expected non-negative integer') or in ShardedLoader."""
+    with pytest.raises(ValueError, match=rf"^{arg} must be an integer >= [01], not {value}$"):
+        ShardedDataset(nomlm_dataset, rank=0, world_size=1, **{arg: value})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Sequence
+from numbers import Integral
 
 import torch
 import webdataset as wds
@@ -107,6 +108,12 @@ class ShardedDataset(IterableDataset):
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
         if not 0 <= num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
+        # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
+        for name, value in (("batch_size", batch_size), ("pad_multiple", pad_multiple), ("pad_to", pad_to)):
+            if value is not None and (not isinstance(value, Integral) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
+        if not isinstance(seed, Integral) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
         self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
@@ -168,10 +175,17 @@ class ShardedDataset(IterableDataset):
     # -- epochs and resume ------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
-        self._control.set_epoch(epoch)
+        self.resume_at(epoch, 0)
 
     def resume_at(self, epoch: int, batches: int) -> None:
-        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned."""
+        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned. Refused
+        outside the epoch (a negative epoch, or more batches than this rank's ``len()``): the pass would be empty
+        or fail in the workers, not say why."""
+        if epoch < 0:
+            raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
+                             f"has {len(self)} (resume at 0..{len(self)}, or set_epoch({epoch + 1}) for the next)")
         self._control.set_epoch(epoch, batches)
 
     def next_pass(self) -> tuple[int, int]:

@@ -50,7 +50,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     blocks = []
     i = 0  # the member being read
     # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(shard.url, "rb") if is_local(shard.url) else wds.gopen(shard.url, "rb")
+    stream = open(shard.url, "rb") if is_local(shard.url) else _quiet(wds.gopen(shard.url, "rb"))
     try:
         for name, data in iter_tar_members(stream):
             shard.check_member(i, name, data)
@@ -65,10 +65,28 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which one, in one line
         raise OSError(f"{shard.url}: block {i}: {e}") from None
     finally:
-        stream.close()
+        failed = _close(stream)
     if len(blocks) != last - first + 1:
-        raise OSError(f"{shard.url}: ended after {first + len(blocks)} blocks, needed {last + 1}")
+        raise OSError(f"{shard.url}: ended after {first + len(blocks)} blocks, needed {last + 1}{failed}")
     return blocks
+
+
+def _quiet(stream: Any) -> Any:
+    """A `pipe:` command's or curl's stream whose exit status raises nothing by itself (webdataset's raises from
+    any read after the command ended, or from close): :func:`_close` reports it. A read that stops at the blocks
+    it needs, or at the end-of-archive marker, closes the stream while the command may still be sending, and the
+    command then fails writing (a BrokenPipeError is exit 1) by our doing; every block read is checked, and a read
+    that lacks one fails, naming the shard, with the status."""
+    if hasattr(stream, "ignore_errors"):
+        stream.ignore_errors = True
+    return stream
+
+
+def _close(stream: Any) -> str:
+    """Close a shard's stream; for a command, say how it failed ("" when it did not, or for a plain file)."""
+    stream.close()
+    status = getattr(stream, "status", None)
+    return "" if status is None or status in stream.ignore_status else f" (the command exited with status {status})"
 
 
 def read_piece(piece: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
