@@ -7,6 +7,7 @@ fixture's layout (48 train shards x 115 persons + a 45-person remainder).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -34,7 +35,7 @@ from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
-from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
+from lifeseq_shards.manifest import STALL_ENV, ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
 from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Segment, ShardedDataset, ShardedLoader, read_segment
 from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 
@@ -457,6 +458,45 @@ def test_http_shards_read_like_local_ones(nomlm_dataset: Path, http_root: str, w
         local = rank_pass(nomlm_dataset, world, rank, 0, batch_size=200)
     assert remote[1] == local[1]
     assert_same_batches(remote[0], local[0])
+
+
+@pytest.fixture
+def stalling_http_root() -> Iterator[str]:
+    """A server that answers every request with the start of a body, then sends nothing for a minute."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the listening socket closed: the test is over
+            while True:
+                conn, _ = server.accept()
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 100)
+                held.append(conn)  # open and silent
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_http_body_fails_instead_of_hanging(nomlm_dataset: Path, stalling_http_root: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: webdataset's curl waited forever on a server that stopped sending mid-shard (or mid-manifest)."""
+    monkeypatch.setenv(STALL_ENV, "1")
+    m = read_manifest(nomlm_dataset)
+    entry = m.splits["train"].shards[0]
+    shard = m.shard_file(entry, f"{stalling_http_root}/{entry.file}")
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=re.escape(shard.url)):
+        read_segment(Segment(shard, 0, PER_SHARD), m.schema)
+    with pytest.raises(ManifestError, match=re.escape(f"{stalling_http_root}/manifest.json: cannot read")):
+        read_manifest(stalling_http_root)
+    assert time.monotonic() - t0 < 90
 
 
 def test_pipe_urls_read_shards(nomlm_dataset: Path) -> None:

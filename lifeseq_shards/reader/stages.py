@@ -14,12 +14,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import webdataset as wds
 import zstandard
 
 from ..deprecation import warn
 from ..format import Block, Field, concat_blocks, decode_member
-from ..manifest import is_local
+from ..manifest import is_local, open_remote
 from ..plan import Partition, Segment, Window
 from ..shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
@@ -50,7 +49,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     blocks = []
     i = 0  # the member being read
     # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(shard.url, "rb") if is_local(shard.url) else _quiet(wds.gopen(shard.url, "rb"))
+    stream = open(shard.url, "rb") if is_local(shard.url) else _quiet(open_remote(shard.url))
     try:
         for name, data in iter_tar_members(stream):
             shard.check_member(i, name, data)
