@@ -56,6 +56,7 @@ def describe(
     *,
     drop_last: bool = False,
     seed: int = 0,
+    split: str = "train",
 ) -> PlanReport:
     """The epoch-0 training plan as `shardify plan` prints it, with a check of its invariants and a verdict.
 
@@ -75,8 +76,8 @@ def describe(
     read, distinct = coverage(plan)
 
     lines = [
-        f"train split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} persons "
-        "(inference only)",
+        f"{split} split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} "
+        "persons (inference only)",
         f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
         f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}",
         "",

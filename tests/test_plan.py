@@ -384,3 +384,8 @@ def test_plan_numbers_are_what_the_reader_yields(nomlm_dataset: Path, gpus: int,
     ids = np.concatenate(yielded) if yielded else np.zeros(0, dtype=np.int64)
     assert len(np.unique(ids)) == len(ids) == total - left - (int(dropped.group(1)) if dropped else 0)
     assert code == (0 if per_rank else 1)
+
+
+def test_plan_names_the_split_it_plans(nomlm_dataset: Path) -> None:
+    code, out = shardify("plan", nomlm_dataset, "--split", "val", "--batch-size", 8)
+    assert code == 0 and out.startswith("val split: 2 shards x 140 persons = 280")  # it said "train split"
