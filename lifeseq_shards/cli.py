@@ -170,6 +170,6 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
     info = m.splits[split]
     report = describe([s.samples for s in info.shards], info.remainder_persons, nodes, gpus, workers, batch_size,
-                      drop_last=drop_last)
+                      drop_last=drop_last, split=split)
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)

@@ -10,7 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .format import RAGGED, RUN_LENGTH, RUNS, Block, Field, decode_member
-from .manifest import read_manifest
+from .manifest import ManifestError, is_local, read_manifest
 from .shardfile import ShardFile, iter_tar_members, sha256_file
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
@@ -19,7 +19,11 @@ __all__ = ["summarize", "verify_dataset"]
 
 def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     """Every problem found, one line each naming the shard (and block / person); empty when all holds. The blocks
-    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains."""
+    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains.
+    A remote root is refused: ``Path`` turned ``http://host/ds`` into ``http:/host/ds``, reported as 'no manifest'."""
+    if not is_local(str(root)):
+        raise ManifestError(f"{root}: verify re-hashes the shards on the local disk; copy the dataset here, or run "
+                            "verify on the machine that holds it")
     root = Path(root)
     manifest = read_manifest(root)
     problems: list[str] = []
@@ -135,7 +139,7 @@ def summarize(root: str | Path) -> str:
         return int((np.searchsorted(cum, q) + 1) * width)
 
     lines = [
-        f"dataset      {Path(root)}",
+        f"dataset      {Path(root) if is_local(str(root)) else root}",  # Path() would turn http:// into http:/
         f"fingerprint  {m.fingerprint}",
         f"persons      {t.persons:,} converted (input rows {'?' if t.input_rows is None else f'{t.input_rows:,}'})",
         f"tokens       {t.tokens:,} (mean {t.tokens / max(1, t.persons):.1f} per person)",

@@ -56,6 +56,7 @@ def describe(
     *,
     drop_last: bool = False,
     seed: int = 0,
+    split: str = "train",
 ) -> PlanReport:
     """The epoch-0 training plan as `shardify plan` prints it, with a check of its invariants and a verdict.
 
@@ -75,8 +76,8 @@ def describe(
     read, distinct = coverage(plan)
 
     lines = [
-        f"train split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} persons "
-        "(inference only)",
+        f"{split} split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} "
+        "persons (inference only)",
         f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
         f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}",
         "",
@@ -102,9 +103,19 @@ def describe(
         f"{'no overlap' if read == distinct else f'{read - distinct} OVERLAPPING'}; "
         f"{distinct} read + {dropped} left out = {distinct + dropped} of {total}",
     ]
+    # drop_last: each slot's last partial batch is read but never yielded (the coverage line counts it as read)
+    tail = sum(p - b * batch_size for p, b in zip(persons, batches, strict=True)) if drop_last else 0
+    if tail:
+        lines.append(f"drop_last drops {tail} persons per epoch (each slot's last partial batch; a different few each "
+                     "epoch)")
     if persons[0] == 0:
         lines.append(f"WARNING: {slots} slots for {total} persons - every slot reads nothing")
-    ok = num_shards % slots == 0 and equal and read == distinct and distinct + dropped == total
+    elif max(per_rank) == 0:  # the reader yields an empty epoch on every rank: the run would train nothing
+        lines.append(f"NO BATCHES: a slot has at most {max(persons)} persons, fewer than batch {batch_size} with "
+                     f"drop_last, so every rank's epoch is empty; use --batch-size <= {min(persons)}, fewer "
+                     "ranks/workers, or no --drop-last")
+    ok = (num_shards % slots == 0 and equal and read == distinct and distinct + dropped == total
+          and max(per_rank) > 0)
     if num_shards % slots:
         fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
         loss = (
@@ -120,5 +131,6 @@ def describe(
             + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
         ]
     elif ok:
-        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s); nothing is left out."]
+        lost = f"drop_last drops {tail} persons" if tail else "nothing is left out"
+        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s); {lost}."]
     return PlanReport(ok=ok, text="\n".join(lines))

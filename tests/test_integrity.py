@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import h5py
@@ -91,6 +94,34 @@ def test_verify_swapped_shards_changes_fingerprint(copy: Path) -> None:
 def test_inspect_reports_totals(mlm_dataset: Path) -> None:
     code, out = shardify("inspect", str(mlm_dataset))
     assert code == 0 and "persons      5,845 converted" in out and "fingerprint" in out
+
+
+@pytest.mark.parametrize("root", ["http://127.0.0.1:9/ds", "pipe:curl -s http://127.0.0.1:9/ds/{}"])
+def test_verify_refuses_a_remote_root_naming_it(root: str) -> None:
+    """verify hashes files on the local disk: a remote root was reported as 'no manifest (not a converted dataset,
+    or its conversion did not finish)' under a mangled name (http:/...), as if the dataset were broken."""
+    code, out = shardify("verify", root)
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert root in out and "local" in out and "no manifest" not in out
+
+
+@pytest.mark.timeout(60)
+def test_inspect_names_a_remote_root_as_given(mlm_dataset: Path) -> None:
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(mlm_dataset)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        code, out = shardify("inspect", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert code == 0 and f"dataset      {url}\n" in out and "persons      5,845 converted" in out
 
 
 # -- bad input ------------------------------------------------------------------------------------------------

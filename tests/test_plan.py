@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
+from helpers import shardify
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,6 +39,7 @@ from lifeseq_shards.plan import (
     worker_batches_consumed,
 )
 from lifeseq_shards.plan_report import describe
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
 worlds = st.integers(1, 8)
 workers = st.integers(0, 8)
@@ -337,3 +343,49 @@ def test_old_mode_names_still_work_with_a_warning():
         assert plan_module.describe is describe
     with pytest.raises(ValueError, match="mode must be 'balanced' or 'complete'"):
         mode_name("eval")
+
+
+def test_describe_counts_what_drop_last_drops():
+    # 8 shards of 100 over 2 ranks x 2 workers: 200 persons a slot, 6 batches of 32 (192), 8 dropped a slot
+    report = describe([100] * 8, 0, 1, 2, 2, 32, drop_last=True)
+    assert report.ok
+    assert "batches per rank: 12" in report.text
+    assert "drop_last drops 32 persons" in report.text
+    assert "nothing is left out" not in report.text  # 32 persons are, each epoch
+
+
+def test_describe_refuses_a_batch_larger_than_every_slot_with_drop_last():
+    # 200 persons a slot, batch 300 with drop_last: every rank's epoch is empty (the reader yields no batch)
+    report = describe([100] * 8, 0, 1, 2, 2, 300, drop_last=True)
+    assert not report.ok
+    assert "batches per rank: 0" in report.text
+    assert "NO BATCHES" in report.text and "--batch-size <= 200" in report.text
+    assert "EXACT: every slot" not in report.text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("gpus", "workers", "batch"), [(2, 2, 500), (2, 0, 100), (2, 2, 2000)])
+def test_plan_numbers_are_what_the_reader_yields(nomlm_dataset: Path, gpus: int, workers: int, batch: int) -> None:
+    """`shardify plan --drop-last`'s batches per rank and persons left out, against a real pass of every rank."""
+    code, out = shardify("plan", nomlm_dataset, "--gpus", gpus, "--workers", workers, "--batch-size", batch,
+                         "--drop-last")
+    per_rank = int(re.search(r"batches per rank: (\d+)", out).group(1))
+    total, left = map(int, re.search(r"read \+ (\d+) left out = \d+ of (\d+)", out).groups()[::-1])
+    dropped = re.search(r"drop_last drops (\d+) persons", out)
+    yielded = []
+    for rank in range(gpus):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = ShardedDataset(nomlm_dataset, batch_size=batch, rank=rank, world_size=gpus, num_workers=workers,
+                                drop_last=True)
+            got = list(ShardedLoader(ds, persistent_workers=False)) if workers else list(ds)
+        assert len(got) == per_rank
+        yielded += [b["person_id"] for b in got]
+    ids = np.concatenate(yielded) if yielded else np.zeros(0, dtype=np.int64)
+    assert len(np.unique(ids)) == len(ids) == total - left - (int(dropped.group(1)) if dropped else 0)
+    assert code == (0 if per_rank else 1)
+
+
+def test_plan_names_the_split_it_plans(nomlm_dataset: Path) -> None:
+    code, out = shardify("plan", nomlm_dataset, "--split", "val", "--batch-size", 8)
+    assert code == 0 and out.startswith("val split: 2 shards x 140 persons = 280")  # it said "train split"

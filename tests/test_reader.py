@@ -546,6 +546,9 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
     ({"SLURM_NTASKS": "4"}, "SLURM_NTASKS=4 says there are 4 processes but SLURM_PROCID is not set"),
     ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 says there are 2 processes but RANK is not set"),
     ({"SLURM_NTASKS": "1"}, (0, 1)),
+    # a rank without its world size: rank 0 read everything as a world of 1 while the others failed
+    ({"RANK": "0"}, "RANK=0 is set but WORLD_SIZE is not"),
+    ({"SLURM_PROCID": "0"}, "SLURM_PROCID=0 is set but SLURM_NTASKS is not"),
 ])
 def test_rank_from_slurm(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                          want: tuple[int, int] | str) -> None:
