@@ -4,12 +4,16 @@ under test."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import struct
 import tarfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +157,22 @@ def to_format2(m: dict[str, Any]) -> None:
     for info in m["splits"].values():
         for e in [*info["shards"], info["remainder"] or {}]:
             e.pop("head_checksum", None)
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path) -> Iterator[str]:
+    """A real HTTP server on loopback serving ``root`` (quietly), as its base URL with a trailing slash."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
 import sys
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from helpers import shardify
+from helpers import serve_directory, shardify
 
 from lifeseq_shards.convert import ConvertError, ConvertOptions, convert_dataset
 from lifeseq_shards.format import Block, decode_member
@@ -107,20 +104,8 @@ def test_verify_refuses_a_remote_root_naming_it(root: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_inspect_names_a_remote_root_as_given(mlm_dataset: Path) -> None:
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(mlm_dataset)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
+    with serve_directory(mlm_dataset) as url:
         code, out = shardify("inspect", url)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
     assert code == 0 and f"dataset      {url}\n" in out and "persons      5,845 converted" in out
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import gc
 import json
 import pickle
@@ -20,7 +19,6 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_SHARDS, SeedRows, shard_ids, split_ids
+from helpers import SMALL_SHARDS, SeedRows, serve_directory, shard_ids, split_ids
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
@@ -436,17 +434,8 @@ def test_dataloader_with_other_worker_count_fails(nomlm_dataset: Path, built_for
 # -- 7. remote shards ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def http_root(nomlm_dataset: Path) -> Iterator[str]:
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(nomlm_dataset)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serve_directory(nomlm_dataset) as url:
+        yield url
 
 
 @pytest.mark.timeout(120)
