@@ -173,3 +173,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
                       drop_last=drop_last, split=split)
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":  # `python -m lifeseq_shards.cli ...` is `shardify ...` (it did nothing, with exit 0)
+    main()

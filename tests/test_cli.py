@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import repo_first
@@ -59,3 +60,10 @@ def test_public_names_load_on_first_use() -> None:
     assert set(lifeseq_shards.__all__) <= set(dir(lifeseq_shards))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         lifeseq_shards.Nope  # noqa: B018
+
+
+def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
+    """`python -m lifeseq_shards.cli` is `shardify` (it printed nothing and exited 0: a command that seemed to work)."""
+    r = subprocess.run([sys.executable, "-m", "lifeseq_shards.cli", "plan", str(tmp_path), "--batch-size", "4"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and str(tmp_path) in r.stderr + r.stdout
