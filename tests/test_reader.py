@@ -12,9 +12,12 @@ import dataclasses
 import fcntl
 import gc
 import json
+import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -727,3 +730,23 @@ def test_old_mode_names_and_reader_names_still_work_with_a_warning(nomlm_dataset
         blocks = reader.read_piece(Segment(shard, 3, 9), schema)
     assert [b.columns["person_id"].tolist() for b in blocks] == [
         b.columns["person_id"].tolist() for b in read_segment(Segment(shard, 3, 9), schema)]
+
+
+@pytest.mark.timeout(120)
+def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> None:
+    """The forkserver re-runs the main script in each worker, and `python - <<EOF` has none to re-run: its workers
+    died with "No such file or directory: '.../<stdin>'" and torch's "DataLoader worker exited unexpectedly"."""
+    script = ("from lifeseq_shards.reader import ShardedDataset, ShardedLoader\n"
+              f"ds = ShardedDataset({str(mlm_dataset)!r}, batch_size=256, num_workers=2)\n"
+              "print(sum(1 for _ in ShardedLoader(ds)))\n")
+    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError:") and "stdin" in last and 'multiprocessing_context="fork"' in last, last
+    assert "exited unexpectedly" not in run.stderr
+    # fork needs no script to re-run: the same stdin script reads with it
+    forked = script.replace("ShardedLoader(ds)", 'ShardedLoader(ds, multiprocessing_context="fork")')
+    run = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert run.returncode == 0 and int(run.stdout.split()[-1]) > 0, run.stderr

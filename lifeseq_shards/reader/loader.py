@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +34,17 @@ class DatasetChanged(RuntimeError):
 
 def _as_is(batch: Any) -> Any:
     return batch
+
+
+def _refuse_a_main_script_from_stdin() -> None:
+    """The default forkserver workers re-run the main script, as spawn does; `python -` has none to re-run, and its
+    workers died with "No such file or directory: '.../<stdin>'" under torch's "DataLoader worker exited
+    unexpectedly". Say so in one line instead."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file == "<stdin>":
+        raise ValueError('ShardedLoader: workers start from a forkserver, which re-runs the main script, and a script '
+                         'read from stdin (python -) cannot be re-run: save it to a file, or pass '
+                         'multiprocessing_context="fork" (or num_workers=0)')
 
 
 def _quiet_lightning_len_warning() -> None:
@@ -85,6 +97,8 @@ class ShardedLoader(DataLoader):
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
             window_messages = -(-dataset.window // (dataset.batch_size * self._per_message))
             kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
+            if "multiprocessing_context" not in kwargs:
+                _refuse_a_main_script_from_stdin()
             kwargs.setdefault("multiprocessing_context", worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
