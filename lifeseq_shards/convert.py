@@ -80,6 +80,11 @@ class ConvertOptions:
     dtypes: dict[str, str] = field(default_factory=dict)
     progress: bool = True
 
+    @property
+    def readers(self) -> int:
+        """nodes x gpus x workers, each 1 when not given: the slots a split's shards must divide among."""
+        return (self.nodes or 1) * (self.gpus or 1) * (self.workers or 1)
+
 
 def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
                     opts: ConvertOptions | None = None) -> Manifest:
@@ -128,7 +133,7 @@ def check_dtypes(dtypes: dict[str, str]) -> None:
 
 def _check_shards(opts: ConvertOptions) -> None:
     """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
-    slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
+    slots = opts.readers
     if opts.shards and opts.shards % slots:
         raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
                            f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
@@ -289,10 +294,9 @@ def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.n
     source, task, schema = args
     block = source.encode(task)
     rows = block.columns.pop("row")
-    every_row, every_id = block.columns.pop("every_row", rows), block.columns.pop("every_id", None)
-    every_id = block.columns["person_id"] if every_id is None else every_id
-    return task[0], every_row, every_id.astype(np.int64), to_runs(_narrow(block, token_schema(schema),
-                                                                          _task_label(task)), schema)
+    every_id = block.columns.pop("every_id", block.columns["person_id"])
+    return task[0], rows, every_id.astype(np.int64), to_runs(_narrow(block, token_schema(schema),
+                                                                     _task_label(task)), schema)
 
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:
@@ -371,7 +375,7 @@ def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
             raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
         return opts.shards
     default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
-    slots = (opts.nodes or 1) * (opts.gpus or 1) * (opts.workers or 1)
+    slots = opts.readers
     if slots == 1:
         return default
     if slots > persons:

@@ -1,8 +1,8 @@
 """Input readers. Each kind splits its file into independent *tasks* (row groups, row ranges) that a process pool
 turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them. Besides the
-schema's fields a source block holds ``row``: each person's row in its file, for errors (it is not stored); a
-source that filters persons out also gives ``every_id`` / ``every_row``: the person id of each of its input rows,
-kept or not, so that a duplicated id is refused whichever copy the filter keeps."""
+schema's fields a source block holds ``row``: the file row of each of its input rows, for errors (it is not
+stored); a source that filters persons out also gives ``every_id``, the person id of each of those rows, kept or
+not, so that a duplicated id is refused whichever copy the filter keeps (without it, the rows are the persons')."""
 
 from __future__ import annotations
 

@@ -332,9 +332,9 @@ def encode_parquet_task(
     tokens[unit_out[is_event] + ev_len - 1] = sep
     prefix_at = (unit_out[prefix_unit][:, None] + np.arange(PREFIX_LEN)).ravel()
     tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab, person_row)[persons].ravel()
-    out = {"person_id": person[persons], "row": first + persons, "tokens": tokens,
-           # every row's person, kept or not: a duplicated id is refused even when the filter drops one copy
-           "every_id": person, "every_row": first + np.arange(len(person)),
+    out = {"person_id": person[persons], "tokens": tokens,
+           # every input row and its person, kept or not: a duplicated id is refused even when the filter drops one
+           "row": first + np.arange(len(person)), "every_id": person,
            "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
     out_event = np.repeat(unit_event, unit_len)
     for c in PER_EVENT:
