@@ -28,7 +28,7 @@ class GraphedFunction:
     CUDA graph on CUDA tensors and eagerly elsewhere; the same results either way.
 
     One graph per (shapes, dtypes, device) of the tensors and values of the constants: a new constant (the epoch,
-    for the masker) drops the graphs of the old one. Past ``max_graphs`` shapes for one set of constants (a padded
+    for the masker) drops the graphs of the old one. Past :data:`MAX_GRAPHS` shapes for one set of constants (a padded
     layout without a fixed width gives each batch its own), new shapes run eagerly, with one warning. The outputs
     are copies, so a later call does not overwrite them; every replay waits for the previous one to finish (they
     share inputs and a memory pool), whichever stream makes it, and calls from two threads (a prefetch thread and the
@@ -36,8 +36,8 @@ class GraphedFunction:
     outside it too. Capturing synchronises the device, once per graph, and so does a change of constants.
     """
 
-    def __init__(self, fn: Callable[..., dict[str, torch.Tensor]], max_graphs: int = MAX_GRAPHS) -> None:
-        self.fn, self.max_graphs = fn, max_graphs
+    def __init__(self, fn: Callable[..., dict[str, torch.Tensor]]) -> None:
+        self.fn = fn
         self._graphs: dict[Hashable, _Graph] = {}
         self._constants: tuple[Any, ...] | None = None
         self._pool: Any = None
@@ -64,7 +64,7 @@ class GraphedFunction:
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
         graph = self._graphs.get(key)
         if graph is None:
-            if len(self._graphs) >= self.max_graphs:
+            if len(self._graphs) >= MAX_GRAPHS:
                 if not self._warned:
                     warnings.warn(f"{len(self._graphs)} input shapes captured already: further shapes run eagerly "
                                   "(give the batches a fixed width, e.g. pad_to, to replay one graph)", stacklevel=2)

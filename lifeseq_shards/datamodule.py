@@ -26,6 +26,10 @@ from .plan import BALANCED, COMPLETE
 from .prefetch import DevicePrefetcher
 from .reader import ShardedDataset, ShardedLoader
 
+# why an offline-MLM dataset neither takes a new CLS task nor serves predict
+_AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stored after the seed's CLS task (about "
+                   "10% with their events reversed or shuffled)")
+
 
 def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
                     root: str) -> str | MaskingConfig | None:
@@ -41,10 +45,9 @@ def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
         raise ValueError(f"masking must be None, 'offline' or a MaskingConfig, not {masking!r}")
     if masking.cls_task and manifest.offline_mlm:
         # ~10% of the stored sequences are already reversed or shuffled: a new CLS task would mislabel them
-        raise ValueError(f"{root}: converted from an offline-MLM file, whose sequences are stored after the seed's "
-                         "CLS task (about 10% with their events reversed or shuffled), so a new CLS task would "
-                         "label them wrongly: convert encoded_nomlm.h5 (or the step-4 parquet) for dynamic masking, "
-                         "or pass MaskingConfig(cls_task=False)")
+        raise ValueError(f"{root}: {_AFTER_CLS_TASK}, so a new CLS task would label them wrongly: convert "
+                         "encoded_nomlm.h5 (or the step-4 parquet) for dynamic masking, or pass "
+                         "MaskingConfig(cls_task=False)")
     vocab = manifest.vocab_size
     if masking.vocab_size is None:
         if vocab is None:
@@ -155,8 +158,7 @@ class LifeSeqDataHooks:
     def predict_dataloader(self) -> ShardedLoader:
         if self.offline_mlm:
             raise ValueError(
-                f"{self.data_dir}: converted from an offline-MLM file, whose sequences are stored after the seed's "
-                "CLS task (about 10% with their events reversed or shuffled): predict would embed those. Predict "
+                f"{self.data_dir}: {_AFTER_CLS_TASK}: predict would embed those. Predict "
                 "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
         return self._loader(self.predict_split, COMPLETE, shuffle=False)
 

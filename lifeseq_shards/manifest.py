@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +181,9 @@ class Manifest:
         """Whether the blocks carry the schema tag and the shards a head checksum (format 3 on)."""
         return self.format_version >= TAGGED_VERSION
 
-    @cached_property
+    @property
     def tag(self) -> int | None:
-        """The schema tag every block carries, or None before format 3 (computed once for all shards)."""
+        """The schema tag every block carries, or None before format 3 (format.schema_tag caches it per schema)."""
         return schema_tag(self.schema) if self.tagged else None
 
     @property

@@ -196,10 +196,6 @@ class ShardedDataset(IterableDataset):
         """(epoch, batches the loader returned of it already) of the next pass, as the workers will compute it."""
         return self._control.peek()
 
-    def next_epoch(self) -> int:
-        """Epoch number of the next pass, as the workers will compute it."""
-        return self.next_pass()[0]
-
     # -- the loader's side ------------------------------------------------------------------------------------
     def attach(self, link: WorkerLink) -> None:
         """Take a loader's message size, rings and owner process (:class:`ShardedLoader` calls it before its
