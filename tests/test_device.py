@@ -288,9 +288,12 @@ def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[lis
     hosts = list(ShardedDataset(dataset, "train", batch_size=40, seed=4, packed=True))[:4]
     if device == "cuda":
         hosts = [{**h, "packed": torch.from_numpy(h["packed"]).pin_memory()} for h in hosts]
-    masker = DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3), graph=graph)
-    builder = BatchBuilder(masker, PACKED, 48)
-    return hosts, builder
+    return hosts, _prefetch_builder(graph)
+
+
+def _prefetch_builder(graph: bool = False) -> BatchBuilder:
+    return BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3), graph=graph),
+                        PACKED, 48)
 
 
 @pytest.mark.parametrize("graph", [False, True])
@@ -301,7 +304,7 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
     """The same batches as built directly with the eager masker; with ``graph`` the prefetcher's masker replays CUDA
     graphs (captured in the prefetch thread when threaded, eager off CUDA)."""
     hosts, builder = _prefetch_case(nomlm_dataset, device, graph)
-    direct = [_prefetch_case(nomlm_dataset, device)[1](h, device, 2) for h in hosts]
+    direct = [_prefetch_builder()(h, device, 2) for h in hosts]
     loader = _Counting(hosts)
     prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device, threaded=threaded)
     assert len(prefetcher) == 4 and prefetcher.state_dict() == {"taken": 0}  # the loader's own attributes

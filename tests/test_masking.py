@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import FIELDS
 
 from lifeseq_shards.device import host_sync_guard
 from lifeseq_shards.masking import (
@@ -26,7 +27,6 @@ from lifeseq_shards.masking import (
 
 TORCH_BEFORE_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 VOCAB = 2970  # vocab.csv of the sample
-FIELDS = ("tokens", "abspos", "age", "segment")
 
 
 def _load(path: Path, rows: slice) -> dict[str, np.ndarray]:
@@ -56,8 +56,13 @@ def persons(sample: Path) -> dict[str, torch.Tensor]:
     return _host_batch(d["input_ids"], d["padding_mask"].sum(1), d["sequence_id"])
 
 
+def _args(batch: dict[str, torch.Tensor], rows: slice = slice(None)) -> list[torch.Tensor]:
+    """The masker's tensor arguments: ``rows`` of a reader-like batch."""
+    return [*(batch[k][rows] for k in FIELDS), batch["lengths"][rows], batch["person_id"][rows]]
+
+
 def _run(cfg: MaskingConfig, batch: dict[str, torch.Tensor], epoch: int = 0) -> dict[str, torch.Tensor]:
-    return DynamicMasker(cfg)(*(batch[k] for k in FIELDS), batch["lengths"], batch["person_id"], epoch)
+    return DynamicMasker(cfg)(*_args(batch), epoch)
 
 
 def _groups(tokens: list[int]) -> list[tuple[int, ...]]:
@@ -367,7 +372,7 @@ def test_compile_and_graph_exclude_each_other() -> None:
 
 def test_a_graphed_masker_off_cuda_draws_eagerly(persons: dict[str, torch.Tensor]) -> None:
     cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
-    batch = [*(persons[k][:64] for k in FIELDS), persons["lengths"][:64], persons["person_id"][:64]]
+    batch = _args(persons, slice(0, 64))
     masker = DynamicMasker(cfg, graph=True)
     got, want = masker(*batch, 3), DynamicMasker(cfg)(*batch, 3)
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -383,7 +388,7 @@ def test_no_host_sync(persons: dict[str, torch.Tensor], kind: str) -> None:
     batch = {k: v[:32] for k, v in persons.items()}
     masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3))
     with host_sync_guard():
-        masker(*(batch[k] for k in FIELDS), batch["lengths"], batch["person_id"], 2)
+        masker(*_args(batch), 2)
     with pytest.raises(RuntimeError, match="host sync"), host_sync_guard():
         bool(batch["lengths"].max() > 0)  # the guard does catch a sync
 
@@ -410,8 +415,7 @@ def test_compiled_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor],
     """torch.compile (inductor, Triton) draws the eager masks bit for bit; torch 2.11 failed to compile the draw
     before the sort keys carried the sizes (a split scan over a gather)."""
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
-    args = (*(persons[k][:256].cuda() for k in FIELDS), persons["lengths"][:256].cuda(),
-            persons["person_id"][:256].cuda(), 4)
+    args = (*(a.cuda() for a in _args(persons, slice(0, 256))), 4)
     got, want = DynamicMasker(cfg, compile=True)(*args), DynamicMasker(cfg)(*args)
     assert all(torch.equal(got[k], want[k]) for k in want)
 
@@ -424,17 +428,15 @@ def test_graphed_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor], 
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
     cuda = {k: v.cuda() for k, v in persons.items()}
 
-    def args(rows: slice) -> list[torch.Tensor]:
-        return [*(cuda[k][rows] for k in FIELDS), cuda["lengths"][rows], cuda["person_id"][rows]]
-
     graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
-    first = graphed(*args(slice(0, 256)), 4)
+    first = graphed(*_args(cuda, slice(0, 256)), 4)
     first_copy = {k: v.clone() for k, v in first.items()}
     with host_sync_guard():
-        second = graphed(*args(slice(256, 512)), 4)
-    later = [(rows, epoch, graphed(*args(rows), epoch)) for rows, epoch in ((slice(0, 256), 5), (slice(0, 100), 5))]
+        second = graphed(*_args(cuda, slice(256, 512)), 4)
+    later = [(rows, epoch, graphed(*_args(cuda, rows), epoch))
+             for rows, epoch in ((slice(0, 256), 5), (slice(0, 100), 5))]
     for rows, epoch, got in [(slice(0, 256), 4, first), (slice(256, 512), 4, second), *later]:
-        want = eager(*args(rows), epoch)
+        want = eager(*_args(cuda, rows), epoch)
         assert all(torch.equal(got[k], want[k]) for k in want), (rows, epoch)
     assert all(torch.equal(first[k], first_copy[k]) for k in first)
     assert len(graphed._run._graphs) == 2  # epoch 5's two shapes; epoch 4's graph is gone
@@ -449,18 +451,15 @@ def test_graphed_masker_under_inference_mode_and_from_two_threads(persons: dict[
     cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
     cuda = {k: v.cuda() for k, v in persons.items()}
 
-    def args(rows: slice) -> list[torch.Tensor]:
-        return [*(cuda[k][rows] for k in FIELDS), cuda["lengths"][rows], cuda["person_id"][rows]]
-
     graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
     halves = [slice(0, 256), slice(256, 512)]
-    want = [eager(*args(rows), 1) for rows in halves]
+    want = [eager(*_args(cuda, rows), 1) for rows in halves]
     with torch.inference_mode():
-        during = graphed(*args(halves[0]), 1)
-    after = graphed(*args(halves[1]), 1)
+        during = graphed(*_args(cuda, halves[0]), 1)
+    after = graphed(*_args(cuda, halves[1]), 1)
     assert all(torch.equal(during[k], want[0][k]) and torch.equal(after[k], want[1][k]) for k in want[0])
     with ThreadPoolExecutor(2) as pool:
-        got = list(pool.map(lambda i: (i, graphed(*args(halves[i % 2]), 1)), range(16)))
+        got = list(pool.map(lambda i: (i, graphed(*_args(cuda, halves[i % 2]), 1)), range(16)))
     torch.cuda.synchronize()
     assert all(torch.equal(out[k], want[i % 2][k]) for i, out in got for k in out)
 

@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_SHARDS, SeedRows, serve_directory, shard_ids, split_ids
+from helpers import SMALL_SHARDS, SeedRows, repo_first, serve_directory, shard_ids, split_ids
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
@@ -740,7 +740,7 @@ def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> N
               f"ds = ShardedDataset({str(mlm_dataset)!r}, batch_size=256, num_workers=2)\n"
               "print(sum(1 for _ in ShardedLoader(ds)))\n")
     run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=100,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env=repo_first(os.environ))
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("ValueError:") and "stdin" in last and 'multiprocessing_context="fork"' in last, last
@@ -748,5 +748,5 @@ def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> N
     # fork needs no script to re-run: the same stdin script reads with it
     forked = script.replace("ShardedLoader(ds)", 'ShardedLoader(ds, multiprocessing_context="fork")')
     run = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True, timeout=100,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env=repo_first(os.environ))
     assert run.returncode == 0 and int(run.stdout.split()[-1]) > 0, run.stderr
