@@ -87,12 +87,14 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
 def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
     """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
     from .convert import ConvertOptions, convert_dataset
+    from .sources import drops
 
     _refuse_parquet_only(inputs)
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
     m = convert_dataset(list(inputs), out, vocab, opts)
     splits = ", ".join(f"{k} {v.persons:,} in {len(v.shards)} shards" for k, v in m.splits.items())
     click.echo(f"{out}: {m.totals.persons:,} persons ({splits}); fingerprint {m.fingerprint}")
+    click.echo(f"{out}: {drops.summary(m.totals.dropped, m.totals.input_rows)}")
 
 
 def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:

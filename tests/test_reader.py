@@ -650,7 +650,8 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
         got = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
     assert ld.state_dict()["layout"] == roomy.state_dict()["layout"]
-    assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    everyone, left = trained_ids(nomlm_dataset, 1, 2, 0)
+    assert sorted(got.tolist()) == sorted(everyone - left)
 
 
 def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Path,
@@ -658,15 +659,15 @@ def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Pa
     """Workers that restart each pass get no rings once /dev/shm runs short: the whole epoch comes through the pipes."""
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
     ld = ShardedLoader(ds, persistent_workers=False)
-    want = sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    (everyone, left0), (_, left1) = (trained_ids(nomlm_dataset, 1, 2, epoch) for epoch in (0, 1))
     first = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
-    assert ld.ring_bytes > 0 and sorted(first.tolist()) == want
+    assert ld.ring_bytes > 0 and sorted(first.tolist()) == sorted(everyone - left0)
     monkeypatch.setattr(reader.loader.shutil, "disk_usage",
                         lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
     with pytest.warns(UserWarning, match="--shm-size"):
         second = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
-    assert sorted(second.tolist()) == want
+    assert sorted(second.tolist()) == sorted(everyone - left1)
 
 
 def test_loader_refuses_out_of_order_workers(nomlm_dataset: Path) -> None:

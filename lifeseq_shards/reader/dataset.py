@@ -163,15 +163,18 @@ class ShardedDataset(IterableDataset):
 
     # -- the plan ---------------------------------------------------------------------------------------------
     def _check_one_size(self, split: str) -> None:
-        """Balanced mode deals shards of one size: a manifest count that differs (edited, or not this package's) is
-        refused naming the manifest and the shard, before the plan refuses it naming neither."""
+        """Balanced mode deals shards of one size: a manifest count that differs from the others (edited, or not
+        this package's) is refused naming the manifest and the shard, before the plan refuses it naming neither.
+        (Counts that agree with each other but not with the files are refused by the read, naming the shard.)"""
         info = self.manifest.splits[split]
-        odd = next((e for e in info.shards if e.samples != info.shard_persons), None)
-        if odd is not None:
-            raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: split {split}: shard {odd.file} counts "
-                                f"{odd.samples} persons, the split's shards {info.shard_persons} each "
-                                "(shard_persons): the manifest was edited, or is not one `shardify convert` wrote; "
-                                "`shardify verify` checks it against the files")
+        sizes = [e.samples for e in info.shards]
+        if len(set(sizes)) < 2:
+            return
+        common = info.shard_persons if info.shard_persons in sizes else max(set(sizes), key=sizes.count)
+        odd = next(e for e in info.shards if e.samples != common)
+        raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: split {split}: shard {odd.file} counts "
+                            f"{odd.samples} persons, the split's other shards {common} each: the manifest was edited, "
+                            "or is not one `shardify convert` wrote; `shardify verify` checks it against the files")
 
     def _warn_static_balance(self, remainder: int) -> None:
         if self.mode != BALANCED or not self.sizes:
