@@ -308,7 +308,7 @@ def _exact_need(total: int, world_size: int, k: int, batch_size: int) -> tuple[i
 
 def _exact_refusal(total: int, world_size: int, k: int, batch_size: int, b: int, need: int) -> str:
     said = (f"{total} persons cannot each be read once with the same number of batches on every one of "
-            f"{world_size} ranks ({k} reader(s) a rank) at batch size {batch_size}: {b} batches a rank hold at "
+            f"{world_size} ranks ({k} reader(s) a rank) at batch size {batch_size}: a rank's {b} batches hold at "
             f"least {need} persons, {world_size * need} in all")
     if total < world_size:
         return f"{said}; use at most {total} ranks, or a split of at least {world_size} persons"
@@ -317,7 +317,8 @@ def _exact_refusal(total: int, world_size: int, k: int, batch_size: int, b: int,
     below = [bs for bs in fits if bs < batch_size]
     above = [bs for bs in fits if bs > batch_size]
     near = " or ".join(str(bs) for bs in (below[-1:] + above[:1]))
-    return f"{said}; use batch size {near}, or more workers per rank"
+    workers = ", or more workers per rank" if b > k else ""  # a worker more lets a rank's last batch be short
+    return f"{said}; use batch size {near}{workers}"
 
 
 def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str, remainder: int = 0) -> int:
