@@ -141,10 +141,12 @@ class ShardedDataset(IterableDataset):
         # balanced: the equal shards, and the remainder shard (number len(sizes)) shared out apart from them
         entries = [e for name in splits for e in self.manifest.splits[name].entries()]
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
-        remainder = self.manifest.splits[splits[0]].remainder_persons if mode == BALANCED else 0
-        self.sizes = [e.samples for e in entries[: len(entries) - (remainder > 0)]]
         if mode == BALANCED:
             self._check_one_size(splits[0])
+            info = self.manifest.splits[splits[0]]
+            self.sizes, remainder = [e.samples for e in info.shards], info.remainder_persons
+        else:
+            self.sizes, remainder = [e.samples for e in entries], 0
 
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))
