@@ -87,12 +87,14 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
 def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
     """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
     from .convert import ConvertOptions, convert_dataset
+    from .sources import drops
 
     _refuse_parquet_only(inputs)
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
     m = convert_dataset(list(inputs), out, vocab, opts)
     splits = ", ".join(f"{k} {v.persons:,} in {len(v.shards)} shards" for k, v in m.splits.items())
     click.echo(f"{out}: {m.totals.persons:,} persons ({splits}); fingerprint {m.fingerprint}")
+    click.echo(f"{out}: {drops.summary(m.totals.dropped, m.totals.input_rows)}")
 
 
 def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:
@@ -162,15 +164,17 @@ def inspect(root: str) -> None:
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:
-    """Show which rank and worker reads what; exit 1 when the shards do not divide evenly."""
+    """Show which rank and worker reads what, and who is left out; exit 1 when the shards do not divide evenly
+    (train), or when validation cannot read every person of the split once in equal batches (any other split)."""
     from .plan_report import describe
 
     m = read_manifest(root)
     if split not in m.splits:
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
     info = m.splits[split]
+    # train is read as training reads it; any other split as validation does (every person once)
     report = describe([s.samples for s in info.shards], info.remainder_persons, nodes, gpus, workers, batch_size,
-                      drop_last=drop_last, split=split)
+                      drop_last=drop_last, split=split, mode="balanced" if split == "train" else "exact")
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
 

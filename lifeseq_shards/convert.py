@@ -20,7 +20,7 @@ import os
 import shutil
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -45,7 +45,7 @@ from .format import (
 )
 from .manifest import Histogram, Manifest, Split, Totals, fingerprint, write_manifest
 from .outdir import STAGING, ConvertError, output_dir, replace_dataset
-from .sources import Source, SourceError, open_sources
+from .sources import Source, SourceError, drops, open_sources
 from .writers import Spill, SplitWriter
 
 __all__ = ["ConvertError", "ConvertOptions", "check_dtypes", "convert_dataset", "shard_count"]
@@ -148,6 +148,7 @@ class _Passes:
     tokens: int
     histogram: np.ndarray  # persons by length // HISTOGRAM_BIN
     splits: dict[str, Split]
+    dropped: dict[str, int]  # input rows the source dropped, by reason (sources/drops.py)
 
 
 def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions) -> _Passes:
@@ -159,7 +160,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
     pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
                                initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
     try:
-        ids, hist, tokens = _pass1(source, schema, spill, buckets, opts, pool)
+        ids, hist, tokens, dropped = _pass1(source, schema, spill, buckets, opts, pool)
         splits = _pass2(stage, ids, spill, buckets, schema, opts, pool)
     except SourceError as e:
         raise ConvertError(str(e)) from None
@@ -172,7 +173,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     shutil.rmtree(tmp)
-    return _Passes(len(ids), tokens, hist, splits)
+    return _Passes(len(ids), tokens, hist, splits, dropped)
 
 
 def _manifest(schema: Sequence[Field], opts: ConvertOptions, passes: _Passes, input_rows: int,
@@ -180,7 +181,7 @@ def _manifest(schema: Sequence[Field], opts: ConvertOptions, passes: _Passes, in
     """The one place a manifest is made: totals and fingerprint over every shard file, remainders included."""
     every = [e for s in passes.splits.values() for e in s.entries()]
     totals = Totals(persons=passes.persons, bytes=sum(e.bytes for e in every), shards=len(every),
-                    tokens=passes.tokens, input_rows=input_rows)
+                    tokens=passes.tokens, input_rows=input_rows, dropped=passes.dropped)
     return Manifest(FORMAT_VERSION, tuple(schema), opts.block_persons, passes.splits, totals,
                     fingerprint(schema, [e.sha256 for e in every]),
                     Histogram(HISTOGRAM_BIN, tuple(passes.histogram.tolist())), params)
@@ -203,7 +204,7 @@ def _die_with_parent(converter: int) -> None:
 
 
 def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts: ConvertOptions,
-           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int]:
+           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int, dict[str, int]]:
     jobs = ((source, t, schema) for t in source.tasks)
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
@@ -213,11 +214,13 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     rows: list[tuple[str, np.ndarray]] = []
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
+    dropped: Counter[str] = Counter()
     with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for path, row, every_id, block in results:
+        for path, row, every_id, why, block in results:
             bar.update(1)
             seen.append(every_id)
             rows.append((path, row))
+            dropped.update(why)
             if block.n == 0:
                 continue
             pid = block.columns["person_id"]
@@ -243,7 +246,7 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
         pid = uniq[counts > 1][0]
         at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
         raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
-    return all_ids, hist, tokens
+    return all_ids, hist, tokens, dict(dropped)
 
 
 def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
@@ -288,15 +291,17 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, Block]:
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, dict[str, int],
+                                                                        Block]:
     """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
-    narrowed block of the persons kept)."""
+    rows dropped by reason, the narrowed block of the persons kept)."""
     source, task, schema = args
     block = source.encode(task)
     rows = block.columns.pop("row")
     every_id = block.columns.pop("every_id", block.columns["person_id"])
-    return task[0], rows, every_id.astype(np.int64), to_runs(_narrow(block, token_schema(schema),
-                                                                     _task_label(task)), schema)
+    why = drops.counts(block.columns.pop(drops.DROP_REASON, np.zeros(len(rows), dtype=np.int64)))
+    return task[0], rows, every_id.astype(np.int64), why, to_runs(_narrow(block, token_schema(schema),
+                                                                          _task_label(task)), schema)
 
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:

@@ -22,7 +22,7 @@ import torch
 from .device import PACKED, BatchBuilder
 from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
-from .plan import BALANCED, COMPLETE
+from .plan import BALANCED, COMPLETE, EXACT
 from .prefetch import DevicePrefetcher
 from .reader import ShardedDataset, ShardedLoader
 
@@ -152,8 +152,8 @@ class LifeSeqDataHooks:
         return False
 
     def val_dataloader(self) -> ShardedLoader:
-        # every slot holds as many persons as every other, so every rank has as many batches without drop_last
-        return self._loader("val", BALANCED, shuffle=False)
+        # every val person once, the same batches on every rank (a sync_dist log waits for every rank), or refused
+        return self._loader("val", EXACT, shuffle=False)
 
     def predict_dataloader(self) -> ShardedLoader:
         if self.offline_mlm:

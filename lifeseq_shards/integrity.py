@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from tqdm import tqdm
 from .format import RAGGED, RUN_LENGTH, RUNS, Block, Field, decode_member
 from .manifest import ManifestError, is_local, read_manifest
 from .shardfile import ShardFile, iter_tar_members, sha256_file
+from .sources import drops
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
 __all__ = ["summarize", "verify_dataset"]
@@ -142,16 +144,24 @@ def summarize(root: str | Path) -> str:
         f"dataset      {Path(root) if is_local(str(root)) else root}",  # Path() would turn http:// into http:/
         f"fingerprint  {m.fingerprint}",
         f"persons      {t.persons:,} converted (input rows {'?' if t.input_rows is None else f'{t.input_rows:,}'})",
+        f"dropped      {drops.summary(t.dropped, t.input_rows).removeprefix('dropped ')}"
+        + "".join(f"; {name} {n:,}" for name, n in (t.dropped or {}).items()),
         f"tokens       {t.tokens:,} (mean {t.tokens / max(1, t.persons):.1f} per person)",
         f"bytes        {t.bytes:,} in {t.shards} files ({t.bytes / max(1, t.persons):.1f} per person)",
         f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
         "fields       " + ", ".join(f"{f.name}:{f.dtype}{KIND_MARK.get(f.kind, '')}" for f in m.schema),
     ]
+    params = m.params or {}
+    readers = [params.get(k) for k in ("nodes", "gpus", "workers")]
     for split, info in m.splits.items():
         lines.append(f"split {split:6s} {info.persons:,} persons = {len(info.shards)} shards x "
-                     f"{info.shard_persons:,} + remainder {info.remainder_persons:,} (training skips it, inference "
-                     "reads it)")
-    params = m.params or {}
+                     f"{info.shard_persons:,} + remainder {info.remainder_persons:,} (read like the others)")
+    # training leaves out persons mod readers; the conversion's layout, when it named one, says how many
+    slots = prod(r or 1 for r in readers)
+    at = (f": {m.splits['train'].persons % slots:,} at the {slots} readers converted for (--nodes x --gpus x "
+          "--workers)" if any(r is not None for r in readers) and "train" in m.splits else "")
+    lines.append(f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch{at}; "
+                 "`shardify plan` names them")
     lines.append(f"converted    from {params.get('input_kind')} {', '.join(params.get('inputs', []))}"
                  f" (seed {params.get('seed')}, {params.get('seconds')} s)")
     return "\n".join(lines)

@@ -85,10 +85,14 @@ class Totals:
     shards: int
     tokens: int
     input_rows: int | None = None  # rows read from the inputs, before filtering
+    dropped: Mapping[str, int] | None = None  # input rows the converter dropped, by reason (sources/drops.py)
 
-    def to_json(self) -> dict[str, int]:
-        out = {"persons": self.persons, "bytes": self.bytes, "shards": self.shards, "tokens": self.tokens}
-        return out if self.input_rows is None else {**out, "input_rows": self.input_rows}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"persons": self.persons, "bytes": self.bytes, "shards": self.shards,
+                               "tokens": self.tokens}
+        if self.input_rows is not None:
+            out["input_rows"] = self.input_rows
+        return out if self.dropped is None else {**out, "dropped": dict(self.dropped)}
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,8 @@ class Manifest:
         files: set[str] = set()
         splits = {name: _split(info, f"splits.{name}", version, files) for name, info in m["splits"].items()}
         return cls(version, schema, m["block_persons"], splits,
-                   Totals(**{k: totals[k] for k in _TOTALS}, input_rows=totals.get("input_rows")),
+                   Totals(**{k: totals[k] for k in _TOTALS}, input_rows=totals.get("input_rows"),
+                          dropped=_dropped(totals.get("dropped"))),
                    m["fingerprint"], Histogram(hist["bin_width"], tuple(hist["counts"])), params)
 
     def to_json(self) -> dict[str, Any]:
@@ -271,6 +276,16 @@ def _entry(e: Any, at: str, version: int, files: set[str]) -> ShardEntry:
         raise ValueError(f"{at}.file {e['file']!r} is listed twice")
     files.add(e["file"])
     return ShardEntry(**{k: e[k] for k in _ENTRY}, head_checksum=head)
+
+
+def _dropped(value: Any) -> dict[str, int] | None:
+    """totals.dropped: absent (converted before it was counted), or reason -> count."""
+    if value is None:
+        return None
+    if not (isinstance(value, dict) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                            for n in value.values())):
+        raise ValueError(f"totals.dropped is {value!r}, not an object of counts by reason")
+    return value
 
 
 def _has(obj: Any, keys: dict[str, type], at: str) -> None:

@@ -9,8 +9,16 @@ without talking to each other. Two invariants make this safe:
 
 In balanced mode (training) the shards all hold the same number n of persons, so whole shards dealt round-robin
 give every slot the same budget; the S % N shards that do not go round evenly are pooled and cut into N equal
-slices, and the few persons that still do not divide (fewer than N) are left out for this epoch only - the shard
-order changes with the epoch, so a different tail is left out each time.
+slices. What is left of the pool and the remainder shard (the persons that did not fill the last round of shards
+at conversion) are shared out equally too, as each slot's last persons; the (S * n + r) % N < N persons that still
+do not divide are left out for this epoch only: a run of consecutive persons of the split (remainder first, then
+the shards in manifest order) that moves on by its own length every epoch, so two epochs in a row never leave out
+the same person and every person is read in one of any two consecutive epochs (``left_out_segments``).
+
+In exact mode (validation) every person of the split, remainder included, is read once, and every rank yields the
+same number of batches: the shards are read as one stream cut into per-slot runs whose batch counts add up to the
+same number on every rank (``exact_slot_persons``); a layout where that cannot be had is refused, saying what to
+change.
 
 Where a resumed pass starts is computed here too: which stream each DataLoader worker plays (``pass_roles``), which
 windows of it are loaded (``windows``), the epoch of each pass (``pass_start``) and a saved position
@@ -29,12 +37,14 @@ import numpy as np
 
 from .deprecation import module_aliases, warn
 
-# balanced: every rank the same number of batches (training, validation); persons that do not divide are left out
-# and change with the epoch. complete: every person exactly once (inference); ranks may yield different counts.
-BALANCED, COMPLETE = "balanced", "complete"
+# balanced: every rank the same number of batches (training); fewer than N persons that do not divide are left
+# out, others each epoch. complete: every person exactly once (inference); ranks may yield different counts.
+# exact: every person exactly once and every rank the same number of batches (validation), or refused.
+BALANCED, COMPLETE, EXACT = "balanced", "complete", "exact"
+MODES = (BALANCED, COMPLETE, EXACT)
 _OLD_MODES = {"train": BALANCED, "inference": COMPLETE}  # deprecated names, still accepted
 # the names a checkpoint's loader layout records: states saved before the rename keep resuming
-STORED_MODE = {mode: old for old, mode in _OLD_MODES.items()}
+STORED_MODE = {**{mode: old for old, mode in _OLD_MODES.items()}, EXACT: EXACT}
 # Constant tags mixed into the RNG seeds so the shard order and the window shuffles never share a stream.
 _ORDER_TAG = 0x4F524452  # "ORDR"
 _WINDOW_TAG = 0x57494E44  # "WIND"
@@ -51,8 +61,8 @@ def mode_name(mode: str) -> str:
     if mode in _OLD_MODES:
         warn(f"mode={mode!r}", f"mode={_OLD_MODES[mode]!r}", stacklevel=4)
         return _OLD_MODES[mode]
-    if mode not in (BALANCED, COMPLETE):
-        raise ValueError(f"mode must be {BALANCED!r} or {COMPLETE!r}, not {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be {BALANCED!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
     return mode
 
 
@@ -133,37 +143,191 @@ def assign(
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
+    remainder: int = 0,
+    batch_size: int | None = None,
 ) -> list[list[Segment[int]]]:
     """The segments each slot reads, in reading order; list index = slot_index(rank, worker, num_workers).
 
-    balanced: equal shards; whole shards round-robin, then an equal slice of the pooled tail shards per slot.
+    balanced: equal shards and a ``remainder`` shard of any size (shard number ``len(shard_sizes)``); whole shards
+    round-robin, then an equal slice of the pooled tail shards per slot, then an equal share of what is left of the
+    pool and the remainder (:func:`slot_streams` says where that share starts).
     complete: any sizes (the remainder shard last); slot j reads whole shards j, j+N, ... - nothing is dropped,
     slot counts may differ.
+    exact: any sizes (the remainder shard last), read as one stream cut into :func:`exact_slot_persons` runs (needs
+    ``batch_size``): every person once, the same batches on every rank.
     """
+    return [segments for segments, _ in slot_streams(shard_sizes, world_size, num_workers, mode=mode, seed=seed,
+                                                     epoch=epoch, shuffle=shuffle, remainder=remainder,
+                                                     batch_size=batch_size)]
+
+
+def slot_streams(
+    shard_sizes: Sequence[int],
+    world_size: int,
+    num_workers: int,
+    *,
+    mode: str,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    remainder: int = 0,
+    batch_size: int | None = None,
+) -> list[tuple[list[Segment[int]], int]]:
+    """:func:`assign`'s segments of each slot with the stream position where its share of the pooled persons
+    starts (balanced; the stream's length otherwise): shuffle windows end there, so that the share, a few persons
+    that vary with the epoch, does not reorder the persons before it."""
     slots = num_slots(world_size, num_workers)
-    if mode_name(mode) == COMPLETE:
-        if any(size < 0 for size in shard_sizes):
-            raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
-        return [[Segment(s, 0, int(shard_sizes[s])) for s in range(j, len(shard_sizes), slots)] for j in range(slots)]
+    mode = mode_name(mode)
+    if remainder < 0:
+        raise ValueError(f"remainder must be >= 0, got {remainder}")
+    if mode == BALANCED:
+        return _balanced_streams(shard_sizes, slots, seed, epoch, shuffle, remainder)
+    if any(size < 0 for size in shard_sizes):
+        raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
+    if remainder:
+        raise ValueError(f"mode {mode!r} takes the remainder shard as the last of shard_sizes, not as remainder=")
+    if mode == COMPLETE:
+        plan = [[Segment(s, 0, int(shard_sizes[s])) for s in range(j, len(shard_sizes), slots)] for j in range(slots)]
+        return [(segments, slot_persons(segments)) for segments in plan]
+    if batch_size is None:
+        raise ValueError("exact mode needs the batch size: its per-slot runs make equal batch counts per rank")
+    counts = exact_slot_persons(sum(shard_sizes), world_size, num_workers, batch_size)
+    order = epoch_shard_order(len(shard_sizes), seed, epoch) if shuffle else np.arange(len(shard_sizes))
+    stream = [Segment(int(s), 0, int(shard_sizes[s])) for s in order if shard_sizes[s]]
+    bounds = np.cumsum([0, *counts]).tolist()
+    return [(_cut(stream, lo, hi), hi - lo) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
+def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
+                      remainder: int) -> list[tuple[list[Segment[int]], int]]:
     n = _train_size(shard_sizes)
     num_shards = len(shard_sizes)
     order = epoch_shard_order(num_shards, seed, epoch) if shuffle else np.arange(num_shards)
     whole = num_shards // slots * slots
     pool = order[whole:]
-    q = len(pool) * n // slots
-    return [
-        [Segment(int(s), 0, n) for s in order[j:whole:slots]] + _pool_slice(pool, n, j * q, (j + 1) * q)
-        for j in range(slots)
-    ]
+    pooled = len(pool) * n
+    q = pooled // slots
+    # what no slice of the pool took, then the remainder shard: shared out equally after each slot's own persons
+    rest = _pool_slice(pool, n, slots * q, pooled) + ([Segment(num_shards, 0, remainder)] if remainder else [])
+    share = slot_persons(rest) // slots
+    holes = left_out_segments(shard_sizes, slots, 0, epoch=epoch, remainder=remainder)
+    rest = _without(rest, holes)
+    out, taken = [], 0
+    for j in range(slots):
+        own = [Segment(int(s), 0, n) for s in order[j:whole:slots]] + _pool_slice(pool, n, j * q, (j + 1) * q)
+        kept = _without(own, holes)
+        take = share + slot_persons(own) - slot_persons(kept)  # a slot that lost persons to the holes gets more
+        out.append((kept + _cut(rest, taken, taken + take), slot_persons(kept)))
+        taken += take
+    return out
 
 
-def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str) -> int:
-    """Persons no slot reads this epoch: (r*n) % N when balanced (always < N), 0 when complete."""
+def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: int, *, epoch: int,
+                      remainder: int = 0) -> list[Segment[int]]:
+    """The persons balanced mode leaves out of ``epoch`` (all of them when there are fewer persons than slots):
+    ``left_out`` consecutive persons of the split counted remainder first (shard number ``len(shard_sizes)``),
+    then the shards in manifest order, starting ``epoch * left_out`` persons in (cyclically)."""
     slots = num_slots(world_size, num_workers)
-    if mode_name(mode) == COMPLETE:
+    n = _train_size(shard_sizes)
+    total = len(shard_sizes) * n + remainder
+    lost = total % slots
+    if lost == 0:
+        return []
+    start = epoch * lost % total
+    runs = [(start, min(start + lost, total)), (0, max(start + lost - total, 0))]
+    out = []
+    for lo, hi in runs:
+        if lo < min(hi, remainder):  # the remainder shard comes first in this count
+            out.append(Segment(len(shard_sizes), lo, min(hi, remainder)))
+        lo, hi = max(lo, remainder) - remainder, max(hi, remainder) - remainder
+        out += _pool_slice(range(len(shard_sizes)), n, lo, hi)
+    return out
+
+
+def _without(segments: Sequence[Segment[int]], holes: Sequence[Segment[int]]) -> list[Segment[int]]:
+    """``segments`` in order, less the persons of ``holes``."""
+    out = []
+    for seg in segments:
+        pieces = [seg]
+        for hole in holes:
+            if hole.shard != seg.shard:
+                continue
+            pieces = [part for p in pieces for part in (Segment(p.shard, p.start, min(p.stop, hole.start)),
+                                                          Segment(p.shard, max(p.start, hole.stop), p.stop))
+                      if part.size > 0]
+        out += pieces
+    return out
+
+
+def _cut(segments: Sequence[Segment[int]], lo: int, hi: int) -> list[Segment[int]]:
+    """Stream positions [lo, hi) of ``segments`` (in reading order) as segments."""
+    out, pos = [], 0
+    for seg in segments:
+        a, b = max(lo, pos), min(hi, pos + seg.size)
+        if a < b:
+            out.append(Segment(seg.shard, seg.start + a - pos, seg.start + b - pos))
+        pos += seg.size
+        if pos >= hi:
+            break
+    return out
+
+
+def exact_slot_persons(total: int, world_size: int, num_workers: int, batch_size: int) -> list[int]:
+    """Persons of each slot in exact mode: all ``total`` persons, each rank ``b`` batches, where b is the fewest
+    that hold a rank's share. A rank takes total // R or one more persons; its K slots take b // K or one more
+    batches each, every batch full but each slot's last. ValueError, saying what to change, when no cut does it
+    (fewer persons than ranks, or a last round too short to give every rank its last batch)."""
+    slots = num_slots(world_size, num_workers)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    k = slots // world_size
+    b, need = _exact_need(total, world_size, k, batch_size)
+    if world_size * need > total:
+        raise ValueError(_exact_refusal(total, world_size, k, batch_size, b, need))
+    out = []
+    for rank in range(world_size):
+        persons = total // world_size + (rank < total % world_size)
+        batches = [b // k + (w < b % k) for w in range(k)]
+        busy = sum(c > 0 for c in batches)
+        extra = persons - need  # beyond the least the rank's batches hold, at most B - 1 more per busy slot
+        spread = iter(range(busy))
+        for c in batches:
+            i = next(spread) if c else 0
+            out.append((c - 1) * batch_size + 1 + extra // busy + (i < extra % busy) if c else 0)
+    return out
+
+
+def _exact_need(total: int, world_size: int, k: int, batch_size: int) -> tuple[int, int]:
+    """(b, the fewest persons b batches on K slots can hold: each slot's batches full but its last, of one)."""
+    b = -(-total // (world_size * batch_size))
+    busy = min(k, b)
+    return b, (b - busy) * batch_size + busy
+
+
+def _exact_refusal(total: int, world_size: int, k: int, batch_size: int, b: int, need: int) -> str:
+    said = (f"{total} persons cannot each be read once with the same number of batches on every one of "
+            f"{world_size} ranks ({k} reader(s) a rank) at batch size {batch_size}: a rank's {b} batches hold at "
+            f"least {need} persons, {world_size * need} in all")
+    if total < world_size:
+        return f"{said}; use at most {total} ranks, or a split of at least {world_size} persons"
+    fits = [bs for bs in range(1, -(-total // world_size) + 1)
+            if world_size * _exact_need(total, world_size, k, bs)[1] <= total]
+    below = [bs for bs in fits if bs < batch_size]
+    above = [bs for bs in fits if bs > batch_size]
+    near = " or ".join(str(bs) for bs in (below[-1:] + above[:1]))
+    workers = ", or more workers per rank" if b > k else ""  # a worker more lets a rank's last batch be short
+    return f"{said}; use batch size {near}{workers}"
+
+
+def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str, remainder: int = 0) -> int:
+    """Persons no slot reads this epoch: (S * n + remainder) % N when balanced (always < N), 0 otherwise."""
+    slots = num_slots(world_size, num_workers)
+    if mode_name(mode) != BALANCED:
         return 0
     n = _train_size(shard_sizes)
-    return len(shard_sizes) % slots * n % slots
+    return (len(shard_sizes) * n + remainder) % slots
 
 
 def slot_persons(segments: Sequence[Segment[ShardT]]) -> int:
@@ -178,17 +342,20 @@ def num_batches(persons: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 def slot_batches(shard_sizes: Sequence[int], world_size: int, num_workers: int, batch_size: int, *, mode: str,
-                 drop_last: bool = False) -> list[int]:
+                 drop_last: bool = False, remainder: int = 0) -> list[int]:
     """Batches per slot, every epoch: slot budgets do not depend on the shard order, hence not on seed/epoch."""
-    plan = assign(shard_sizes, world_size, num_workers, mode=mode, shuffle=False)
+    if drop_last and mode_name(mode) == EXACT:
+        raise ValueError("exact mode reads every person: drop_last would drop each slot's last partial batch")
+    plan = assign(shard_sizes, world_size, num_workers, mode=mode, shuffle=False, remainder=remainder,
+                  batch_size=batch_size)
     return [num_batches(slot_persons(segments), batch_size, drop_last) for segments in plan]
 
 
 def rank_batches(shard_sizes: Sequence[int], world_size: int, num_workers: int, batch_size: int, *, mode: str,
-                 drop_last: bool = False) -> list[int]:
+                 drop_last: bool = False, remainder: int = 0) -> list[int]:
     """Batches per rank (sum over its slots)."""
     return sum_per_rank(slot_batches(shard_sizes, world_size, num_workers, batch_size, mode=mode,
-                                     drop_last=drop_last), num_workers)
+                                     drop_last=drop_last, remainder=remainder), num_workers)
 
 
 def sum_per_rank(per_slot: list[int], num_workers: int) -> list[int]:
@@ -204,8 +371,12 @@ def window_order(total: int, window: int, seed: int, epoch: int, slot: int, wind
     start = window_index * window
     if not 0 <= start < total:
         raise ValueError(f"window {window_index} is outside a stream of {total} positions (window {window})")
-    rng = np.random.default_rng([seed, epoch, slot, window_index, _WINDOW_TAG])
-    return start + rng.permutation(min(window, total - start))
+    return start + _shuffled(min(window, total - start), seed, epoch, slot, window_index)
+
+
+def _shuffled(size: int, seed: int, epoch: int, slot: int, window_index: int) -> np.ndarray:
+    """The order window ``window_index`` of a slot's stream yields its ``size`` persons in (indices into it)."""
+    return np.random.default_rng([seed, epoch, slot, window_index, _WINDOW_TAG]).permutation(size)
 
 
 def window_permutation(total: int, window: int, seed: int, epoch: int, slot: int) -> np.ndarray:
@@ -302,24 +473,32 @@ class Window:
 
 
 def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop_last: bool,
-            skip: int = 0) -> Iterator[Window]:
+            skip: int = 0, cut: int | None = None) -> Iterator[Window]:
     """The windows of a slot's stream (``segments`` in reading order) that hold its batches from batch ``skip`` on;
-    a resumed pass starts inside the first one, and one with no batch left loads none."""
+    a resumed pass starts inside the first one, and one with no batch left loads none. Windows of ``window``
+    persons from position 0; with ``cut``, a window ends there and the next ones count from it."""
     total = slot_persons(segments)
     first = min(skip * batch_size, total)
     last = min(num_batches(total, batch_size, drop_last) * batch_size, total)
-    starts = np.cumsum([0] + [s.size for s in segments])
-    for w in range(first // window, -(-last // window) if first < last else 0):
-        lo, hi = w * window, min((w + 1) * window, total)
-        cut = []
-        s = int(np.searchsorted(starts, lo, side="right")) - 1  # the segment holding position lo
-        while s < len(segments) and starts[s] < hi:
-            a, b = max(lo, int(starts[s])), min(hi, int(starts[s + 1]))
-            if a < b:
-                seg = segments[s]
-                cut.append(Segment(seg.shard, seg.start + a - int(starts[s]), seg.start + b - int(starts[s])))
-            s += 1
-        yield Window(w, lo, hi, tuple(cut))
+    for index, lo, hi in window_bounds(total, window, total if cut is None else cut):
+        if lo >= last:
+            break
+        if hi > first:
+            yield Window(index, lo, hi, tuple(_cut(segments, lo, hi)))
+
+
+def window_bounds(total: int, window: int, cut: int) -> Iterator[tuple[int, int, int]]:
+    """(index, start, stop) of each window of a stream of ``total`` positions: ``window`` at a time up to ``cut``,
+    then again from ``cut`` on."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if not 0 <= cut <= total:
+        raise ValueError(f"cut {cut} outside a stream of {total} positions")
+    index = 0
+    for lo, hi in ((0, cut), (cut, total)):
+        for start in range(lo, hi, window):
+            yield index, start, min(start + window, hi)
+            index += 1
 
 
 @dataclass(frozen=True)
@@ -336,16 +515,22 @@ class Partition:
     batch_size: int
     drop_last: bool
     window: int  # persons loaded and shuffled together
+    remainder: int = 0  # balanced mode: the remainder shard's persons (shard number len(sizes)), shared out
+
+    def stream(self, slot: int, epoch: int) -> tuple[list[Segment[int]], int]:
+        """The slot's segments this epoch and where its share of the pooled persons starts (:func:`slot_streams`)."""
+        return slot_streams(self.sizes, self.world_size, self.num_workers, mode=self.mode, seed=self.seed,
+                            epoch=epoch, shuffle=self.shuffle, remainder=self.remainder,
+                            batch_size=self.batch_size)[slot]
 
     def segments(self, slot: int, epoch: int) -> list[Segment[int]]:
-        return assign(self.sizes, self.world_size, self.num_workers, mode=self.mode, seed=self.seed, epoch=epoch,
-                      shuffle=self.shuffle)[slot]
+        return self.stream(slot, epoch)[0]
 
     @functools.cached_property
     def slot_batches(self) -> list[int]:
         """:func:`slot_batches` of this partition, computed once (``len()`` and every pass ask for it)."""
         return slot_batches(self.sizes, self.world_size, self.num_workers, self.batch_size, mode=self.mode,
-                            drop_last=self.drop_last)
+                            drop_last=self.drop_last, remainder=self.remainder)
 
     def worker_batches(self, rank: int) -> list[int]:
         """Batches each worker of ``rank`` yields per epoch (the same every epoch): its contiguous slots."""
@@ -355,11 +540,10 @@ class Partition:
     def ordered_windows(self, slot: int, epoch: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
         """:func:`windows` of the slot's stream this epoch, each with the order its persons are yielded in
         (indices into the window)."""
-        segments = self.segments(slot, epoch)
-        total = slot_persons(segments)
-        for win in windows(segments, self.window, self.batch_size, self.drop_last, skip):
-            yield win, (window_order(total, self.window, self.seed, epoch, slot, win.index) - win.start
-                        if self.shuffle else np.arange(win.size))
+        segments, cut = self.stream(slot, epoch)
+        for win in windows(segments, self.window, self.batch_size, self.drop_last, skip, cut):
+            yield win, (_shuffled(win.size, self.seed, epoch, slot, win.index) if self.shuffle
+                        else np.arange(win.size))
 
 
 def coverage(plan: list[list[Segment[int]]]) -> tuple[int, int]:

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from .plan import (
     BALANCED,
+    EXACT,
     Segment,
     assign,
     coverage,
     left_out,
-    num_batches,
+    left_out_segments,
     num_slots,
+    slot_batches,
     slot_persons,
     sum_per_rank,
 )
@@ -29,9 +31,13 @@ class PlanReport:
 
 
 def _segments_text(segments: list[Segment[int]], shard_sizes: Sequence[int]) -> str:
-    """'#3 #7 #9[0:40)': whole shards by number, partial ones with their person range."""
+    """'#3 #7 #9[0:40) R[2:5)': whole shards by number, partial ones with their person range, R the remainder."""
+    def name(seg: Segment[int]) -> str:
+        return "R" if seg.shard == len(shard_sizes) else f"#{seg.shard}"
+
     items = [
-        f"#{seg.shard}" if seg.size == shard_sizes[seg.shard] else f"#{seg.shard}[{seg.start}:{seg.stop})"
+        name(seg) if seg.shard < len(shard_sizes) and seg.size == shard_sizes[seg.shard]
+        else f"{name(seg)}[{seg.start}:{seg.stop})"
         for seg in segments
     ]
     if len(items) > _MAX_SEGMENTS_SHOWN:
@@ -57,32 +63,41 @@ def describe(
     drop_last: bool = False,
     seed: int = 0,
     split: str = "train",
+    mode: str = BALANCED,
 ) -> PlanReport:
-    """The epoch-0 training plan as `shardify plan` prints it, with a check of its invariants and a verdict.
+    """The epoch-0 plan as `shardify plan` prints it, with a check of its invariants and a verdict: of training
+    (``mode`` balanced) or of validation (exact).
 
-    ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole shards and
-    nothing is left out.
+    Balanced: ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole
+    shards and an equal share of the remainder, and fewer than N persons, named, are left out (others each epoch).
+    Exact: ok when every person is read once in equal batches per rank (else validation refuses the layout too).
     """
     world = nodes * gpus
     slots = num_slots(world, workers)
     k = max(workers, 1)
     num_shards = len(shard_sizes)
-    plan = assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0)
+    total = sum(shard_sizes) + remainder
+    lines = [
+        f"{split} split: {num_shards} shards x {shard_sizes[0]} persons = {sum(shard_sizes)}; remainder shard R: "
+        f"{remainder} persons ({'read by validation too' if mode == EXACT else 'shared out as the pooled shards'})",
+        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
+        f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}"
+        + ("; mode exact (validation)" if mode == EXACT else ""),
+    ]
+    try:
+        plan = (assign([*shard_sizes, remainder], world, workers, mode=EXACT, batch_size=batch_size)
+                if mode == EXACT else
+                assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0, remainder=remainder))
+        batches = slot_batches([*shard_sizes, remainder] if mode == EXACT else shard_sizes, world, workers,
+                               batch_size, mode=mode, drop_last=drop_last, remainder=0 if mode == EXACT else remainder)
+    except ValueError as e:  # exact mode: the layout validation refuses, and why
+        return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
     persons = [slot_persons(segments) for segments in plan]
-    batches = [num_batches(p, batch_size, drop_last) for p in persons]
     per_rank = sum_per_rank(batches, workers)
-    total = sum(shard_sizes)
-    dropped = left_out(shard_sizes, world, workers, BALANCED)
+    dropped = left_out(shard_sizes, world, workers, mode, remainder)
     read, distinct = coverage(plan)
 
-    lines = [
-        f"{split} split: {num_shards} shards x {shard_sizes[0]} persons = {total}; remainder shard: {remainder} "
-        "persons (inference only)",
-        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
-        f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}",
-        "",
-        f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards",
-    ]
+    lines += ["", f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards"]
     shown = range(min(slots, _MAX_SLOT_LINES))
     for j in shown:
         worker = str(j % k) if workers else "-"
@@ -103,6 +118,12 @@ def describe(
         f"{'no overlap' if read == distinct else f'{read - distinct} OVERLAPPING'}; "
         f"{distinct} read + {dropped} left out = {distinct + dropped} of {total}",
     ]
+    if dropped:
+        who = _segments_text(left_out_segments(shard_sizes, world, workers, epoch=0, remainder=remainder),
+                             shard_sizes)
+        lines.append(f"left out of epoch 0: {dropped} persons ({total} % {slots} slots): {who}; epoch e leaves out "
+                     f"the {dropped} after those of epoch e - 1 (R first, then #0, #1, ...), so none two epochs "
+                     "running")
     # drop_last: each slot's last partial batch is read but never yielded (the coverage line counts it as read)
     tail = sum(p - b * batch_size for p, b in zip(persons, batches, strict=True)) if drop_last else 0
     if tail:
@@ -114,12 +135,15 @@ def describe(
         lines.append(f"NO BATCHES: a slot has at most {max(persons)} persons, fewer than batch {batch_size} with "
                      f"drop_last, so every rank's epoch is empty; use --batch-size <= {min(persons)}, fewer "
                      "ranks/workers, or no --drop-last")
-    ok = (num_shards % slots == 0 and equal and read == distinct and distinct + dropped == total
+    ok = ((mode == EXACT or num_shards % slots == 0) and equal and read == distinct and distinct + dropped == total
           and max(per_rank) > 0)
-    if num_shards % slots:
+    if mode == EXACT:
+        if ok:
+            lines += ["", f"EXACT: every person once, {per_rank[0]} batches on every rank."]
+    elif num_shards % slots:
         fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
         loss = (
-            f"{dropped} persons per epoch are left out (which ones changes with the epoch's shard order)"
+            f"{dropped} persons per epoch are left out (others each epoch)"
             if dropped
             else "nothing is left out, but those shards are split between slots"
         )
@@ -131,6 +155,9 @@ def describe(
             + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
         ]
     elif ok:
-        lost = f"drop_last drops {tail} persons" if tail else "nothing is left out"
-        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s); {lost}."]
+        lost = [f"{dropped} persons are left out (named above)"] if dropped else []
+        lost += [f"drop_last drops {tail} persons"] if tail else []
+        share = f" and {persons[0] - num_shards // slots * shard_sizes[0]} persons of R" if remainder else ""
+        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s){share}; "
+                  f"{' and '.join(lost) or 'nothing is left out'}."]
     return PlanReport(ok=ok, text="\n".join(lines))

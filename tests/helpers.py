@@ -23,6 +23,7 @@ import zstandard
 from click.testing import CliRunner
 
 from lifeseq_shards.cli import main
+from lifeseq_shards.plan import left_out_segments
 from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +127,15 @@ def split_ids(root: Path, split: str) -> tuple[list[np.ndarray], np.ndarray]:
     rem = info["remainder"]
     return [shard_ids(root / s["file"]) for s in info["shards"]], (
         shard_ids(root / rem["file"]) if rem else np.zeros(0, dtype=np.int64))
+
+
+def trained_ids(root: Path, world: int, workers: int, epoch: int) -> tuple[set[int], set[int]]:
+    """(every train person, remainder included; those of them the plan leaves out of ``epoch`` for ``world`` ranks x
+    ``workers``), read from the shard files at the positions ``plan.left_out_segments`` names."""
+    shards, rem = split_ids(root, "train")
+    files = [*shards, rem]
+    left = left_out_segments([len(s) for s in shards], world, workers, epoch=epoch, remainder=len(rem))
+    return set(np.concatenate(files).tolist()), {int(i) for seg in left for i in files[seg.shard][seg.start : seg.stop]}
 
 
 def shardify(*args: object) -> tuple[int, str]:

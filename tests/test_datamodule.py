@@ -10,8 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from helpers import shardify, split_ids
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
@@ -263,3 +265,47 @@ def test_drop_last_drops_training_tails_only(vocab_dataset: Path) -> None:
     assert len(val_all) % 9 and persons(dropping, "val_dataloader") == val_all  # a short tail, kept
     train_dropped, train_all = persons(dropping, "train_dataloader"), persons(keeping, "train_dataloader")
     assert len(train_all) % 9 and len(train_dropped) == len(train_all) // 9 * 9  # a short tail, dropped
+
+
+# -- validation reads the whole val split -------------------------------------------------------------------------
+def val_passes(root: Path, world: int, workers: int, batch: int) -> list[list[list[int]]]:
+    """Each rank's validation through the DataModule's val_dataloader, as Lightning's rank ``r`` of ``world``
+    builds it (through real DataLoader workers when workers > 0)."""
+    out = []
+    for rank in range(world):
+        trainer = fake_trainer()
+        trainer.global_rank, trainer.world_size, trainer.training = rank, world, False
+        dm = LifeSeqDataModule(root, batch_size=batch, num_workers=workers, persistent_workers=False)
+        dm.trainer = trainer
+        out.append([padded_fields(b)["person_id"].tolist() for b in dm.val_dataloader()])
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("flags", "val_persons"), [
+    (("--shards", "120", "--num-val", "200"), 200),  # 120 val shards of 1 and a remainder of 80: 120 were read
+    (("--shards", "7", "--num-val", "10"), 10),  # 7 of 10 were read
+    (("--shards", "4", "--val-fraction", "0.001"), 7),  # 4 of 7 were read
+])
+def test_validation_reads_every_val_person_once(sample: Path, tmp_path: Path, flags: tuple[str, ...],
+                                                val_persons: int) -> None:
+    code, out = shardify("convert", sample / "encoded_nomlm.h5", "-o", tmp_path / "ds", *flags)
+    assert code == 0, out
+    shards, rem = split_ids(tmp_path / "ds", "val")
+    everyone = [int(i) for i in np.concatenate([*shards, rem])]
+    assert len(everyone) == val_persons and len(rem), "the issue's layouts have a val remainder"
+    for world, workers in ((1, 0), (2, 2), (3, 0)):
+        per_rank = val_passes(tmp_path / "ds", world, workers, 32)
+        seen = [i for batches in per_rank for batch in batches for i in batch]
+        assert sorted(seen) == sorted(everyone), f"{world} ranks x {workers} workers"
+        assert len({len(batches) for batches in per_rank}) == 1, f"unequal validation batches on {world} ranks"
+
+
+def test_validation_refuses_a_layout_it_cannot_read_whole(sample: Path, tmp_path: Path) -> None:
+    """7 val persons over 8 ranks: some rank would have no batch while the others log with sync_dist."""
+    code, out = shardify("convert", sample / "encoded_nomlm.h5", "-o", tmp_path / "ds", "--shards", "4",
+                         "--val-fraction", "0.001")
+    assert code == 0, out
+    with pytest.raises(ValueError, match=r"split val: 7 persons cannot each be read once .* on every one of 8 ranks"
+                                         r".*use at most 7 ranks"):
+        val_passes(tmp_path / "ds", 8, 0, 32)

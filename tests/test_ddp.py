@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import repo_first, split_ids
+from helpers import repo_first, split_ids, trained_ids
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 
@@ -238,11 +238,12 @@ def test_shard_files_hold_every_input_person_once(ds8: Path, sample: Path) -> No
 def test_torchrun_two_ranks_read_each_person_once_per_epoch(torchrun_two: Path, ds8: Path) -> None:
     ranks = read_ranks(torchrun_two)
     assert [r["world_size"] for r in ranks] == [2, 2]  # taken from torch.distributed, not passed in
-    shards, remainder = split_ids(ds8, "train")
-    assert len(remainder) == 5
+    assert len(split_ids(ds8, "train")[1]) == 5
     for epoch in range(2):
         per_rank = [r["epochs"][epoch] for r in ranks]
-        assert_exactly_once(per_rank, set().union(*shards))  # the remainder shard is inference-only
+        everyone, left = trained_ids(ds8, 2, WORKERS, epoch)  # the remainder is read too, but for 1 a epoch
+        assert len(left) == 1
+        assert_exactly_once(per_rank, everyone - left)
         assert_equal_batches(per_rank, [r["len"] for r in ranks])
     for r in ranks:
         first, second = (flat(e) for e in r["epochs"])
@@ -274,7 +275,8 @@ def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -
     ranks = read_ranks(out)
     assert [r["world_size"] for r in ranks] == [4] * 4
     per_rank = [r["epochs"][0] for r in ranks]
-    assert_exactly_once(per_rank, set().union(*split_ids(ds8, "train")[0]))
+    everyone, left = trained_ids(ds8, 4, WORKERS, 0)
+    assert_exactly_once(per_rank, everyone - left)
     assert_equal_batches(per_rank, [r["len"] for r in ranks])
 
 
@@ -287,13 +289,13 @@ def test_two_nodes_four_ranks_read_each_person_once(ds8: Path, tmp_path: Path) -
 def test_lightning_ddp_reads_each_person_once(lightning_ddp: Path, ds8: Path) -> None:
     ranks = read_ranks(lightning_ddp)
     assert [r["world_size"] for r in ranks] == [2, 2]
-    train = set().union(*split_ids(ds8, "train")[0])
     for epoch in ("0", "1"):
+        everyone, left = trained_ids(ds8, 2, WORKERS, int(epoch))
         assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
-        assert_exactly_once([r["train"][epoch] for r in ranks], train)
-    # validation: no shuffle, same plan: every val person once, equal batches (val_loss is logged with sync_dist)
+        assert_exactly_once([r["train"][epoch] for r in ranks], everyone - left)
+    # validation: every val person once, remainder included, equal batches (val_loss is logged with sync_dist)
     assert_equal_batches([r["val"] for r in ranks], [r["num_val_batches"][0] for r in ranks])
-    assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds8, "val")[0]))
+    assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds8, "val")[0], split_ids(ds8, "val")[1]))
     for r in ranks:  # the seed batch, built on the device by the datamodule, with dynamic MLM targets
         seed = r["model_batch"]
         (ids_dtype, (b, rows, width)), (mask_dtype, mask_shape) = seed["input_ids"], seed["padding_mask"]
@@ -319,8 +321,9 @@ def test_lightning_ddp_spawn_reads_each_person_once(lightning_spawn: Path, ds8: 
     """Spawned ranks and spawned DataLoader workers (no RANK/WORLD_SIZE there) must still split the data."""
     ranks = read_ranks(lightning_spawn)
     for epoch in ("0", "1"):
+        everyone, left = trained_ids(ds8, 2, WORKERS, int(epoch))
         assert_equal_batches([r["train"][epoch] for r in ranks], [r["num_training_batches"] for r in ranks])
-        assert_exactly_once([r["train"][epoch] for r in ranks], set().union(*split_ids(ds8, "train")[0]))
+        assert_exactly_once([r["train"][epoch] for r in ranks], everyone - left)
 
 
 @pytest.mark.slow
@@ -358,7 +361,8 @@ def test_lightning_ddp_checkpoint_inside_a_step_resumes_exactly(ds8: Path, tmp_p
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 30)
 def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, tmp_path: Path) -> None:
-    """7 shards over 2 ranks x 2 workers: the pooled tail is sliced; fewer than 4 persons are left out this epoch."""
+    """7 shards over 2 ranks x 2 workers: the pooled tail is sliced; fewer than 4 persons are left out this epoch,
+    the ones the plan names."""
     out = tmp_path / "result.json"
     launch([lightning(ds7, out)], tmp_path, LIGHTNING_S)
     ranks = read_ranks(out)
@@ -372,6 +376,8 @@ def test_lightning_ddp_non_dividing_shards_finish_with_equal_batches(ds7: Path, 
     seen = flat([b for r in ranks for b in r["train"]["0"]])
     assert len(seen) == len(set(seen)) and set(seen) <= train
     assert len(train) - len(seen) == pooled % slots
+    everyone, left = trained_ids(ds7, 2, WORKERS, 0)
+    assert set(seen) == everyone - left
     assert_exactly_once([r["val"] for r in ranks], set().union(*split_ids(ds7, "val")[0]))
 
 

@@ -151,6 +151,18 @@ def test_counts_lowered_by_whole_blocks_are_refused(small_blocks: Path, tmp_path
         read_all(ds)
 
 
+def test_a_count_unlike_the_others_names_the_manifest_and_the_shard(copy: Path) -> None:
+    """Before: `balanced mode needs shards of one size, got sizes [115, 116]`, naming no dataset or shard."""
+    def raise_one(m: ManifestJSON) -> None:
+        m["splits"]["train"]["shards"][5]["samples"] += 1
+
+    edit(copy, raise_one)
+    with pytest.raises(ManifestError, match=rf"{re.escape(str(copy))}/manifest\.json: split train: shard "
+                                            r"train/shard-000005\.tar counts 116 persons, the split's other shards "
+                                            r"115 each"):
+        ShardedDataset(copy)
+
+
 @pytest.mark.parametrize("file", ["../escape.tar", "/etc/hostname", "train/../../escape.tar", "./train/x.tar",
                                   "train/shard-000001.tar; touch pwned", ""])
 def test_a_shard_path_leaving_the_dataset_is_refused(copy: Path, file: str) -> None:

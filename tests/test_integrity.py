@@ -248,3 +248,15 @@ def test_refuses_a_foreign_non_empty_directory(sample: Path, tmp_path: Path) -> 
     (out / "train" / "notes.txt").write_text("mine")
     assert_refused([str(sample / "encoded_nomlm.h5")], "is not empty and is not a dataset", out)
     assert (out / "train" / "notes.txt").read_text() == "mine"
+
+
+def test_inspect_says_how_many_training_leaves_out(sample: Path, tmp_path: Path) -> None:
+    """Converted for 4 GPUs x 2 workers: training reads the remainder too and leaves out train persons mod 8 (it
+    said 'training skips it' of the remainder, and nothing of the persons left out)."""
+    code, out = shardify("convert", sample / "encoded_nomlm.h5", "-o", tmp_path / "ds", "--gpus", 4, "--workers", 2)
+    assert code == 0, out
+    train = json.loads((tmp_path / "ds" / "manifest.json").read_text())["splits"]["train"]["persons"]
+    code, out = shardify("inspect", tmp_path / "ds")
+    assert code == 0 and "training skips" not in out
+    assert f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch: " \
+           f"{train % 8} at the 8 readers converted for" in out

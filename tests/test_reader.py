@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_SHARDS, SeedRows, repo_first, serve_directory, shard_ids, split_ids
+from helpers import SMALL_SHARDS, SeedRows, repo_first, serve_directory, shard_ids, split_ids, trained_ids
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
@@ -97,46 +97,50 @@ def assert_same_batches(got: list[Batch], want: list[Batch]) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_train_ranks_read_every_shard_person_once(mlm_dataset: Path, world: int, workers: int) -> None:
-    shards, rem = split_ids(mlm_dataset, "train")
+def test_train_ranks_read_every_person_once_the_remainder_too(mlm_dataset: Path, world: int, workers: int) -> None:
+    _, rem = split_ids(mlm_dataset, "train")
+    everyone, unread = trained_ids(mlm_dataset, world, workers, 0)
     bs = 128
+    slots = world * max(1, workers)
+    lost = (TRAIN_READ + len(rem)) % slots  # fewer than the slots: the persons that do not divide among them
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # 48 shards divide world x workers here: no warning
         ranks = all_ranks(mlm_dataset, world, workers, batch_size=bs)
     got = ids_of(b for r in ranks for b in r)
-    assert len(got) == len(np.unique(got)) == TRAIN_READ
-    assert set(got.tolist()) == set(np.concatenate(shards).tolist())
-    assert not set(got.tolist()) & set(rem.tolist()), "training read the remainder shard"
-    slots = world * max(1, workers)
-    assert len(ranks[0]) == max(1, workers) * -(-TRAIN_READ // slots // bs)
+    assert len(got) == len(np.unique(got)) == TRAIN_READ + len(rem) - lost == len(everyone) - len(unread)
+    assert set(got.tolist()) & set(rem.tolist()), "training skipped the remainder"
+    assert set(got.tolist()) == everyone - unread  # the ones the plan names are left out
+    assert len(ranks[0]) == max(1, workers) * -(-(TRAIN_READ + len(rem)) // slots // bs)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world", "workers"), [(7, 0), (5, 2)])
 def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
     slots = world * max(1, workers)
-    lost = SHARDS % slots * PER_SHARD % slots  # the pooled tail shards' persons that do not divide into the slots
-    shards, _ = split_ids(mlm_dataset, "train")
+    shards, rem = split_ids(mlm_dataset, "train")
+    total = TRAIN_READ + len(rem)
+    lost = total % slots  # every train person, remainder included, that does not divide into the slots
     said = rf"\b{lost} persons are left out" if lost else "no person is left out"
-    with pytest.warns(UserWarning, match=rf"{said}.*45-person remainder"):
+    with pytest.warns(UserWarning, match=rf"45-person remainder shard included: {said}"):
         ShardedDataset(mlm_dataset, rank=0, world_size=world, num_workers=workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ranks = all_ranks(mlm_dataset, world, workers, batch_size=64)
     got = ids_of(b for r in ranks for b in r)
-    assert len(got) == len(np.unique(got)) == TRAIN_READ - lost
-    assert set(got.tolist()) <= set(np.concatenate(shards).tolist())
+    assert len(got) == len(np.unique(got)) == total - lost
+    assert set(got.tolist()) <= set(np.concatenate([*shards, rem]).tolist())
 
 
-def test_left_out_persons_change_with_the_epoch(mlm_dataset: Path) -> None:
-    """7 ranks: the shards that do not go round whole are pooled and sliced evenly; the pool's remainder (counted
-    from the shard files) is left out, other persons each epoch."""
-    world, shards = 7, split_ids(mlm_dataset, "train")[0]
-    assert len({len(s) for s in shards}) == 1  # equal shards: the pool is the persons of len(shards) % world shards
-    lost = len(shards) % world * len(shards[0]) % world
+@pytest.mark.timeout(180)
+def test_over_two_epochs_every_train_person_is_read(mlm_dataset: Path) -> None:
+    """8 ranks: 5,565 train persons (48 shards of 115 + a remainder of 45) leave 5 out of each epoch; the next epoch
+    leaves out 5 others, so two epochs read every person of the split (counted from the shard files)."""
+    world = 8
+    shards, rem = split_ids(mlm_dataset, "train")
+    everyone = set(np.concatenate([*shards, rem]).tolist())
+    lost = len(everyone) % world
     assert lost, "the fixture should leave someone out, or this test checks less than it says"
-    everyone = set(np.concatenate(shards).tolist())
-    left = []
+    left, seen = [], set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for epoch in (0, 1):
@@ -144,8 +148,10 @@ def test_left_out_persons_change_with_the_epoch(mlm_dataset: Path) -> None:
             assert len(got) == len(set(got.tolist())) == len(everyone) - lost
             assert set(got.tolist()) <= everyone
             left.append(everyone - set(got.tolist()))
+            seen |= set(got.tolist())
     assert len(left[0]) == len(left[1]) == lost
-    assert left[0] != left[1]
+    assert not left[0] & left[1], "a person left out two epochs running"
+    assert seen == everyone, "a train person was read in neither epoch"
 
 
 # -- 2. epochs ----------------------------------------------------------------------------------------------------
@@ -407,7 +413,7 @@ def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows
     """16-person blocks and pooled slices: reads start and stop inside shards, past their first block."""
     shards, _ = split_ids(other_dataset, "train")
     assert len(shards) == SHARDS
-    world = 5  # 3 pooled shards cut into 69-person slices
+    world = 5  # 3 pooled shards cut into 69-person slices, then the remainder shared out
     got = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -416,8 +422,9 @@ def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows
         check_batch(b, nomlm_rows)
         got.append(b["person_id"].numpy())
     ids = np.concatenate(got)
-    assert len(ids) == len(np.unique(ids)) == TRAIN_READ
-    assert set(ids.tolist()) == set(np.concatenate(shards).tolist())
+    everyone, left = trained_ids(other_dataset, world, 0, 0)
+    assert len(ids) == len(np.unique(ids)) == len(everyone) - len(left) > TRAIN_READ
+    assert set(ids.tolist()) == everyone - left
 
 
 # -- 6. worker count mismatch -------------------------------------------------------------------------------------
@@ -643,7 +650,8 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
         got = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
     assert ld.state_dict()["layout"] == roomy.state_dict()["layout"]
-    assert sorted(got.tolist()) == sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    everyone, left = trained_ids(nomlm_dataset, 1, 2, 0)
+    assert sorted(got.tolist()) == sorted(everyone - left)
 
 
 def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Path,
@@ -651,15 +659,15 @@ def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Pa
     """Workers that restart each pass get no rings once /dev/shm runs short: the whole epoch comes through the pipes."""
     ds = ShardedDataset(nomlm_dataset, batch_size=64, num_workers=2, packed=True)
     ld = ShardedLoader(ds, persistent_workers=False)
-    want = sorted(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    (everyone, left0), (_, left1) = (trained_ids(nomlm_dataset, 1, 2, epoch) for epoch in (0, 1))
     first = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
-    assert ld.ring_bytes > 0 and sorted(first.tolist()) == want
+    assert ld.ring_bytes > 0 and sorted(first.tolist()) == sorted(everyone - left0)
     monkeypatch.setattr(reader.loader.shutil, "disk_usage",
                         lambda path: shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20))
     with pytest.warns(UserWarning, match="--shm-size"):
         second = np.concatenate([padded_fields(b)["person_id"].numpy() for b in ld])
     assert ds.rings is None and ld.ring_bytes == 0
-    assert sorted(second.tolist()) == want
+    assert sorted(second.tolist()) == sorted(everyone - left1)
 
 
 def test_loader_refuses_out_of_order_workers(nomlm_dataset: Path) -> None:

@@ -5,8 +5,8 @@ persons into padded batches of 256 in a fresh subprocess (so its peak RSS is its
 noisy, so the verdicts are ratios measured in this run, never absolute numbers.
 
 Data: ``shardify synth`` persons -> ``convert_dataset`` (no val split) -> the train shards are read back (the
-remainder shard excluded: training skips it) and written in every other format, so all contenders see the same
-persons.
+remainder shard included: training reads it too) and written in every other format, so all contenders see the same
+persons (our reader on 2 readers leaves out the split's persons mod 2, as training does).
 
 Usage: python -m tools.bench_loader [--people 200000] [--quick] [--work bench-data] [--out docs/results]
 """
@@ -67,11 +67,12 @@ MANY_SHARDS = 10_000
 
 
 def train_shards(ours: Path) -> list[Path]:
-    return [ours / e.file for e in read_manifest(ours).splits["train"].shards]
+    """The train split's files, the remainder shard last (training reads it too)."""
+    return [ours / e.file for e in read_manifest(ours).splits["train"].entries()]
 
 
 def read_persons(ours: Path) -> Block:
-    """The train persons our reader yields in train mode (remainder excluded), in shard order."""
+    """The train persons, remainder included, in shard order."""
     schema = read_manifest(ours).schema
     blocks = [b for path in train_shards(ours) for b in read_shard_blocks(path, schema)]
     return concat_blocks(blocks, token_schema(schema))
@@ -338,6 +339,11 @@ def processes(name: str) -> int:
     return SIDE_BY_SIDE if name == "ours-2x-w0" else 1
 
 
+def readers(name: str) -> int:
+    """Our reader's slots (ranks x workers) for the contender: an epoch leaves out persons mod readers."""
+    return 2 if name in ("ours-w2", "ours-2x-w0") else 1
+
+
 def batch_stats(batch: Any) -> tuple[int, int, int | None]:
     """(persons, real tokens, bytes shipped to the device) of one batch, whatever its layout."""
     if isinstance(batch, tuple):
@@ -401,7 +407,7 @@ def measure(name: str, work: Path, max_seconds: float, first_only: bool = False,
     everyone = first_pass or p0
     return {
         "contender": name, "label": label, "persons": everyone,
-        "complete": everyone == persons_total(work, name) // processes(name),
+        "complete": everyone == (persons_total(work, name) // readers(name) * readers(name)) // processes(name),
         "passes": passes,
         "persons_per_s": round(persons / secs) if persons else None,
         "tokens_per_s": round(tokens / secs) if persons else None,
@@ -413,8 +419,8 @@ def measure(name: str, work: Path, max_seconds: float, first_only: bool = False,
 
 
 def persons_total(work: Path, name: str) -> int:
-    m = read_manifest(work / ("many" if name == "ours-10k-shards" else "ours"))
-    return sum(e.samples for e in m.splits["train"].shards)
+    """The train persons, remainder included."""
+    return read_manifest(work / ("many" if name == "ours-10k-shards" else "ours")).splits["train"].persons
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ and its checkpoint state). docs/architecture.md shows how the data flows between
 from __future__ import annotations
 
 from ..deprecation import module_aliases
-from ..plan import BALANCED, COMPLETE, Segment
+from ..plan import BALANCED, COMPLETE, EXACT, Segment
 from .collate import BatchSpec, collate, collate_packed, collate_padded
 from .dataset import LAUNCHER_VARS, MAX_WORKERS, EpochControl, ShardedDataset, default_rank_world
 from .loader import (
@@ -25,7 +25,8 @@ from .stages import batches, load_windows, messages, read_piece, read_segment, s
 from .transport import PIPE_BYTES, RingSlot, RingViews, RingWriter, WorkerLink
 
 __all__ = [
-    "BALANCED", "COMPLETE", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES", "PIPE_MESSAGE_PERSONS",
+    "BALANCED", "COMPLETE", "EXACT", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES",
+    "PIPE_MESSAGE_PERSONS",
     "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
     "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink", "batches",
     "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages", "read_piece",

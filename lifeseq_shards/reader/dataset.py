@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
-from ..plan import BALANCED, COMPLETE
+from ..plan import BALANCED
 from .collate import BatchSpec
 from .stages import batches, load_windows, messages, slot_windows
 from .transport import RingWriter, WorkerLink, exit_with
@@ -80,11 +80,13 @@ class EpochControl:
 class ShardedDataset(IterableDataset):
     """Collated batches of one split, each person at most once per epoch across all ranks and workers.
 
-    ``mode="balanced"`` (training, validation): every rank yields the same number of batches; the persons that do
-    not divide among the readers are left out (a different few each epoch), and the remainder shard is skipped.
-    ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield different
-    numbers of batches; never shuffled. ``split`` may name several splits in complete mode (e.g.
-    ``("train", "val")`` to embed everyone). The old names ``"train"`` / ``"inference"`` still work, with a
+    ``mode="balanced"`` (training): every rank yields the same number of batches; the remainder shard is shared out
+    too, and the fewer than ranks x workers persons that do not divide among the readers are left out (others each
+    epoch: none two epochs running). ``mode="exact"`` (validation): every person exactly once, remainder included,
+    and the same number of batches on every rank; a layout where that cannot be had is refused here, saying what to
+    change. ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield
+    different numbers of batches; never shuffled. ``split`` may name several splits in complete and exact mode
+    (e.g. ``("train", "val")`` to embed everyone). The old names ``"train"`` / ``"inference"`` still work, with a
     DeprecationWarning.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
@@ -101,9 +103,9 @@ class ShardedDataset(IterableDataset):
         mode = plan.mode_name(mode)
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         splits = [split] if isinstance(split, str) else list(split)
-        if len(splits) > 1 and mode != COMPLETE:
-            raise ValueError("several splits are read together only in mode='complete' (the shards of different "
-                             "splits differ in size)")
+        if len(splits) > 1 and mode == BALANCED:
+            raise ValueError("several splits are read together only in mode='complete' or 'exact' (the shards of "
+                             "different splits differ in size)")
         if rank is None or world_size is None:
             d_rank, d_world = default_rank_world()
             rank, world_size = d_rank if rank is None else rank, d_world if world_size is None else world_size
@@ -136,15 +138,24 @@ class ShardedDataset(IterableDataset):
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
         self.fingerprint = self.manifest.fingerprint
-        entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == COMPLETE)]
+        # balanced: the equal shards, and the remainder shard (number len(sizes)) shared out apart from them
+        entries = [e for name in splits for e in self.manifest.splits[name].entries()]
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
-        self.sizes = [e.samples for e in entries]
-        remainder = self.manifest.splits[splits[0]].remainder_persons
+        if mode == BALANCED:
+            self._check_one_size(splits[0])
+            info = self.manifest.splits[splits[0]]
+            self.sizes, remainder = [e.samples for e in info.shards], info.remainder_persons
+        else:
+            self.sizes, remainder = [e.samples for e in entries], 0
 
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))
         self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, self.shuffle,
-                                        batch_size, drop_last, self.window)
+                                        batch_size, drop_last, self.window, remainder)
+        try:  # exact mode refuses a layout here, not in a worker
+            len(self)
+        except ValueError as e:
+            raise ValueError(f"{self.root}: split {self.split}: {e}") from None
         self.spec = BatchSpec(self.schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
                               self.root)
         self._control = EpochControl(num_workers)
@@ -153,19 +164,32 @@ class ShardedDataset(IterableDataset):
         self._warn_static_balance(remainder)
 
     # -- the plan ---------------------------------------------------------------------------------------------
+    def _check_one_size(self, split: str) -> None:
+        """Balanced mode deals shards of one size: a manifest count that differs from the others (edited, or not
+        this package's) is refused naming the manifest and the shard, before the plan refuses it naming neither.
+        (Counts that agree with each other but not with the files are refused by the read, naming the shard.)"""
+        info = self.manifest.splits[split]
+        sizes = [e.samples for e in info.shards]
+        if len(set(sizes)) < 2:
+            return
+        common = info.shard_persons if info.shard_persons in sizes else max(set(sizes), key=sizes.count)
+        odd = next(e for e in info.shards if e.samples != common)
+        raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: split {split}: shard {odd.file} counts "
+                            f"{odd.samples} persons, the split's other shards {common} each: the manifest was edited, "
+                            "or is not one `shardify convert` wrote; `shardify verify` checks it against the files")
+
     def _warn_static_balance(self, remainder: int) -> None:
         if self.mode != BALANCED or not self.sizes:
             return
         slots = plan.num_slots(self.world_size, self.num_workers)
-        lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode)
+        lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode, remainder)
         if len(self.sizes) % slots:
-            lost_text = (f"{lost} persons are left out this epoch (a different {lost} each epoch)" if lost
-                         else "no person is left out, but some shards are split between readers")
+            lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
+                         if lost else "no person is left out, but some shards are split between readers")
             warnings.warn(
                 f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
-                f"{max(1, self.num_workers)} workers); balancing statically from the manifest: {lost_text}; "
-                f"training also skips the {remainder}-person remainder shard. "
-                f"`shardify plan` lists worker counts that divide exactly.",
+                f"{max(1, self.num_workers)} workers); balancing statically from the manifest, the {remainder}-person "
+                f"remainder shard included: {lost_text}. `shardify plan` lists worker counts that divide exactly.",
                 stacklevel=3,
             )
 

@@ -2,7 +2,8 @@
 turns into wide int64 :class:`~lifeseq_shards.format.Block` s; the converter narrows and shards them. Besides the
 schema's fields a source block holds ``row``: the file row of each of its input rows, for errors (it is not
 stored); a source that filters persons out also gives ``every_id``, the person id of each of those rows, kept or
-not, so that a duplicated id is refused whichever copy the filter keeps (without it, the rows are the persons')."""
+not, so that a duplicated id is refused whichever copy the filter keeps (without it, the rows are the persons'),
+and ``drop_reason``, why each row was dropped (``drops.py``; 0 for a row kept)."""
 
 from __future__ import annotations
 

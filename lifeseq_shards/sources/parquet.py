@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..format import Block
+from .drops import DROP_REASON, KEPT, MIN_EVENTS, TOO_FEW_EVENTS
 from .errors import SourceError
 from .exact import exact_int64
 
@@ -33,7 +34,6 @@ PER_EVENT = ("abspos", "age", "segment")
 COLUMNS = (PERSON, BACKGROUND, SENTENCE, *PER_EVENT)
 BACKGROUND_ORDER = ("origin", "gender", "birth_month", "birth_year")  # order of the prefix after [CLS]
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
-MIN_EVENTS = 5
 PREFIX_LEN = 2 + len(BACKGROUND_ORDER)
 DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
 TOKEN_ID_MAX = np.iinfo(np.uint32).max
@@ -335,6 +335,7 @@ def encode_parquet_task(
     out = {"person_id": person[persons], "tokens": tokens,
            # every input row and its person, kept or not: a duplicated id is refused even when the filter drops one
            "row": first + np.arange(len(person)), "every_id": person,
+           DROP_REASON: np.where(enough, KEPT, TOO_FEW_EVENTS),
            "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
     out_event = np.repeat(unit_event, unit_len)
     for c in PER_EVENT:
