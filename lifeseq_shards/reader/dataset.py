@@ -17,6 +17,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan
+from ..integrity import require_block_checks
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED, COMPLETE
 from .collate import BatchSpec
@@ -138,6 +139,7 @@ class ShardedDataset(IterableDataset):
         self.fingerprint = self.manifest.fingerprint
         entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == COMPLETE)]
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
+        require_block_checks(self.manifest, self.shards, self.root)
         self.sizes = [e.samples for e in entries]
         remainder = self.manifest.splits[splits[0]].remainder_persons
 
