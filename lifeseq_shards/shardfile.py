@@ -162,7 +162,7 @@ class ShardFile:
             return
         if i == 0:
             raise ValueError("not the shard the manifest names (its first block's checksum differs: a shard copied "
-                             "over it, or one from another conversion)")
+                             "over it, one from another conversion, or a block swapped in)")
         raise ValueError("not the block the manifest names (its checksum differs: a block of another shard or "
                          "conversion, or another block of this shard, in its place)")
 
