@@ -1,7 +1,7 @@
 """Every block the reader reads is the one the manifest names (issue 20): a later block of a shard swapped for
 another shard's block, for a block of another conversion of the same input, or for a copy of the shard's own block
 0 fails the epoch in one line naming the shard and the block, before a wrong person is yielded, locally, over
-http(s) and through a `pipe:` command. Before, each read on: the block's persons twice, the swapped-out block's
+http(s) and through a `pipe:` command. Before, each was read on: the block's persons twice, the swapped-out block's
 never. A dataset without the blocks' checksums (formats 1-3) is refused with the command that adds them."""
 
 from __future__ import annotations
