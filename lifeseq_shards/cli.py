@@ -1,4 +1,5 @@
-"""``shardify``: a thin click layer over the library. Exit 0 success, 1 verify/plan found problems, 2 bad input."""
+"""``shardify``: a thin click layer over the library. Exit 0 success, 1 verify/upgrade/plan found problems, 2 bad
+input."""
 
 from __future__ import annotations
 
@@ -144,6 +145,23 @@ def verify(root: str) -> None:
         click.echo(f"{root}: {len(problems)} problem(s)", err=True)
         sys.exit(1)
     click.echo(f"{root}: OK")
+
+
+@main.command()
+@click.argument("root", type=click.Path())
+def upgrade(root: str) -> None:
+    """Verify a dataset of an older format, then add every block's checksum to its manifest (the reader checks each
+    block it reads against it, and refuses a dataset without them)."""
+    from .integrity import upgrade_dataset
+
+    m, problems = upgrade_dataset(root)
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{root}: {len(problems)} problem(s); not upgraded (convert it again)", err=True)
+        sys.exit(1)
+    blocks = sum(len(e.block_checksums or ()) for _, e in m.entries())
+    click.echo(f"{root}: OK; format {m.format_version} with the checksums of its {blocks} blocks")
 
 
 @main.command()

@@ -21,10 +21,12 @@ import zstandard
 
 from .deprecation import module_aliases
 
-FORMAT_VERSION = 3
-# format 1 stored the stamps once per token; format 2 had neither the blocks' schema tag nor the shards' head_checksum
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+# format 1 stored the stamps once per token; format 2 had neither the blocks' schema tag nor the shards' head_checksum;
+# format 3 had no checksum of the blocks after the first (`shardify upgrade` adds them to any format)
+READABLE_VERSIONS = (1, 2, 3, 4)
 TAGGED_VERSION = 3
+CHECKSUMMED_VERSION = 4
 MAGIC = b"LSB1"
 # default smallest shard: 4 blocks of 256, so a shard's file open, tar headers and short last block cost little per
 # person

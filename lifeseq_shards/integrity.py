@@ -1,38 +1,105 @@
-"""``verify`` (re-hash and decode everything, compare with the manifest) and ``inspect`` (a readable summary)."""
+"""``verify`` (re-hash and decode everything, compare with the manifest), ``upgrade`` (verify, then add the blocks'
+checksums that older formats lack to the manifest) and ``inspect`` (a readable summary)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from math import prod
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from .format import RAGGED, RUN_LENGTH, RUNS, Block, Field, decode_member
-from .manifest import ManifestError, is_local, read_manifest
-from .shardfile import ShardFile, iter_tar_members, sha256_file
+from .format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
+from .manifest import Manifest, ManifestError, ShardEntry, is_local, read_manifest, write_manifest
+from .outdir import LOCK
+from .shardfile import ShardFile, frame_checksum, iter_tar_members, sha256_file
 from .sources import drops
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
-__all__ = ["summarize", "verify_dataset"]
+__all__ = ["require_block_checks", "summarize", "upgrade_dataset", "verify_dataset"]
 
 
 def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     """Every problem found, one line each naming the shard (and block / person); empty when all holds. The blocks
-    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains.
-    A remote root is refused: ``Path`` turned ``http://host/ds`` into ``http:/host/ds``, reported as 'no manifest'."""
+    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains:
+    a dataset without the blocks' checksums, which the reader refuses, is a problem too."""
+    problems, manifest, _ = _verify(root, progress, "verify")
+    if any(e.block_checksums is None for _, e in manifest.entries()):
+        problems.append(f"manifest: format {manifest.format_version}, without per-block checksums: the reader refuses "
+                        f"it; `shardify upgrade {root}` adds them")
+    return problems
+
+
+def require_block_checks(manifest: Manifest, shards: Sequence[ShardFile], root: str) -> None:
+    """ManifestError (one line, with the command that fixes it) unless the reader can check every block of
+    ``shards`` against the manifest: without the blocks' checksums, a block swapped inside a shard is read without a
+    word (its persons twice, the block's own never)."""
+    if all(s.block_checksums is not None for s in shards):
+        return
+    run = f"`shardify upgrade {root}`" if is_local(root) else "`shardify upgrade DIR` where its files are"
+    raise ManifestError(f"{root}: a format-{manifest.format_version} dataset without per-block checksums (a block "
+                        f"swapped inside a shard would be read without a word): run {run} to verify it and add them")
+
+
+def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, list[str]]:
+    """Verify the dataset, then write its manifest again with every block's checksum (a format-3 dataset becomes
+    the format 4 the converter writes now; formats 1 and 2 keep their version, which says how their blocks are
+    laid out). The checksums are read from shards whose sha256 the manifest vouches for, so a block swapped since
+    the conversion is found, not blessed. Returns the manifest and the problems: with any, nothing is written."""
+    root = _local(root, "upgrade")
+    read_manifest(root)  # no dataset there: its one-line error, before a lock file is made
+    with _conversion_lock(root):
+        problems, manifest, checksums = _verify(root, progress, "upgrade")
+        if problems:
+            return manifest, problems
+
+        def add(e: ShardEntry) -> ShardEntry:
+            return dataclasses.replace(e, block_checksums=checksums[e.file])
+
+        splits = {name: dataclasses.replace(s, shards=tuple(map(add, s.shards)),
+                                            remainder=s.remainder and add(s.remainder))
+                  for name, s in manifest.splits.items()}
+        version = CHECKSUMMED_VERSION if manifest.format_version == TAGGED_VERSION else manifest.format_version
+        new = dataclasses.replace(manifest, format_version=version, splits=splits)
+        write_manifest(root, new)
+        return new, []
+
+
+@contextlib.contextmanager
+def _conversion_lock(root: Path) -> Iterator[None]:
+    """The lock a conversion holds (outdir.py): no upgrade while a conversion replaces the dataset, nor after."""
+    with open(root / LOCK, "a") as fh:  # closing it releases the lock
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ManifestError(f"{root}: a conversion is writing to it ({LOCK} is locked)") from None
+        yield
+
+
+def _local(root: str | Path, command: str) -> Path:
+    """A remote root is refused: ``Path`` turned ``http://host/ds`` into ``http:/host/ds``, reported as 'no
+    manifest'."""
     if not is_local(str(root)):
-        raise ManifestError(f"{root}: verify re-hashes the shards on the local disk; copy the dataset here, or run "
-                            "verify on the machine that holds it")
-    root = Path(root)
+        raise ManifestError(f"{root}: {command} re-hashes the shards on the local disk; copy the dataset here, or "
+                            f"run {command} on the machine that holds it")
+    return Path(root)
+
+
+def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], Manifest, dict[str, tuple[int, ...]]]:
+    """verify's problems, the manifest, and each shard file's block checksums as read."""
+    root = _local(root, command)
     manifest = read_manifest(root)
     problems: list[str] = []
     entries = list(manifest.entries())
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
-    for split, e in tqdm(entries, desc="verify", unit="shard", disable=not progress):
+    checksums: dict[str, tuple[int, ...]] = {}
+    for split, e in tqdm(entries, desc=command, unit="shard", disable=not progress):
         path = root / e.file
         if not path.is_file():
             problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))
@@ -41,8 +108,12 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
             problems.append(f"{e.file}: {path.stat().st_size} bytes, manifest says {e.bytes}")
         if sha256_file(path) != e.sha256:
             problems.append(f"{e.file}: sha256 differs from the manifest")
-        persons, tokens = _check_records(path, manifest.shard_file(e, e.file), manifest.schema, manifest.vocab_size,
-                                         problems, seen.setdefault(split, set()))
+        shard = manifest.shard_file(e, e.file)
+        if shard.block_checksums is not None and len(shard.block_checksums) != shard.blocks:
+            problems.append(f"{e.file}: the manifest lists {len(shard.block_checksums)} block checksums, its "
+                            f"{e.samples} persons in blocks of {manifest.block_persons} make {shard.blocks} blocks")
+        persons, tokens, checksums[e.file] = _check_records(path, shard, manifest.schema, manifest.vocab_size,
+                                                            problems, seen.setdefault(split, set()))
         tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
         if persons != e.samples:
             problems.append(f"{e.file}: {persons} persons decoded, manifest says {e.samples}")
@@ -64,17 +135,19 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
         problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
     if not manifest.fingerprint_matches:
         problems.append("manifest: fingerprint does not match its schema and shard checksums")
-    return problems
+    return problems, manifest, checksums
 
 
 def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_size: int | None, problems: list[str],
-                   seen: set[int]) -> tuple[int, int]:
+                   seen: set[int]) -> tuple[int, int, tuple[int, ...]]:
     persons = tokens = 0
+    checksums: list[int] = []
     name = shard.url
     try:
         with open(path, "rb") as fh:
             for i, (member, data) in enumerate(iter_tar_members(io.BufferedReader(fh))):
                 where = f"{name}: {member}"
+                checksums.append(frame_checksum(data))
                 try:
                     shard.check_member(i, member, data)
                 except ValueError as e:
@@ -93,7 +166,7 @@ def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_
                 problems.extend(f"{where}: {p}" for p in _record_problems(block, vocab_size, seen))
     except Exception as e:  # noqa: BLE001 - a truncated tar is a finding
         problems.append(f"{name}: unreadable tar ({e})")
-    return persons, tokens
+    return persons, tokens, tuple(checksums)
 
 
 def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> list[str]:

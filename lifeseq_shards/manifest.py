@@ -19,6 +19,7 @@ import numpy as np
 
 from .deprecation import warn
 from .format import (
+    CHECKSUMMED_VERSION,
     COUNT_OF,
     RAGGED,
     READABLE_VERSIONS,
@@ -50,6 +51,7 @@ class ShardEntry:
     bytes: int
     sha256: str
     head_checksum: int | None = None  # format 3: the first block's zstd checksum (None for a shard without persons)
+    block_checksums: tuple[int, ...] | None = None  # format 4, or upgraded: every block's zstd checksum
 
     def to_json(self, tagged: bool) -> dict[str, Any]:
         """``tagged``: format 3 and later, which always write ``head_checksum`` (null for an empty shard)."""
@@ -57,6 +59,8 @@ class ShardEntry:
                                "bytes": self.bytes, "sha256": self.sha256}
         if tagged:
             out["head_checksum"] = self.head_checksum
+        if self.block_checksums is not None:  # 8 hex digits a block: one line, not a line a block
+            out["block_checksums"] = "".join(f"{c:08x}" for c in self.block_checksums)
         return out
 
 
@@ -209,7 +213,7 @@ class Manifest:
     def shard_file(self, entry: ShardEntry, url: str) -> ShardFile:
         """What a reader checks the shard at ``url`` against."""
         return ShardFile(url, entry.samples, self.block_persons, entry.head_checksum if self.tagged else None,
-                         self.tag)
+                         self.tag, entry.block_checksums)
 
 
 def fingerprint(schema: Sequence[Field], shard_hashes: Iterable[str]) -> str:
@@ -247,6 +251,7 @@ _SPLIT = {"persons": int, "shard_persons": int, "shards": list}
 _ENTRY = {"file": str, "samples": int, "tokens": int, "bytes": int, "sha256": str}
 _TOTALS = {"persons": int, "tokens": int, "bytes": int, "shards": int}
 _HISTOGRAM = {"bin_width": int, "counts": list}
+_HEX = re.compile(r"[0-9a-f]*")
 # a shard's path: relative, inside the dataset (no '..', no leading '/' or '.'), and nothing that the shell of a
 # `pipe:` root, where it replaces {}, would read as syntax or as an option
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
@@ -270,12 +275,27 @@ def _entry(e: Any, at: str, version: int, files: set[str]) -> ShardEntry:
         head = e.get("head_checksum", "missing")
         if not (isinstance(head, int) and 0 <= head < 1 << 32 or head is None and e["samples"] == 0):
             raise ValueError(f"{at}.head_checksum is {head!r}, not a 32-bit checksum")
+    checksums = _block_checksums(e, at, version)
+    if checksums and head is not None and checksums[0] != head:
+        raise ValueError(f"{at}.head_checksum is not its first block's checksum in block_checksums")
     if not _SAFE_FILE.fullmatch(e["file"]):
         raise ValueError(f"{at}.file {e['file']!r} is not a plain relative path inside the dataset")
     if e["file"] in files:
         raise ValueError(f"{at}.file {e['file']!r} is listed twice")
     files.add(e["file"])
-    return ShardEntry(**{k: e[k] for k in _ENTRY}, head_checksum=head)
+    return ShardEntry(**{k: e[k] for k in _ENTRY}, head_checksum=head, block_checksums=checksums)
+
+
+def _block_checksums(e: dict[str, Any], at: str, version: int) -> tuple[int, ...] | None:
+    """Every block's checksum, 8 hex digits a block, in block order (whether they are as many as the blocks, the
+    reader checks with the counts, block by block); required from format 4 on, and in an older format once
+    `shardify upgrade` added them."""
+    if "block_checksums" not in e and version < CHECKSUMMED_VERSION:
+        return None
+    text = e.get("block_checksums")
+    if not (isinstance(text, str) and _HEX.fullmatch(text) and len(text) % 8 == 0):
+        raise ValueError(f"{at}.block_checksums is {str(text)[:40]!r}, not 8 lowercase hex digits a block")
+    return tuple(int(text[i : i + 8], 16) for i in range(0, len(text), 8))
 
 
 def _dropped(value: Any) -> dict[str, int] | None:

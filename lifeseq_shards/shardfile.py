@@ -33,24 +33,23 @@ def write_shard(path: Path, blocks: Iterable[Block], schema: Sequence[Field], le
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)  # decoding catches a flipped byte
     tmp = path.with_name(path.name + ".tmp")
     persons = tokens = 0
-    head = None
+    checksums: list[int] = []
     with open(tmp, "wb") as fh:
         for i, block in enumerate(blocks):
             data = cctx.compress(encode_block(block, schema))
-            if i == 0:
-                head = frame_checksum(data)
+            checksums.append(frame_checksum(data))
             fh.write(tar_member(block_member_name(i), data))
             persons += block.n
             tokens += int(block.columns["length"].sum(dtype=np.int64))
         fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
     os.replace(tmp, path)
     return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path),
-            "head_checksum": head}
+            "head_checksum": checksums[0] if checksums else None, "block_checksums": tuple(checksums)}
 
 
 def frame_checksum(frame: bytes) -> int:
     """A zstd frame's content checksum (its last 4 bytes: XXH64 of the decompressed block, low 32 bits), read, not
-    computed: what identifies a shard's first block for nothing."""
+    computed: what identifies a block for nothing (decompressing it checks that the block is the one it names)."""
     return int.from_bytes(frame[-4:], "little")
 
 
@@ -131,30 +130,41 @@ def _read_exactly(stream: Any, size: int) -> bytes:
 @dataclass(frozen=True)
 class ShardFile:
     """One shard file as the manifest describes it. Readers check each member they meet against it, for nearly
-    nothing (a name, a count, the first block's zstd checksum, the schema tag in each block's header): a shard
-    copied over another, one from another conversion, edited counts or block size, or an edited schema are refused
-    at read time, not read into wrong or missing persons."""
+    nothing (a name, a count, the block's zstd checksum against the manifest's, the schema tag in each block's
+    header): a shard copied over another, one from another conversion, a block swapped in from another shard, from
+    another conversion or from elsewhere in the shard, edited counts or block size, or an edited schema are
+    refused at read time, not read into wrong or missing persons."""
 
     url: str
     samples: int
     block_persons: int
     head_checksum: int | None = None  # format 3: the first block's zstd checksum
     tag: int | None = None  # format 3: the schema tag in every block's header
+    block_checksums: tuple[int, ...] | None = None  # format 4 (or upgraded): every block's zstd checksum, in order
 
     @property
     def blocks(self) -> int:
         return -(-self.samples // self.block_persons)
 
     def check_member(self, i: int, name: str, data: bytes) -> None:
-        """ValueError unless member ``i`` is one the manifest promises, under its name (and the shard's own)."""
+        """ValueError unless member ``i`` is the block the manifest promises, under its name (and the shard's own)."""
         if i >= self.blocks:
             raise ValueError(f"more blocks than the manifest's {self.samples} persons in blocks of "
                              f"{self.block_persons} make")
         if name != block_member_name(i):
             raise ValueError(f"member {name!r} where {block_member_name(i)!r} belongs")
-        if i == 0 and self.head_checksum is not None and frame_checksum(data) != self.head_checksum:
+        want = self.head_checksum if i == 0 else None
+        if self.block_checksums is not None:
+            if i >= len(self.block_checksums):
+                raise ValueError(f"the manifest lists {len(self.block_checksums)} block checksums, no checksum for it")
+            want = self.block_checksums[i]
+        if want is None or frame_checksum(data) == want:
+            return
+        if i == 0:
             raise ValueError("not the shard the manifest names (its first block's checksum differs: a shard copied "
-                             "over it, or one from another conversion)")
+                             "over it, one from another conversion, or a block swapped in)")
+        raise ValueError("not the block the manifest names (its checksum differs: a block of another shard or "
+                         "conversion, or another block of this shard, in its place)")
 
     def check_block(self, i: int, block: Block) -> None:
         """ValueError unless block ``i`` holds the persons the manifest's counts give it."""

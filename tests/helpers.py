@@ -28,6 +28,15 @@ from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
+
+
+def convert_nomlm(sample: Path, out: Path, **opts: Any) -> Path:
+    """encoded_nomlm.h5 converted in SMALL_SHARDS (``opts``: more ConvertOptions)."""
+    from lifeseq_shards.convert import ConvertOptions, convert_dataset
+
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, **SMALL_SHARDS,
+                                                                                 **opts))
+    return out
 FIELDS = ("tokens", "abspos", "age", "segment")  # the rows of the seed's input_ids
 
 
@@ -161,12 +170,13 @@ def repo_first(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def to_format2(m: dict[str, Any]) -> None:
-    """A manifest as the converter wrote it before format 3: no head_checksum (nor schema tags in the blocks,
-    unchecked then)."""
+    """A manifest as the converter wrote it before format 3: no head_checksum nor block_checksums (nor schema tags in
+    the blocks, unchecked then)."""
     m["format_version"] = 2
     for info in m["splits"].values():
         for e in [*info["shards"], info["remainder"] or {}]:
             e.pop("head_checksum", None)
+            e.pop("block_checksums", None)
 
 
 @contextlib.contextmanager

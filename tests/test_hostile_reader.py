@@ -19,20 +19,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, SMALL_SHARDS, repo_first, shardify, to_format2, wait_for
+from helpers import REPO, convert_nomlm, repo_first, shardify, to_format2, wait_for
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
 SHM = Path("/dev/shm")
 ManifestJSON = dict[str, Any]
-
-
-def convert_nomlm(sample: Path, out: Path, **opts: Any) -> Path:
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, **SMALL_SHARDS,
-                                                                                 **opts))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +111,10 @@ def test_an_edited_schema_is_given_away_by_the_fingerprint(copy: Path) -> None:
         ShardedDataset(copy)
 
 
-def test_format2_datasets_still_read(copy: Path, nomlm_dataset: Path) -> None:
+def test_format2_datasets_still_read_once_upgraded(copy: Path, nomlm_dataset: Path) -> None:
+    """`shardify upgrade` adds the blocks' checksums that the reader requires (tests/test_block_checks.py)."""
     edit(copy, to_format2)
+    assert shardify("upgrade", str(copy))[0] == 0
     got, want = read_all(copy), read_all(nomlm_dataset)
     assert len(got) == len(want) and all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(got, want, strict=True))
 

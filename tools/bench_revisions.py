@@ -2,9 +2,10 @@
 reader's ratios?
 
 Each round runs ``tools/bench_loader`` (the contenders named by ``--only``) in a checkout of ``--old``, then in this
-working tree, on the same converted data (``--work``). This machine is shared and noisy, so the verdict is read from
-neighbouring runs: each run's own ratio bars (computed by this tree's ``bench_loader.bars``), and per contender the
-working tree's rate over the old revision's in the same round.
+working tree, on the same converted data (``--work``; with ``--work-per-revision``, each revision's own conversion of
+the same persons, for a change of the format version that the other revision does not read). This machine is shared
+and noisy, so the verdict is read from neighbouring runs: each run's own ratio bars (computed by this tree's
+``bench_loader.bars``), and per contender the working tree's rate over the old revision's in the same round.
 
 Usage: python -m tools.bench_revisions --old 6f64ed9 [--rounds 2] [--people 200000] [--only ours-w1 ...]
 """
@@ -36,9 +37,10 @@ def bench_command(checkout: Path) -> list[str]:
     return [sys.executable, str(checkout / "tools" / "bench_loader.py")]
 
 
-def run_bench(checkout: Path, out: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """One benchmark run of ``checkout``'s reader: its loader.csv rows by contender (errors left out)."""
-    cmd = [*bench_command(checkout), "--people", str(args.people), "--work", str(args.work.resolve()),
+def run_bench(checkout: Path, out: Path, work: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """One benchmark run of ``checkout``'s reader on the data in ``work``: its loader.csv rows by contender (errors
+    left out)."""
+    cmd = [*bench_command(checkout), "--people", str(args.people), "--work", str(work.resolve()),
            "--out", str(out), "--max-seconds", str(args.max_seconds), "--min-seconds", str(args.min_seconds),
            "--only", *args.only]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--people", type=int, default=200_000)
     ap.add_argument("--work", type=Path, default=ROOT / "bench-data")
+    ap.add_argument("--work-per-revision", action="store_true",
+                    help="each revision converts the persons into its own WORK/old, WORK/new (a format change)")
     ap.add_argument("--max-seconds", type=float, default=30.0)
     ap.add_argument("--min-seconds", type=float, default=8.0)
     ap.add_argument("--only", nargs="*", default=list(DEFAULT_CONTENDERS))
@@ -70,7 +74,8 @@ def main() -> None:
         try:
             runs = [(r, name, tree) for r in range(args.rounds) for name, tree in (("old", old), ("new", ROOT))]
             for r, name, tree in tqdm(runs, desc="bench runs", unit="run"):
-                results.append((r, name, run_bench(tree, Path(tmp) / f"{name}-{r}", args)))
+                work = args.work / name if args.work_per_revision else args.work
+                results.append((r, name, run_bench(tree, Path(tmp) / f"{name}-{r}", work, args)))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     report(results, args)

@@ -17,6 +17,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan
+from ..integrity import require_block_checks
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED
 from .collate import BatchSpec
@@ -141,6 +142,7 @@ class ShardedDataset(IterableDataset):
         # balanced: the equal shards, and the remainder shard (number len(sizes)) shared out apart from them
         entries = [e for name in splits for e in self.manifest.splits[name].entries()]
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
+        require_block_checks(self.manifest, self.shards, self.root)
         if mode == BALANCED:
             self._check_one_size(splits[0])
             info = self.manifest.splits[splits[0]]
