@@ -57,11 +57,16 @@ def check_alone(shard: ShardFile) -> dict[str, float]:
     return out
 
 
+def whole_shards(ds: ShardedDataset) -> list[ShardFile]:
+    """The split's equal shards, without its remainder shard (whose few blocks would skew the per-block figures)."""
+    return ds.shards[: len(ds.sizes)]
+
+
 def per_shard(ds: ShardedDataset, repeats: int) -> dict[str, np.ndarray]:
     """Each shard's fastest whole read per variant, in seconds (the variants alternate read by read)."""
-    best = {v: np.full(len(ds.shards), np.inf) for v in VARIANTS}
+    best = {v: np.full(len(whole_shards(ds)), np.inf) for v in VARIANTS}
     for r in tqdm(range(repeats), desc="per shard", unit="round"):
-        for i, shard in enumerate(ds.shards):
+        for i, shard in enumerate(whole_shards(ds)):
             for v in rotated(r):  # the first read of a shard finds colder caches than the next two
                 checked = VARIANTS[v](shard)
                 t = time.perf_counter()
@@ -97,8 +102,9 @@ def main() -> None:
         best = per_shard(ds, args.repeats)
         rates = passes(root, args.passes)
         base = best["none"]
-        blocks = np.array([s.blocks for s in ds.shards])
-        print(f"\n{root}: {len(ds.shards)} train shards of {ds.shards[0].samples} persons, {int(blocks.mean())} "
+        whole = whole_shards(ds)
+        blocks = np.array([s.blocks for s in whole])
+        print(f"\n{root}: {len(whole)} train shards of {ds.shards[0].samples} persons, {int(blocks.mean())} "
               f"blocks each; per shard the fastest of {args.repeats} reads, then {args.passes} passes a variant")
         print(f"{'checks':30s} {'ns a check':>10s} {'us a shard':>11s} {'vs none':>8s} {'us a block':>11s} "
               f"{'persons/CPU-s':>13s} {'vs none':>8s}")
@@ -108,7 +114,7 @@ def main() -> None:
             ratio = float(np.median(np.array(rates[v]) / np.array(rates["none"])))
             print(f"{v:30s} {alone[v] * 1e9:10.0f} {np.median(best[v]) * 1e6:11.1f} {np.median(best[v] / base):8.3f} "
                   f"{np.median(extra):+11.2f} {rate:13,.0f} {ratio:8.3f}")
-            rows.append({"dataset": root, "checks": v, "shards": len(ds.shards),
+            rows.append({"dataset": root, "checks": v, "shards": len(whole),
                          "blocks_per_shard": int(blocks.mean()), "check_member_ns": round(alone[v] * 1e9),
                          "median_shard_us": round(float(np.median(best[v])) * 1e6, 1),
                          "shard_ratio_vs_none": round(float(np.median(best[v] / base)), 4),
