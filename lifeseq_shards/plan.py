@@ -480,6 +480,8 @@ def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop
     total = slot_persons(segments)
     first = min(skip * batch_size, total)
     last = min(num_batches(total, batch_size, drop_last) * batch_size, total)
+    if first >= last:  # no batch left (resumed at the end, or drop_last leaves none): nothing to load
+        return
     for index, lo, hi in window_bounds(total, window, total if cut is None else cut):
         if lo >= last:
             break
