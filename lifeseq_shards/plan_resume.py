@@ -85,16 +85,18 @@ class _Level:
             self.base = 0
             self.left_out = 0
         else:
-            remaining = below.remaining
-            total = int(remaining.sum())
-            q = total // layout.slots
+            # the rest stream: each slot's unconsumed positions, slot after slot, then the persons the stage below
+            # left out of its own rest (they are not trained yet either)
+            parts = np.append(below.remaining, below.left_out)
+            self.rest_total = int(parts.sum())
+            q = self.rest_total // layout.slots
             self.totals = [q] * layout.slots
-            self.left_out = total - q * layout.slots
+            self.left_out = self.rest_total - q * layout.slots
             self.base = sum(self.partition.worker_batches(0)) - self.rank_batches()
             if self.base < 0:  # R' <= L' holds for every assign that reads at least the epoch's persons again
                 raise ValueError(f"the rest of the epoch ({self.rank_batches()} batches per rank) is longer than an "
                                  f"epoch of this layout ({self.base + self.rank_batches()})")
-            self.starts = np.concatenate([[0], np.cumsum(remaining)])
+            self.starts = np.concatenate([[0], np.cumsum(parts)])
         self.consumed: np.ndarray | None = None  # persons of each slot taken, once this stage's batches are known
 
     def worker_batches(self, rank: int) -> list[int]:
@@ -131,16 +133,24 @@ class _Level:
         """Positions [start, stop) of ``slot``'s stream as (level-0 slot, start, stop) ranges, in order."""
         if self.below is None:
             yield slot, start, stop
-            return
+        else:
+            yield from self.rest_ranges(slot * self.totals[0] + start, slot * self.totals[0] + stop)
+
+    def rest_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """Positions [lo, hi) of this stage's rest stream as level-0 ranges, in order."""
         below = self.below
-        assert below.consumed is not None
-        lo, hi = slot * self.totals[0] + start, slot * self.totals[0] + stop  # in the rest stream
+        assert below is not None and below.consumed is not None
         j = int(np.searchsorted(self.starts, lo, side="right")) - 1
         while lo < hi:
             take = min(hi, int(self.starts[j + 1])) - lo
             if take > 0:
-                at = int(below.consumed[j]) + lo - int(self.starts[j])
-                yield from below.ranges(j, at, at + take)
+                at = lo - int(self.starts[j])
+                if j < below.layout.slots:
+                    first = int(below.consumed[j]) + at
+                    yield from below.ranges(j, first, first + take)
+                else:  # the persons the stage below left out: the tail of its own rest stream
+                    first = below.layout.slots * below.totals[0] + at
+                    yield from below.rest_ranges(first, first + take)
                 lo += take
             j += 1
 
@@ -161,7 +171,7 @@ class RestPlan:
 
     ``base`` is the batch the rest starts at in this layout's numbering; ``worker_batches`` the rest's batches per
     worker (equal on every rank); ``trained`` the persons already trained this epoch; ``left_out`` the persons of
-    the rest that do not divide among this layout's slots (fewer than them)."""
+    the rest that do not divide among this layout's slots (fewer than them); ``dropped`` those drop_last drops."""
 
     def __init__(self, base: Partition, epoch: int, history: Sequence[Stage], layout: Layout) -> None:
         if base.mode != BALANCED:
@@ -183,6 +193,13 @@ class RestPlan:
     @functools.cached_property
     def worker_batches(self) -> list[int]:
         return self.level.worker_batches(0)
+
+    @property
+    def dropped(self) -> int:
+        """Persons of the rest in the slots' last partial batches, which drop_last drops (0 without it)."""
+        lay = self.layout
+        kept = num_batches(self.slot_persons, lay.batch_size, lay.drop_last) * lay.batch_size
+        return max(0, self.slot_persons - kept) * lay.slots
 
     def ordered_pieces(self, slot: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
         """The pieces of ``slot``'s rest stream from its batch ``skip`` (counted from the rest's start) on, each a
