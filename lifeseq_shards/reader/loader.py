@@ -247,11 +247,12 @@ class ShardedLoader(DataLoader):
             history += (Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), batches),)
             rest = ds.rest_plan(epoch, history)
             batches = rest.base
+            dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
             warnings.warn(f"{ds.root}: epoch {epoch} resumes in another layout ({'; '.join(changed)}): "
                           f"{rest.trained} persons trained on before, the rest once in "
                           f"{sum(rest.worker_batches)} batches per rank (batches {rest.base}..{len(ds)} of this "
-                          f"layout's epoch); {rest.left_out} persons are left out of this epoch (the rest does not "
-                          f"divide among {ds.layout.slots} readers)", stacklevel=2)
+                          f"layout's epoch); {rest.left_out} persons are left out of this epoch (those of the rest "
+                          f"that do not divide among {ds.layout.slots} readers){dropped}", stacklevel=2)
         elif changed:
             history = ()  # nothing of the epoch was trained on: this layout's own epoch
         ds.resume_at(epoch, batches, history)
