@@ -201,14 +201,16 @@ class ShardedLoader(DataLoader):
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
         early (Lightning's ``limit_train_batches``); default ``len(self)``. ``position``: (epoch, batches) as of the
         batch the consumer uses now, when it has taken more (a prefetcher's batches built ahead, which the resumed
-        pass returns again); default :attr:`position`. ``history``: the layouts that read the start of an epoch
-        resumed in this one, with the batches taken in each (empty for an ordinary epoch)."""
+        pass returns again); default :attr:`position`. ``history`` (only in an epoch resumed from another
+        layout): the layouts that read its start, with the batches taken in each."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         at, consumed = self.position if position is None else position
         epoch, batches = plan.resume_point(at, consumed, len(ds) if epoch_batches is None else epoch_batches)
-        history = self._history if epoch == at == self._epoch else ()
-        return {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
-                "layout": self._layout(), "history": [_stage_dict(s) for s in history]}
+        state = {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
+                 "layout": self._layout()}
+        if self._history and epoch == at == self._epoch:  # an ordinary epoch's state stays as it always was
+            state["history"] = [_stage_dict(s) for s in self._history]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next pass where ``state`` says. Refused once a pass has begun (its workers already read on).
