@@ -8,13 +8,15 @@ rank, as Lightning's checkpoint does.
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import split_ids
+import torch
+from helpers import shardify, split_ids
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
@@ -151,3 +153,42 @@ def test_a_complete_pass_resumes_only_in_its_own_layout(nomlm_dataset: Path) -> 
     del it
     with pytest.raises(ValueError, match="complete pass .* resumes only in its own layout"):
         make(nomlm_dataset, 2, 0, 0, mode="complete").load_state_dict(state)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("gpus", "workers", "batch", "drop_last"), [(3, 2, BATCH, False), (5, 1, 48, True)])
+def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp_path: Path, gpus: int,
+                                                        workers: int, batch: int, drop_last: bool) -> None:
+    """`shardify plan --resume CKPT`: the rest's batches per rank, where it starts, who is left out, against a real
+    rest read by every new rank (from a file of state_dict() and from a Lightning-style checkpoint entry)."""
+    state, trained = stopped(nomlm_dataset)
+    torch.save(state, tmp_path / "loader.pt")
+    torch.save({"LifeSeqDataModule": {"train": state}, "global_step": 3}, tmp_path / "lightning.ckpt")
+    flags = ["--gpus", gpus, "--workers", workers, "--batch-size", batch] + (["--drop-last"] if drop_last else [])
+    outs = [shardify("plan", nomlm_dataset, *flags, "--resume", tmp_path / name) for name in ("loader.pt",
+                                                                                           "lightning.ckpt")]
+    assert outs[0] == outs[1]
+    code, out = outs[0]
+    per_rank, first, end = map(int, re.search(r"(\d+) batches per rank \(all equal\), batches (\d+)\.\.(\d+)",
+                                              out).groups())
+    assert f"trained on before: {len(trained)} persons" in out
+    per_rank_read, loaders, _ = resume(nomlm_dataset, state, gpus, workers, batch, drop_last=drop_last)
+    assert [len(b) for b in per_rank_read] == [per_rank] * gpus
+    assert [ld.position for ld in loaders] == [(0, end)] * gpus and first == end - per_rank
+    epoch = set(np.concatenate(split_ids(nomlm_dataset, "train")[0]).tolist())
+    left = len(epoch - trained - {i for b in per_rank_read for i in ids(b)})
+    said = re.search(r"NOT EXACT: (\d+) persons of the rest", out)
+    dropped = re.search(r"drop_last drops (\d+) persons", out)
+    assert left == (int(said.group(1)) if said else 0) + (int(dropped.group(1)) if dropped else 0)
+    assert code == (1 if left else 0)
+
+
+def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, tmp_path: Path) -> None:
+    state, _ = stopped(nomlm_dataset, world=1, workers=0)
+    torch.save({**state, "fingerprint": "0" * 32}, tmp_path / "other.pt")
+    (tmp_path / "junk.ckpt").write_text("not a checkpoint")
+    torch.save({"state_dict": {}}, tmp_path / "weights.ckpt")
+    for name, said in (("other.pt", "fingerprint"), ("junk.ckpt", "not a checkpoint torch can load"),
+                       ("weights.ckpt", "holds no loader state")):
+        code, out = shardify("plan", nomlm_dataset, "--batch-size", 64, "--resume", tmp_path / name)
+        assert code == 2 and said in out and len(out.strip().splitlines()) == 1, out

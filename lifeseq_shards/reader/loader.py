@@ -196,6 +196,12 @@ class ShardedLoader(DataLoader):
         """(epoch, batches of it returned so far) of the current or last pass."""
         return self._epoch, self._yielded
 
+    @property
+    def history(self) -> tuple[Stage, ...]:
+        """The layouts that read the start of the current (or next) pass's epoch, with the batches each took: none
+        for an ordinary epoch, one more for each resume in another layout."""
+        return self._history
+
     def state_dict(self, epoch_batches: int | None = None,
                    position: tuple[int, int] | None = None) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
