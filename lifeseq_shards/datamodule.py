@@ -236,19 +236,30 @@ class LifeSeqDataHooks:
             self._check_position(self.trainer)
         return self._stage_builder().widen(batch, self._epoch())
 
+    @staticmethod
+    def _renumber_trainer(trainer: Any, epoch: int, then: int, now: int) -> None:
+        """Resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
+        ``num_training_batches``: move the trainer's count of the epoch's batches there from the checkpoint's
+        ``then``, at the first batch (Lightning restores its count after the DataModule's state). Its data fetcher
+        counts them too, to tell the epoch's last batch (``fetched``, ``done``; the same in Lightning 2.2 to 2.6)."""
+        loop = trainer.fit_loop.epoch_loop
+        progress = loop.batch_progress.current
+        if trainer.current_epoch != epoch or progress.ready != then:
+            return  # not where the checkpoint left the trainer: the position check below says so
+        progress.ready = progress.started = progress.processed = progress.completed = now
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is not None and getattr(fetcher, "length", None) is not None:
+            fetcher.fetched += now - then
+            fetcher.done = loop.batch_progress.is_last_batch = fetcher.fetched >= fetcher.length
+
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""
         if self._train is None:
             return
-        progress = trainer.fit_loop.epoch_loop.batch_progress.current
         if self._renumber is not None:
-            # resumed in another layout: the rest of the epoch ends at this layout's num_training_batches, so the
-            # trainer's count of the epoch's batches moves from the checkpoint's numbering to this layout's
-            epoch, then, now = self._renumber
+            self._renumber_trainer(trainer, *self._renumber)
             self._renumber = None
-            if trainer.current_epoch == epoch and progress.ready == then:
-                progress.ready = progress.started = progress.processed = progress.completed = now
-        ready = progress.ready  # batches before this one
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches before this one
         expected = (trainer.current_epoch, ready + 1)
         if self._train.position != expected:
             epoch, batches = self._train.position
