@@ -88,10 +88,10 @@ class _Level:
             # the rest stream: each slot's unconsumed positions, slot after slot, then the persons the stage below
             # left out of its own rest (they are not trained yet either)
             parts = np.append(below.remaining, below.left_out)
-            self.rest_total = int(parts.sum())
-            q = self.rest_total // layout.slots
+            rest_total = int(parts.sum())
+            q = rest_total // layout.slots
             self.totals = [q] * layout.slots
-            self.left_out = self.rest_total - q * layout.slots
+            self.left_out = rest_total - q * layout.slots
             self.base = sum(self.partition.worker_batches(0)) - self.rank_batches()
             if self.base < 0:  # R' <= L' holds for every assign that reads at least the epoch's persons again
                 raise ValueError(f"the rest of the epoch ({self.rank_batches()} batches per rank) is longer than an "

@@ -302,7 +302,7 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
         model = module(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*resumes in another layout")
-            trainer.fit(model, datamodule=dm, ckpt_path=ckpt, weights_only=False)
+            trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         return trainer, seen, model
 
     _, full, _ = fit(before)
