@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import shardify
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
@@ -284,8 +285,11 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
         def __init__(self) -> None:
             self.ids: list[int] = []
 
+            self.batches = 0
+
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
             self.ids += batch["person_id"].tolist()
+            self.batches += 1
 
     class WithoutTheFit(LifeSeqPretrainModule):
         def on_train_start(self) -> None:
@@ -319,3 +323,9 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
     assert trainer.fit_loop.epoch_loop.batch_progress.current.completed == trainer.num_training_batches
     scheduler = model.lr_schedulers()
     assert scheduler.last_epoch == scheduler.total_steps == trainer.estimated_stepping_batches
+    # `shardify plan --resume` on the Lightning checkpoint says what the fit did
+    code, out = shardify("plan", vocab_dataset, "--batch-size", after, "--resume", ckpt)
+    first = trainer.num_training_batches - rest.batches
+    assert (f"trained on before: {len(trained)} persons" in out and f"{rest.batches} batches per rank (all equal), "
+            f"batches {first}..{trainer.num_training_batches} of this layout's epoch" in out), out
+    assert code == 0 and "EXACT: nobody trained on is read again" in out
