@@ -181,11 +181,18 @@ def inspect(root: str) -> None:
 @click.option("--batch-size", type=POSITIVE, required=True)
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
-def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool) -> None:
+@click.option("--resume", "checkpoint", type=click.Path(dir_okay=False),
+              help="A checkpoint (Lightning's, or a file of ShardedLoader.state_dict()): plan the rest of its epoch "
+              "on this layout.")
+def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool,
+         checkpoint: str | None) -> None:
     """Show which rank and worker reads what, and who is left out; exit 1 when the shards do not divide evenly
-    (train), or when validation cannot read every person of the split once in equal batches (any other split)."""
+    (train), when validation cannot read every person of the split once in equal batches (any other split), or
+    (with --resume) when someone is left out of the rest of the epoch."""
     from .plan_report import describe
 
+    if checkpoint is not None:
+        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last)
     m = read_manifest(root)
     if split not in m.splits:
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
@@ -193,6 +200,47 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
     # train is read as training reads it; any other split as validation does (every person once)
     report = describe([s.samples for s in info.shards], info.remainder_persons, nodes, gpus, workers, batch_size,
                       drop_last=drop_last, split=split, mode="balanced" if split == "train" else "exact")
+    click.echo(report.text)
+    sys.exit(0 if report.ok else 1)
+
+
+def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:
+    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout, as the loader would read it."""
+    import pickle
+    import warnings
+
+    import torch
+
+    from .plan_report import describe_resume
+    from .plan_resume import LAYOUT_KEYS, Layout, Stage
+    from .reader import DatasetChanged, ShardedDataset, ShardedLoader
+
+    try:
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        _fail(f"{checkpoint}: not a checkpoint torch can load ({type(e).__name__}: {e})")
+    state = saved.get("LifeSeqDataModule", {}).get("train") if isinstance(saved, dict) else None
+    state = saved if isinstance(saved, dict) and "layout" in saved else state
+    if not isinstance(state, dict) or "layout" not in state:
+        _fail(f"{checkpoint}: holds no loader state (a Lightning checkpoint of a LifeSeqDataModule fit, or a file "
+              "of ShardedLoader.state_dict())")
+    then = state["layout"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
+        ds = ShardedDataset(root, state["split"], batch_size, rank=0, world_size=world, num_workers=workers,
+                            seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last)
+        loader = ShardedLoader(ds)
+        try:
+            loader.load_state_dict(state)
+        except (ValueError, DatasetChanged) as e:
+            _fail(str(e))
+    epoch, batches = loader.position
+    if not loader.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
+        click.echo(f"{state['split']} split: resumes at batch {batches} of epoch {epoch}, as an ordinary epoch "
+                   "of this layout")
+        sys.exit(0)
+    saved = Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), int(state["batches"]))
+    report = describe_resume(ds.rest_plan(epoch, loader.history), saved, epoch, len(ds), state["split"])
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
 

@@ -112,6 +112,8 @@ class LifeSeqDataHooks:
         self.vocab_size = self.manifest.vocab_size
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
+        # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
+        self._renumber: tuple[int, int, int] | None = None
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -136,7 +138,7 @@ class LifeSeqDataHooks:
         # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
         loader.set_epoch(self._epoch())
         if self._resume is not None:
-            loader.load_state_dict(self._resume)
+            self._load_position(loader, self._resume)
             self._resume = None
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if self.prefetch if self.prefetch is not None else device.type == "cuda":
@@ -199,7 +201,25 @@ class LifeSeqDataHooks:
         if self._train is None:
             self._resume = state["train"]
         else:  # strategies that restore after setup: the loader exists, its pass has not begun (it refuses else)
-            self._train.load_state_dict(state["train"])
+            self._load_position(self._train, state["train"])
+
+    def _load_position(self, loader: ShardedLoader | DevicePrefetcher, state: dict[str, Any]) -> None:
+        """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
+        (this layout's), which the trainer's count is moved to at the first training batch."""
+        loader.load_state_dict(state)
+        epoch, batches = loader.position
+        self._renumber = (epoch, int(state["batches"]), batches) if batches != int(state["batches"]) else None
+
+    def schedule_steps(self) -> tuple[int, int]:
+        """(optimizer steps taken, optimizer steps in the fit) as this layout counts them: Lightning's
+        ``estimated_stepping_batches``, and the steps before the train loader's position. A fit resumed in another
+        layout (ranks, workers, batch size) has other steps left than the checkpoint's schedule was sized for:
+        :func:`lifeseq_shards.schedule.resize_one_cycle` fits it to these (docs/ddp.md)."""
+        trainer = self.trainer
+        assert self._train is not None and trainer is not None, "schedule_steps() belongs in a fit (on_train_start)"
+        epoch, batches = self._train.position
+        per_epoch = -(-int(trainer.num_training_batches) // trainer.accumulate_grad_batches)
+        return epoch * per_epoch + batches // trainer.accumulate_grad_batches, int(trainer.estimated_stepping_batches)
 
     # -- the batch on the device -------------------------------------------------------------------------------
     def _stage_builder(self) -> BatchBuilder:
@@ -216,10 +236,29 @@ class LifeSeqDataHooks:
             self._check_position(self.trainer)
         return self._stage_builder().widen(batch, self._epoch())
 
+    @staticmethod
+    def _renumber_trainer(trainer: Any, epoch: int, then: int, now: int) -> None:
+        """Resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
+        ``num_training_batches``: move the trainer's count of the epoch's batches there from the checkpoint's
+        ``then``, at the first batch (Lightning restores its count after the DataModule's state). Its data fetcher
+        counts them too, to tell the epoch's last batch (``fetched``, ``done``; the same in Lightning 2.2 to 2.6)."""
+        loop = trainer.fit_loop.epoch_loop
+        progress = loop.batch_progress.current
+        if trainer.current_epoch != epoch or progress.ready != then:
+            return  # not where the checkpoint left the trainer: the position check below says so
+        progress.ready = progress.started = progress.processed = progress.completed = now
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is not None and getattr(fetcher, "length", None) is not None:
+            fetcher.fetched += now - then
+            fetcher.done = loop.batch_progress.is_last_batch = fetcher.fetched >= fetcher.length
+
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""
         if self._train is None:
             return
+        if self._renumber is not None:
+            self._renumber_trainer(trainer, *self._renumber)
+            self._renumber = None
         ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches before this one
         expected = (trainer.current_epoch, ready + 1)
         if self._train.position != expected:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layout import packed_slots, padded_rows
+from .schedule import resize_one_cycle
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
 N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
@@ -339,6 +340,13 @@ class PretrainSteps:
             opt, max_lr=self.hparams.lr, total_steps=int(total), pct_start=self.hparams.pct_start
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """A fit resumed in another layout (ranks, workers, batch size; docs/ddp.md) has other steps left than the
+        checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "schedule_steps"):
+            resize_one_cycle(self.lr_schedulers(), *datamodule.schedule_steps())
 
 
 class LifeSeqPretrainModule(PretrainSteps, L.LightningModule):

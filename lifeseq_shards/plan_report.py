@@ -1,5 +1,6 @@
 """The epoch's plan as `shardify plan` prints it: a table of which slot reads what, a check of the plan's invariants
-(:mod:`lifeseq_shards.plan`) and a verdict."""
+(:mod:`lifeseq_shards.plan`) and a verdict; and the rest of an epoch resumed in another layout
+(:mod:`lifeseq_shards.plan_resume`)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from .plan import (
     coverage,
     left_out,
     left_out_segments,
+    num_batches,
     num_slots,
     slot_batches,
     slot_persons,
     sum_per_rank,
 )
+from .plan_resume import Layout, RestPlan, Stage
 
 _MAX_SLOT_LINES = 16
 _MAX_SEGMENTS_SHOWN = 6
@@ -161,3 +164,37 @@ def describe(
         lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s){share}; "
                   f"{' and '.join(lost) or 'nothing is left out'}."]
     return PlanReport(ok=ok, text="\n".join(lines))
+
+
+def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:
+    """The rest of ``epoch`` in ``rest``'s layout after ``old`` (the layout a checkpoint was saved in and its
+    position), as `shardify plan --resume` prints it. ok: nobody is left out of the epoch."""
+    new, was = rest.layout, old.layout
+    persons = rest.slot_persons
+    batches = num_batches(persons, new.batch_size, new.drop_last)
+    per_rank = sum(rest.worker_batches)
+
+    def readers(lay: Layout) -> str:
+        messages = f", {lay.batches_per_message} batches per message" if lay.num_workers else ""
+        return (f"{lay.world_size} ranks x {lay.num_workers} worker(s), batch {lay.batch_size}"
+                f"{' (drop_last)' if lay.drop_last else ''}{messages}")
+
+    lines = [
+        f"{split} split, epoch {epoch}: saved after batch {old.batches} of {readers(was)}",
+        f"resumed on {readers(new)} ({new.slots} slots)",
+        "",
+        f"trained on before: {rest.trained} persons; the rest: {persons * new.slots + rest.left_out} persons, "
+        f"{persons} per slot in "
+        f"{batches} batches, {per_rank} batches per rank (all equal), batches {rest.base}..{epoch_batches} of this "
+        "layout's epoch; then this layout's own epochs",
+    ]
+    lost = rest.left_out + rest.dropped
+    if rest.dropped:
+        lines.append(f"drop_last drops {rest.dropped} persons of the rest (each slot's last partial batch)")
+    if lost:
+        lines += ["", f"NOT EXACT: {rest.left_out} persons of the rest do not divide among {new.slots} slots and are "
+                      f"left out of this epoch{' (and the drop_last ones above)' if rest.dropped else ''}; nobody is "
+                      "read twice."]
+    else:
+        lines += ["", "EXACT: nobody trained on is read again, everyone else once; nothing is left out."]
+    return PlanReport(ok=not lost, text="\n".join(lines))

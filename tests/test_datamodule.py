@@ -309,3 +309,68 @@ def test_validation_refuses_a_layout_it_cannot_read_whole(sample: Path, tmp_path
     with pytest.raises(ValueError, match=r"split val: 7 persons cannot each be read once .* on every one of 8 ranks"
                                          r".*use at most 7 ranks"):
         val_passes(tmp_path / "ds", 8, 0, 32)
+
+
+# -- resume in another layout -------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("before", "after"), [(384, 256), (256, 384)])
+def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_dataset: Path, tmp_path: Path,
+                                                                          before: int, after: int) -> None:
+    """trainer.fit(ckpt_path=...) of a checkpoint saved at step 3, resumed with another batch size: every person not
+    trained on before once, the epoch ending at this layout's num_training_batches, and the OneCycleLR (over
+    estimated_stepping_batches) fitted to the steps left in on_train_start. Without that fit the restored schedule
+    has fewer steps than a run with a smaller batch takes, and stops it with 'Tried to step'; with a larger batch it
+    does not reach its end. From 256 to 384 the rest starts at a lower batch number than the checkpoint's (the
+    trainer's data fetcher counted the epoch's end from the old number, and ended it 2 batches early)."""
+    import lightning.pytorch as pl
+
+    from lifeseq_shards.model import LifeSeqPretrainModule
+
+    class Seen(pl.Callback):
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+
+            self.batches = 0
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            self.ids += batch["person_id"].tolist()
+            self.batches += 1
+
+    class WithoutTheFit(LifeSeqPretrainModule):
+        def on_train_start(self) -> None:
+            pass
+
+    def fit(batch: int, module: type = LifeSeqPretrainModule, ckpt: Path | None = None) -> tuple[Any, Any, Any]:
+        seen = Seen()
+        # sequences cropped to 16 tokens: whole epochs of the model in seconds
+        dm = LifeSeqDataModule(vocab_dataset, batch_size=batch, num_workers=0, masking=MaskingConfig(), pad_to=16)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                             callbacks=[seen, pl.callbacks.ModelCheckpoint(tmp_path, "{step}", save_top_k=-1,
+                                                                           every_n_train_steps=3)])
+        model = module(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*resumes in another layout")
+            trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return trainer, seen, model
+
+    _, full, _ = fit(before)
+    trained, ckpt = full.ids[: 3 * before], tmp_path / "step=3.ckpt"
+    if after < before:
+        with pytest.raises(ValueError, match="Tried to step"):
+            fit(after, WithoutTheFit, ckpt)
+    else:
+        _, _, unfitted = fit(after, WithoutTheFit, ckpt)
+        assert unfitted.lr_schedulers().last_epoch < unfitted.lr_schedulers().total_steps
+    trainer, rest, model = fit(after, ckpt=ckpt)
+    assert len(rest.ids) == len(set(rest.ids)) and not set(rest.ids) & set(trained)
+    assert sorted(rest.ids + trained) == sorted(full.ids), "the rest and the trained part are the epoch"
+    assert trainer.fit_loop.epoch_loop.batch_progress.current.completed == trainer.num_training_batches
+    scheduler = model.lr_schedulers()
+    assert scheduler.last_epoch == scheduler.total_steps == trainer.estimated_stepping_batches
+    # `shardify plan --resume` on the Lightning checkpoint says what the fit did
+    code, out = shardify("plan", vocab_dataset, "--batch-size", after, "--resume", ckpt)
+    first = trainer.num_training_batches - rest.batches
+    assert (f"trained on before: {len(trained)} persons" in out and f"{rest.batches} batches per rank (all equal), "
+            f"batches {first}..{trainer.num_training_batches} of this layout's epoch" in out), out
+    assert code == 0 and "EXACT: nobody trained on is read again" in out

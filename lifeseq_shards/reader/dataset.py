@@ -20,11 +20,13 @@ from .. import plan
 from ..integrity import require_block_checks
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED
+from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from .collate import BatchSpec
 from .stages import batches, load_windows, messages, slot_windows
 from .transport import RingWriter, WorkerLink, exit_with
 
 MAX_WORKERS = 256
+MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
 
 # (rank, world size) variables of the launchers, in the order they are asked: torchrun's, then Slurm's (srun sets
 # them for every task; a script run by srun without torchrun has only these)
@@ -54,28 +56,46 @@ def default_rank_world() -> tuple[int, int]:
 
 class EpochControl:
     """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
-    epoch of the next pass, the batches of it to skip (resume), and the passes each worker started since then
+    epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
+    (:mod:`lifeseq_shards.plan_resume`; none for an ordinary epoch), and the passes each worker started since then
     (a worker's n-th pass is epoch + n; :func:`plan.pass_start`)."""
 
-    _EPOCH, _SKIP, _PASSES = 0, 1, 2
+    _EPOCH, _SKIP, _STAGES, _HISTORY = 0, 1, 2, 3
+    _STAGE_INTS = len(LAYOUT_KEYS) + 1  # the layout, then the batches taken in it
+    _PASSES = _HISTORY + MAX_STAGES * _STAGE_INTS
 
     def __init__(self, num_workers: int) -> None:
         self._t = torch.zeros(self._PASSES + max(1, num_workers), dtype=torch.int64).share_memory_()
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+    def set_epoch(self, epoch: int, skip: int = 0, history: Sequence[Stage] = ()) -> None:
+        if len(history) > MAX_STAGES:
+            raise ValueError(f"an epoch resumed in {len(history)} layouts: at most {MAX_STAGES} are kept; resume "
+                             "in the checkpoint's layout")
         self._t.zero_()
-        self._t[self._EPOCH], self._t[self._SKIP] = epoch, skip
+        self._t[self._EPOCH], self._t[self._SKIP], self._t[self._STAGES] = epoch, skip, len(history)
+        for i, stage in enumerate(history):
+            at = self._HISTORY + i * self._STAGE_INTS
+            values = [int(getattr(stage.layout, k)) for k in LAYOUT_KEYS] + [stage.batches]
+            self._t[at : at + self._STAGE_INTS] = torch.tensor(values)
 
     def peek(self, worker: int = 0) -> tuple[int, int]:
         """(epoch, batches to skip) of ``worker``'s next pass."""
         t = self._t
         return plan.pass_start(int(t[self._EPOCH]), int(t[self._SKIP]), int(t[self._PASSES + worker]))
 
-    def claim_pass(self, worker: int) -> tuple[int, int]:
-        """:meth:`peek`, and count the pass as started."""
-        start = self.peek(worker)
+    def history(self, worker: int = 0) -> tuple[Stage, ...]:
+        """The stages that read the start of ``worker``'s next pass in other layouts (only a resumed pass has any)."""
+        t = self._t
+        if int(t[self._PASSES + worker]):
+            return ()
+        rows = t[self._HISTORY : self._HISTORY + int(t[self._STAGES]) * self._STAGE_INTS].view(-1, self._STAGE_INTS)
+        return tuple(Stage(Layout.of(row[:-1]), row[-1]) for row in rows.tolist())
+
+    def claim_pass(self, worker: int) -> tuple[int, int, tuple[Stage, ...]]:
+        """:meth:`peek` and :meth:`history`, and count the pass as started."""
+        start, history = self.peek(worker), self.history(worker)
         self._t[self._PASSES + worker] += 1
-        return start
+        return *start, history
 
 
 class ShardedDataset(IterableDataset):
@@ -163,6 +183,7 @@ class ShardedDataset(IterableDataset):
         self._control = EpochControl(num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
+        self._rest: tuple[tuple[int, tuple[Stage, ...]], RestPlan] | None = None  # the last rest of an epoch planned
         self._warn_static_balance(remainder)
 
     # -- the plan ---------------------------------------------------------------------------------------------
@@ -207,20 +228,40 @@ class ShardedDataset(IterableDataset):
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
         self.resume_at(epoch, 0)
 
-    def resume_at(self, epoch: int, batches: int) -> None:
-        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned. Refused
-        outside the epoch (a negative epoch, or more batches than this rank's ``len()``): the pass would be empty
-        or fail in the workers, not say why."""
+    def resume_at(self, epoch: int, batches: int, history: Sequence[Stage] = ()) -> None:
+        """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned; with a
+        ``history``, the stages that read its start in other layouts, ``batches`` counts from the start of this
+        layout's epoch (:class:`plan_resume.RestPlan`'s ``base`` on). Refused outside the epoch (a negative epoch,
+        or more batches than this rank's ``len()``): the pass would be empty or fail in the workers, not say why."""
         if epoch < 0:
             raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
-        if not 0 <= batches <= len(self):
+        first = self.rest_plan(epoch, tuple(history)).base if history else 0
+        if not first <= batches <= len(self):
             raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
-                             f"has {len(self)} (resume at 0..{len(self)}, or set_epoch({epoch + 1}) for the next)")
-        self._control.set_epoch(epoch, batches)
+                             f"has {len(self)} (resume at {first}..{len(self)}, or set_epoch({epoch + 1}) for the "
+                             "next)")
+        self._control.set_epoch(epoch, batches, history)
 
     def next_pass(self) -> tuple[int, int]:
         """(epoch, batches the loader returned of it already) of the next pass, as the workers will compute it."""
         return self._control.peek()
+
+    def next_history(self) -> tuple[Stage, ...]:
+        """The stages that read the start of the next pass's epoch in other layouts (none: an ordinary epoch)."""
+        return self._control.history()
+
+    @property
+    def layout(self) -> Layout:
+        """This dataset's readers, as a stage of an epoch records them."""
+        return Layout(self.world_size, self.num_workers, self.batch_size, self.drop_last, self.window,
+                      self.batches_per_message if self.num_workers else 1)
+
+    def rest_plan(self, epoch: int, history: tuple[Stage, ...]) -> RestPlan:
+        """The rest of ``epoch`` in this layout after ``history`` (computed once per pass and kept)."""
+        key = epoch, history
+        if self._rest is None or self._rest[0] != key:
+            self._rest = key, RestPlan(self.partition, epoch, history, self.layout)
+        return self._rest[1]
 
     # -- the loader's side ------------------------------------------------------------------------------------
     def attach(self, link: WorkerLink) -> None:
@@ -252,12 +293,19 @@ class ShardedDataset(IterableDataset):
                 f"num_workers={k}: the plan would overlap or miss persons. Pass the same num_workers to both "
                 "(ShardedLoader does it for you)."
             )
-        epoch, skip_total = self._control.claim_pass(worker)
+        epoch, skip_total, history = self._control.claim_pass(worker)
         per_message = self._link.batches_per_message if k else 1
-        role, skip = plan.pass_roles(skip_total, self.num_workers, self.per_worker_batches(), per_message)[worker]
+        if history:  # the rest of an epoch begun in another layout
+            rest = self.rest_plan(epoch, history)
+            per_worker, skip_total = rest.worker_batches, skip_total - rest.base
+        else:
+            per_worker = self.per_worker_batches()
+        role, skip = plan.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
         slot = plan.slot_index(self.rank, role, self.num_workers)
+        source = ((lambda: rest.ordered_pieces(slot, skip)) if history
+                  else (lambda: slot_windows(self.partition, slot, epoch, skip)))
         stages = [
-            lambda: slot_windows(self.partition, slot, epoch, skip),
+            source,
             lambda src: load_windows(src, self.shards, self.schema),
             lambda src: batches(src, self.spec, skip),
         ]

@@ -4,6 +4,7 @@ its position (its checkpoint state)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .. import plan
+from ..plan_resume import LAYOUT_KEYS, Layout, Stage
 from .dataset import ShardedDataset
 from .transport import RingSlot, RingViews, WorkerLink, make_rings, worker_context
 
@@ -109,6 +111,7 @@ class ShardedLoader(DataLoader):
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
         self._epoch = 0
         self._yielded = 0
+        self._history: tuple[Stage, ...] = ()  # the stages that read the start of the current pass's epoch
         _quiet_lightning_len_warning()
         self._live: object | None = None  # the pass under way (begun, not finished): its position cannot move
 
@@ -125,6 +128,7 @@ class ShardedLoader(DataLoader):
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
         self._epoch, self._yielded = ds.next_pass()
+        self._history = ds.next_history()
         iteration = 0
         if rings is not None:
             iteration = int(rings.ctl[0]) + 1
@@ -192,20 +196,33 @@ class ShardedLoader(DataLoader):
         """(epoch, batches of it returned so far) of the current or last pass."""
         return self._epoch, self._yielded
 
+    @property
+    def history(self) -> tuple[Stage, ...]:
+        """The layouts that read the start of the current (or next) pass's epoch, with the batches each took: none
+        for an ordinary epoch, one more for each resume in another layout."""
+        return self._history
+
     def state_dict(self, epoch_batches: int | None = None,
                    position: tuple[int, int] | None = None) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
         early (Lightning's ``limit_train_batches``); default ``len(self)``. ``position``: (epoch, batches) as of the
         batch the consumer uses now, when it has taken more (a prefetcher's batches built ahead, which the resumed
-        pass returns again); default :attr:`position`."""
+        pass returns again); default :attr:`position`. ``history`` (only in an epoch resumed from another
+        layout): the layouts that read its start, with the batches taken in each."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        epoch, consumed = self.position if position is None else position
-        epoch, batches = plan.resume_point(epoch, consumed, len(ds) if epoch_batches is None else epoch_batches)
-        return {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
-                "layout": self._layout()}
+        at, consumed = self.position if position is None else position
+        epoch, batches = plan.resume_point(at, consumed, len(ds) if epoch_batches is None else epoch_batches)
+        state = {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
+                 "layout": self._layout()}
+        if self._history and epoch == at == self._epoch:  # an ordinary epoch's state stays as it always was
+            state["history"] = [_stage_dict(s) for s in self._history]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Start the next pass where ``state`` says. Refused once a pass has begun: its workers already read on."""
+        """Start the next pass where ``state`` says. Refused once a pass has begun (its workers already read on).
+        Saved in another layout (ranks, workers, batch size, window, batches per message, drop_last), the pass is
+        the rest of the state's epoch: every person it had not trained on once, in equal batches per rank (a
+        warning says how many are left out), starting at :attr:`position` in this layout's numbering."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if self._live is not None:
             raise RuntimeError(
@@ -223,20 +240,46 @@ class ShardedLoader(DataLoader):
             raise ValueError(f"cannot resume exactly: the checkpoint's loader state does not record "
                              f"{', '.join(missing)} (saved by an older lifeseq_shards), so it may have read in another "
                              "order; resume without the loader's state to start its epoch over")
-        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if then[k] != now[k]]
-        if changed:
-            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint (another "
+        fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if k not in LAYOUT_KEYS and then[k] != now[k]]
+        if fixed:
+            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                              "split, or another order of its persons); resume with the checkpoint's settings, or "
                              "without the loader's state to start this epoch over")
-        ds.resume_at(int(state["epoch"]), int(state["batches"]))
-        self._epoch, self._yielded = int(state["epoch"]), int(state["batches"])
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        history = tuple(_stage(s) for s in state.get("history", ()))
+        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
+        if changed and ds.mode != plan.BALANCED:
+            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
+                             f"{ds.mode} pass (ranks of unequal lengths) resumes only in its own layout")
+        if changed and (batches or history):
+            history += (Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), batches),)
+            rest = ds.rest_plan(epoch, history)
+            batches = rest.base
+            dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
+            warnings.warn(f"{ds.root}: epoch {epoch} resumes in another layout ({'; '.join(changed)}): "
+                          f"{rest.trained} persons trained on before, the rest once in "
+                          f"{sum(rest.worker_batches)} batches per rank (batches {rest.base}..{len(ds)} of this "
+                          f"layout's epoch); {rest.left_out} persons are left out of this epoch (those of the rest "
+                          f"that do not divide among {ds.layout.slots} readers){dropped}", stacklevel=2)
+        elif changed:
+            history = ()  # nothing of the epoch was trained on: this layout's own epoch
+        ds.resume_at(epoch, batches, history)
+        self._epoch, self._yielded, self._history = epoch, batches, history
 
     def _layout(self) -> dict[str, Any]:
-        """Every setting that decides which persons a position in the epoch holds: a state resumes only into the
-        same (``window`` = max(window_persons, window_shards x the largest shard's persons)). The mode is stored
-        under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
+        """Every setting that decides which persons a position in the epoch holds (``window`` =
+        max(window_persons, window_shards x the largest shard's persons)). The mode is stored under its old name
+        (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return {"split": [ds.split] if isinstance(ds.split, str) else list(ds.split), "world_size": ds.world_size,
                 "num_workers": ds.num_workers, "batch_size": ds.batch_size, "seed": ds.seed,
                 "mode": plan.STORED_MODE[ds.mode], "shuffle": ds.shuffle, "drop_last": ds.drop_last,
                 "window": ds.window, "batches_per_message": self._per_message}
+
+
+def _stage_dict(stage: Stage) -> dict[str, Any]:
+    return {**dataclasses.asdict(stage.layout), "batches": stage.batches}
+
+
+def _stage(saved: dict[str, Any]) -> Stage:
+    return Stage(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))

@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--flavour", choices=("lightning", "pytorch_lightning"), default="lightning")
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--devices", type=int, default=2, help="ranks (CPU processes)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-persistent", action="store_true", help="persistent_workers=False")
     p.add_argument("--batches-per-message", type=int, default=None)
@@ -66,11 +67,11 @@ def main() -> None:
         if not args.no_val:  # as the seed's pretrain.py: after each validation (mid-epoch with val_check_interval)
             callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="val-{step}",
                                                           monitor="val_loss_track", save_top_k=-1))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=args.epochs, logger=False,
-                         enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0 if args.no_val else args.limit_val,
-                         limit_train_batches=args.limit_train, num_sanity_val_steps=0 if args.no_sanity else None,
-                         val_check_interval=args.val_check_interval)
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.epochs,
+                         logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0 if args.no_val else args.limit_val, limit_train_batches=args.limit_train,
+                         num_sanity_val_steps=0 if args.no_sanity else None, val_check_interval=args.val_check_interval)
     dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers,
                            persistent_workers=not args.no_persistent, batches_per_message=args.batches_per_message,
                            masking=MaskingConfig() if args.masking == "dynamic" else None, prefetch=args.prefetch)

@@ -18,6 +18,8 @@ import torch
 from gather import gather_to_json
 from torch import nn
 
+from lifeseq_shards.schedule import resize_one_cycle
+
 if os.environ.get("LIFESEQ_FLAVOUR") == "pytorch_lightning":
     import pytorch_lightning as pl
 else:
@@ -46,6 +48,7 @@ class Tiny(pl.LightningModule):
         self.transformer = TinyTransformer()
         self.cls_decoder = nn.Linear(4, 3)
         self.train_ids: dict[str, list[list[int]]] = {}  # epoch -> the person ids of each of its batches
+        self.train_lrs: list[float] = []  # the learning rate of each step this run took
         self.val_ids: list[list[int]] = []
         self.predicted: list[dict[str, Any]] = []
         self.model_batch: dict[str, Any] = {}
@@ -65,6 +68,7 @@ class Tiny(pl.LightningModule):
                                "real_tokens": int(batch["padding_mask"].sum()), "lengths": int(batch["lengths"].sum()),
                                "targets": sorted(k for k in batch if k.startswith("target_"))}
         self.train_ids.setdefault(str(self.current_epoch), []).append(batch["person_id"].tolist())
+        self.train_lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
         loss = self._loss(batch)
         if self.save_mid_step is not None and self.trainer.global_step == self.save_mid_step[0]:
             # Lightning's SLURM handler (SIGUSR1) calls save_checkpoint wherever the step stands
@@ -92,10 +96,18 @@ class Tiny(pl.LightningModule):
     def on_predict_epoch_end(self) -> None:
         gather_to_json({"rank": self.trainer.global_rank, "predict": self.predicted}, self.out)
 
+    def on_train_start(self) -> None:
+        # docs/ddp.md: a fit resumed in another layout has other steps left than the checkpoint's schedule
+        done, total = self.trainer.datamodule.schedule_steps()
+        resize_one_cycle(self.lr_schedulers(), done, total)
+
     def on_train_epoch_end(self) -> None:
         trainer = self.trainer
+        scheduler = self.lr_schedulers()
         gather_to_json({"rank": trainer.global_rank, "world_size": trainer.world_size,
-                        "num_training_batches": trainer.num_training_batches,
+                        "num_training_batches": trainer.num_training_batches, "lrs": self.train_lrs,
+                        "schedule": [scheduler.last_epoch, scheduler.total_steps,
+                                     int(trainer.estimated_stepping_batches)],
                         "num_val_batches": trainer.num_val_batches, "train": self.train_ids, "val": self.val_ids,
                         "model_batch": self.model_batch}, self.out)
 

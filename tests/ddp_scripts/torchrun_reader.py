@@ -1,6 +1,7 @@
 """Run under torchrun: read the train split for some epochs with ShardedDataset + ShardedLoader and report, per rank,
 the person ids of every batch, len(loader), and the loader's state_dict taken after ``--snapshot-at`` batches of the
-first epoch. ``--resume FILE`` restarts from the snapshots in an earlier run's output (each rank its own)."""
+first epoch. ``--resume FILE`` restarts from rank 0's snapshot in an earlier run's output (any number of ranks,
+workers, batch size: the rest of that epoch, then whole epochs)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ def main() -> None:
     args = p.parse_args()
 
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     # rank and world size are deliberately not passed: the dataset must take them from torch.distributed
     loader = ShardedLoader(ShardedDataset(args.data, "train", args.batch_size, num_workers=args.workers))
     if args.resume:
         with open(args.resume) as fh:
-            loader.load_state_dict(json.load(fh)["ranks"][rank]["snapshot"])
+            # rank 0's, as Lightning's checkpoint holds: the state has no per-rank part, and the world may differ
+            loader.load_state_dict(json.load(fh)["ranks"][0]["snapshot"])
     epochs, snapshot = [], None
     for e in range(args.epochs):
         batches = []
