@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import test_ddp
 import torch
-from helpers import split_ids
+from helpers import trained_ids
 from test_ddp import (
     LIGHTNING_S,
     SNAPSHOT_AT,
@@ -35,6 +35,13 @@ STOP = 9  # the Lightning run's mid-epoch checkpoint: step 9 of 44
 # (ranks, workers per rank, batch size) resumed in: the old run is 2 x 2 x 64
 LAYOUTS = [(2, 1, 64), (1, 2, 64), (3, 2, 64), (2, 2, 48)]
 LAYOUT_IDS = ["1-worker", "1-rank", "3-ranks", "batch-48"]
+
+
+def epoch_of(root: Path, ranks: int, workers: int, epoch: int) -> set[int]:
+    """The persons of ``epoch`` for ``ranks`` x ``workers``: every train person, remainder included, but those the
+    plan leaves out."""
+    everyone, left = trained_ids(root, ranks, workers, epoch)
+    return everyone - left
 
 
 def assert_rest_of_epoch(trained: list[int], rest_per_rank: list[list[list[int]]], epoch: set[int],
@@ -65,12 +72,12 @@ def test_plain_loop_resumes_the_rest_of_the_epoch_on_another_layout(torchrun_two
            tmp_path, TORCHRUN_S)
     resumed = read_ranks(out)
     assert len(resumed) == ranks
-    train = set().union(*split_ids(ds8, "train")[0])
     trained = [i for r in full for i in flat(r["epochs"][0][:SNAPSHOT_AT])]
-    assert_rest_of_epoch(trained, [r["epochs"][0] for r in resumed], train, ranks * max(workers, 1))
+    assert_rest_of_epoch(trained, [r["epochs"][0] for r in resumed], epoch_of(ds8, 2, 2, 0), ranks * max(workers, 1))
     # the next epoch is this layout's own: everyone once (fewer than the readers left out where the 8 shards do not
     # divide among them), len() batches on every rank
-    assert_rest_of_epoch([], [r["epochs"][1] for r in resumed], train, ranks * max(workers, 1))
+    assert_rest_of_epoch([], [r["epochs"][1] for r in resumed], epoch_of(ds8, ranks, workers, 1),
+                         ranks * max(workers, 1))
     assert {len(r["epochs"][1]) for r in resumed} == {r["len"] for r in resumed}
 
 
@@ -94,10 +101,10 @@ def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_layout(lightning
              "--workers", str(workers), "--batch-size", str(batch)]], tmp_path, LIGHTNING_S)
     full, resumed = read_ranks(lightning_two), read_ranks(out)
     assert len(resumed) == ranks
-    train = set().union(*split_ids(ds8, "train")[0])
     trained = [i for r in full for i in flat(r["train"]["0"][:STOP])]
-    assert_rest_of_epoch(trained, [r["train"]["0"] for r in resumed], train, ranks * max(workers, 1))
-    assert_rest_of_epoch([], [r["train"]["1"] for r in resumed], train, ranks * max(workers, 1))
+    assert_rest_of_epoch(trained, [r["train"]["0"] for r in resumed], epoch_of(ds8, 2, 2, 0), ranks * max(workers, 1))
+    assert_rest_of_epoch([], [r["train"]["1"] for r in resumed], epoch_of(ds8, ranks, workers, 1),
+                         ranks * max(workers, 1))
     for r in resumed:
         assert len(r["train"]["1"]) == r["num_training_batches"], "epoch 1 is this layout's whole epoch"
         assert_schedule_fits(full[0], r)
