@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import compat
 from .layout import packed_slots, padded_rows
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
@@ -41,7 +42,7 @@ class EncoderConfig:
 
 
 # A module's hparams may hold one: allowed in torch.load's weights_only mode, which Lightning uses to load checkpoints
-torch.serialization.add_safe_globals([EncoderConfig])
+compat.add_safe_globals([EncoderConfig])
 
 
 # The seed's sizes, and the same rounded for tensor cores: hidden = the next multiple of 64, heads of 64 (the

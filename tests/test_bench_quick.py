@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SeedRows
+from helpers import U16, SeedRows
 
 from lifeseq_shards.device import padded_fields
 from lifeseq_shards.sources.parquet import read_vocab
@@ -42,7 +42,7 @@ def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.T
         else:
             width = b["tokens"].shape[1]
             assert width % 8 == 0 and width >= int(b["lengths"].max())
-            assert b["tokens"].dtype == torch.uint16 and b["age"].dtype == torch.uint8
+            assert b["tokens"].dtype == U16 and b["age"].dtype == torch.uint8
             ids = torch.zeros((len(b["person_id"]), 4, SEQ), dtype=torch.int64)
             for k, f in enumerate(("tokens", "abspos", "age", "segment")):
                 ids[:, k, :width] = b[f].long()
