@@ -197,7 +197,7 @@ class LifeSeqDataHooks:
         # validate/test/predict(ckpt_path=...) restore it too: kept, it would move a later fit off its epoch's start
         if "train" not in state or self._trainer_fn() not in (None, "fit"):
             return
-        if self.trainer is not None:  # Lightning 2.2 would train a batch saved at its end again
+        if self._trainer_fn() == "fit":  # Lightning 2.2 would train a batch saved at its end again
             compat.finish_saved_batch_on_restart(self.trainer.fit_loop.epoch_loop)
         if self._train is None:
             self._resume = state["train"]
