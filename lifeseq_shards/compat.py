@@ -1,15 +1,22 @@
-"""What this torch can do, detected where it is used rather than read off its version (the researchers run torch
-2.1.2; CI also runs the newest). Each fallback is named once, in one line, the first time it is taken.
+"""What this torch and Lightning can do, detected where it is used rather than read off a version (the researchers
+run torch 2.1.2 and Lightning 2.2.2; CI runs that stack and the newest). Each fallback is named once, in one line
+(a :class:`FallbackNotice` warning), the first time it is taken; nothing here fails on import.
 
-Unsigned tensors: torch < 2.3 has no uint16 / uint32 / uint64 dtype, and its ``torch.from_numpy`` refuses such
-arrays. There a host array of one crosses as its signed view of the same width (the same bytes, so the same bus
-traffic), and :func:`widen` reads it back as unsigned on the device.
+- Unsigned tensors (torch >= 2.3): before, torch has no uint16 / uint32 / uint64 dtype and ``torch.from_numpy``
+  refuses such arrays. There a host array of one crosses as its signed view of the same width (the same bytes, so
+  the same bus traffic), and :func:`unsigned` reads it back on the device, bit for bit.
+- ``torch.serialization.add_safe_globals`` (torch >= 2.4), for ``weights_only`` loads: :func:`add_safe_globals`.
+- FlashAttention's variable-length kernel (torch >= 2.10): :func:`varlen_kernel`.
+- Lightning's restart stages (a checkpoint saved at a batch's end): :func:`finish_saved_batch_on_restart`.
+
+Thread-local CUDA-graph capture (``capture_error_mode``) and ``torch.compile`` are in every supported torch (2.1+).
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,6 +98,16 @@ def widen_views(batch: dict[str, Any]) -> dict[str, Any]:
         return batch
     names = batch[SIGNED_VIEWS]
     return {k: unsigned(v) if k in names else v for k, v in batch.items() if k != SIGNED_VIEWS}
+
+
+def varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    """``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's variable-length kernel, torch >= 2.10), or None;
+    :func:`lifeseq_shards.model.varlen_backend` names the fallback when it would have been used."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
 
 
 def add_safe_globals(classes: list[Any]) -> None:

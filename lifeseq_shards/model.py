@@ -117,16 +117,7 @@ class Packed(NamedTuple):
     max_len: int
 
 
-def _varlen_kernel():
-    """torch.nn.attention.varlen.varlen_attn (torch >= 2.10: FlashAttention's variable-length kernel), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-_VARLEN_ATTN = _varlen_kernel()
+_VARLEN_ATTN = compat.varlen_kernel()
 
 
 def varlen_backend(q: Tensor) -> str:
@@ -137,8 +128,11 @@ def varlen_backend(q: Tensor) -> str:
     - ``"padded-sdpa"`` everywhere else (CPU, fp32, torch < 2.10): each person's rows padded to ``max_len`` around
       attention only, then scaled_dot_product_attention with a key mask; the same numbers as the padded model.
     """
-    flash = _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    return "flash-varlen" if flash and q.shape[-1] <= 256 else "padded-sdpa"
+    wanted = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+    if wanted and _VARLEN_ATTN is None:
+        compat.fallback("torch.nn.attention.varlen (FlashAttention's variable-length kernel, torch >= 2.10)",
+                        "the padding-free step's attention pads each person around SDPA (padded-sdpa)")
+    return "flash-varlen" if wanted and _VARLEN_ATTN is not None else "padded-sdpa"
 
 
 class PaddedIndex(NamedTuple):
