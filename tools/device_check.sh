@@ -51,7 +51,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ ! -e ../shared/data/lifeseq-sample ]; then  # the tests read the sample where CI lays it
   mkdir -p ../shared/data && ln -s "$PWD/.devshared/lifeseq-sample" ../shared/data/lifeseq-sample
 fi
-DATA=.devshared/bench-data/shards
+DATA=${DATA:-.devshared/bench-data/shards}  # DATA=...: another converted dataset (a dry run's small one)
 if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
   $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
@@ -81,7 +81,7 @@ print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLE
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
   stamp "train_bench: padded and padding-free (torch 2.1)"
   timeout 240 $PY -m tools.train_bench --preset tiny --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}" \
-    --attention padded,varlen --prefetch off --compile off
+    --attention padded,varlen --prefetch off --prefetch-thread off --compile off
   echo "sweep exit $?"
   stamp done
   exit 0;;
