@@ -29,8 +29,9 @@ install-pinned: $(PINNED)/.installed
 
 ## Offline install beside the researchers' pins: this package's wheel and every dependency their pins lack, in
 ## $(WHEELS)/ (`pip install --no-index --find-links wheels lifeseq-shards` installs it with no network).
-wheels: $(PINNED)/.installed
-	$(PY) -m tools.offline_wheels $(WHEELS) --pins constraints-pinned.txt --python $(PINNED)/bin/python
+## Run it with the Python of that environment (PINNED_PYTHON, 3.11 here); it installs nothing.
+wheels:
+	$(PINNED_PYTHON) -m tools.offline_wheels $(WHEELS) --pins constraints-pinned.txt
 
 ## The main job on the embedded default: synthesise, convert, verify, plan for 2 GPUs x 2 workers, read batches.
 demo: $(VENV)/.installed
