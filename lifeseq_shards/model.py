@@ -178,7 +178,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed | PackedPas
         cu, max_len = batch.packed
         return _VARLEN_ATTN(q, k, v, cu, cu, max_len, max_len)[..., :d]
     index = batch.padded_index()
-    qp, kp, vp = (t[index.rows].transpose(1, 2) for t in (q, k, v))  # (B, heads, max_len, head_dim)
+    # (B, heads, max_len, head_dim); a list, not a generator: torch 2.1's dynamo cannot unpack one in a graph
+    qp, kp, vp = [t[index.rows].transpose(1, 2) for t in (q, k, v)]
     a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=index.real[:, None, None, :], dropout_p=dropout_p)
     return a.transpose(1, 2).flatten(0, 1)[index.slots]
 
