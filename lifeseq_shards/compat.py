@@ -15,6 +15,7 @@ Thread-local CUDA-graph capture (``capture_error_mode``) and ``torch.compile`` a
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,10 +32,9 @@ class FallbackNotice(UserWarning):
 
 
 @functools.cache
-def fallback(what: str, instead: str) -> None:
-    """Say once, in one line, that ``what`` is not there and ``instead`` is done."""
-    warnings.warn(f"lifeseq_shards: {what} is not available in torch {torch.__version__}: {instead}", FallbackNotice,
-                  stacklevel=3)
+def fallback(what: str, instead: str, where: str = f"torch {torch.__version__}") -> None:
+    """Say once, in one line, that ``where`` has no ``what`` and ``instead`` is done."""
+    warnings.warn(f"lifeseq_shards: no {what} in {where}: {instead}", FallbackNotice, stacklevel=3)
 
 
 @functools.cache
@@ -134,8 +134,9 @@ def finish_saved_batch_on_restart(epoch_loop: Any) -> None:
     there, is refused. Called with the loop about to be restored; installs itself once."""
     if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
         return
-    fallback("Lightning's restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step "
-             "is in the checkpoint), as in newer Lightnings")
+    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
+    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
+             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
     reset = epoch_loop.reset
 
     def reset_after_saved_batch() -> None:
