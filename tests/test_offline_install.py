@@ -17,7 +17,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PINNED = REPO / ".venv-pinned"
-PINS = REPO / "constraints-pinned.txt"
 
 
 def canonical(name: str) -> str:
@@ -43,8 +42,7 @@ def test_wheels_install_offline_beside_the_pins(tmp_path: Path) -> None:
     if Path(sys.prefix).resolve() != PINNED.resolve():
         pytest.skip("runs in the pinned stack's suite (make test runs it): it needs the pins in this interpreter")
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "tools.offline_wheels", str(wheels), "--pins", str(PINS)], cwd=REPO,
-                   check=True)
+    subprocess.run(["make", "wheels", f"WHEELS={wheels}", f"PINNED_PYTHON={sys.executable}"], cwd=REPO, check=True)
     carried = {canonical(w.name.split("-")[0]) for w in wheels.glob("*.whl")}
     assert "lifeseq-shards" in carried and not carried & {"torch", "numpy", "lightning", "pytorch-lightning", "h5py"}
     site = Path(sysconfig.get_paths()["purelib"])
