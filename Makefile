@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO ?= demo-data
+# The researchers' stack (constraints-pinned.txt), a second venv the whole suite runs on too. torch 2.1.2 from PyPI
+# is its CUDA build (about 2.5 GB of nvidia-* wheels), which runs on a CPU as well.
+PINNED_PYTHON ?= python3.11
+PINNED ?= .venv-pinned
+WHEELS ?= wheels
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -11,7 +16,22 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps "litdata==0.2.76"
 	touch $@
 
+# their pins first, as their environment has them; then this package, which must not move any of them
+$(PINNED)/.installed: pyproject.toml constraints-pinned.txt
+	$(PINNED_PYTHON) -m venv $(PINNED)
+	$(PINNED)/bin/python -m pip install -q -r constraints-pinned.txt
+	$(PINNED)/bin/python -m pip install -q -c constraints-pinned.txt -e ".[dev]"
+	touch $@
+
 install: $(VENV)/.installed
+
+install-pinned: $(PINNED)/.installed
+
+## Offline install beside the researchers' pins: this package's wheel and every dependency their pins lack, in
+## $(WHEELS)/ (`pip install --no-index --find-links wheels lifeseq-shards` installs it with no network).
+## Run it with the Python of that environment (PINNED_PYTHON, 3.11 here); it installs nothing.
+wheels:
+	$(PINNED_PYTHON) -m tools.offline_wheels $(WHEELS) --pins constraints-pinned.txt
 
 ## The main job on the embedded default: synthesise, convert, verify, plan for 2 GPUs x 2 workers, read batches.
 demo: $(VENV)/.installed
@@ -23,9 +43,10 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --batch-size 64
 	$(PY) -m tools.demo_batches $(DEMO)/shards
 
-## The whole test suite (installs first).
-test: $(VENV)/.installed
+## The whole test suite on both stacks: the newest (with ruff) and the researchers' pins (installs first).
+test: $(VENV)/.installed $(PINNED)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
 	$(PY) -m pytest -q
+	$(PINNED)/bin/python -m pytest -q
 
-.PHONY: install demo test
+.PHONY: install install-pinned wheels demo test

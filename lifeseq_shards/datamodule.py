@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from . import compat
 from .device import PACKED, BatchBuilder
 from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
@@ -198,6 +199,8 @@ class LifeSeqDataHooks:
         # validate/test/predict(ckpt_path=...) restore it too: kept, it would move a later fit off its epoch's start
         if "train" not in state or self._trainer_fn() not in (None, "fit"):
             return
+        if self._trainer_fn() == "fit":  # Lightning 2.2 would train a batch saved at its end again
+            compat.finish_saved_batch_on_restart(self.trainer.fit_loop.epoch_loop)
         if self._train is None:
             self._resume = state["train"]
         else:  # strategies that restore after setup: the loader exists, its pass has not begun (it refuses else)

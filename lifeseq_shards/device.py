@@ -3,7 +3,8 @@
 Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus, the stamps once per run of tokens that
 share them (format 2); the repetition over tokens, the int64 widening, the padding mask and the MLM targets are built
 on the device, so the bus carries a few bytes a real token instead of the padded int64 batch (docs/performance.md).
-uint16 travels as is: torch copies and casts it on CPU and CUDA.
+uint16 travels as is: torch copies and casts it on CPU and CUDA (before torch 2.3, which has no uint16 tensors, as its
+int16 view, read back as unsigned here: lifeseq_shards.compat).
 
 The model's batch is the one the researchers' (seed) code trains on. Two layouts leave :func:`model_batch`: the
 seed's padded (B, L) batch, and the packed one (only the real tokens, for the encoder's padding-free path). Both are
@@ -14,7 +15,6 @@ drawn by the same masking code on the same padded intermediate, so a person gets
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from lifeseq_shards import compat
 from lifeseq_shards.deprecation import module_aliases
 from lifeseq_shards.format import RUN_LENGTH, STAMPS
 from lifeseq_shards.layout import packed_slots, padded_rows, starts
@@ -37,29 +38,31 @@ def to_device(batch: dict[str, Any], device: torch.device | str, non_blocking: b
     pin_memory); what is not a tensor (a packed batch's layout and widths) stays on the host, where the shapes are
     decided."""
     out: dict[str, Any] = {}
+    views = []
     for name, value in batch.items():
         if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
+            if compat.is_view(value.dtype):
+                views.append(name)
+            value = compat.to_tensor(value)
         out[name] = value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
+    if views:  # torch < 2.3: read back as unsigned by padded_fields (compat.widen_views)
+        out[compat.SIGNED_VIEWS] = (*out.get(compat.SIGNED_VIEWS, ()), *views)
     return out
 
 
 def packed_views(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Named flat tensors out of a packed batch's single buffer: views, no copy, no sync (stamps still once per
-    run; :func:`padded_fields` gives them per token, padded)."""
+    run; :func:`padded_fields` gives them per token, padded). Before torch 2.3 an unsigned field is read out of its
+    signed view, widened where the buffer lives."""
     buf = batch["packed"]
     buf = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
     out = {}
     for name, dtype, offset, count in batch["fields"]:
-        dt = _torch_dtype(dtype)
-        out[name] = buf[offset : offset + count * dt.itemsize].view(dt)
+        dt = compat.torch_dtype(dtype)
+        view = buf[offset : offset + count * dt.itemsize].view(dt)
+        out[name] = compat.unsigned(view) if compat.is_view(dtype) else view
     out["lengths"] = out["lengths"].int()
     return out
-
-
-@functools.cache
-def _torch_dtype(numpy_dtype: str) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
 
 
 def padded_fields(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.Tensor]:
@@ -71,7 +74,7 @@ def padded_fields(batch: dict[str, Any], width: int | None = None) -> dict[str, 
     padding is one gather per field, no boolean indexing (which would sync to learn its size).
     """
     if "packed" not in batch:
-        return batch
+        return compat.widen_views(batch)
     out = packed_views(batch)
     if RUN_LENGTH in out:  # stamps once per run (format 2): repeat them over their tokens, output size known
         reps = out.pop(RUN_LENGTH).long()
@@ -98,8 +101,10 @@ def padded_fields(batch: dict[str, Any], width: int | None = None) -> dict[str, 
 
 
 # Some torch builds lack `where` or indexing for the unsigned dtypes (docs/performance.md); a signed view of the same
-# width has the same bits.
-_SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+# width has the same bits. Torch < 2.3 has no such dtypes at all.
+_SIGNED_VIEW = {getattr(torch, f"uint{bits}"): signed for bits, signed in ((16, torch.int16), (32, torch.int32),
+                                                                           (64, torch.int64))
+                if hasattr(torch, f"uint{bits}")}
 
 
 def _signed(values: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import compat
 from .layout import packed_slots, padded_rows
 from .schedule import resize_one_cycle
 
@@ -42,7 +43,7 @@ class EncoderConfig:
 
 
 # A module's hparams may hold one: allowed in torch.load's weights_only mode, which Lightning uses to load checkpoints
-torch.serialization.add_safe_globals([EncoderConfig])
+compat.add_safe_globals([EncoderConfig])
 
 
 # The seed's sizes, and the same rounded for tensor cores: hidden = the next multiple of 64, heads of 64 (the
@@ -117,16 +118,7 @@ class Packed(NamedTuple):
     max_len: int
 
 
-def _varlen_kernel():
-    """torch.nn.attention.varlen.varlen_attn (torch >= 2.10: FlashAttention's variable-length kernel), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-_VARLEN_ATTN = _varlen_kernel()
+_VARLEN_ATTN = compat.varlen_kernel()
 
 
 def varlen_backend(q: Tensor) -> str:
@@ -137,8 +129,11 @@ def varlen_backend(q: Tensor) -> str:
     - ``"padded-sdpa"`` everywhere else (CPU, fp32, torch < 2.10): each person's rows padded to ``max_len`` around
       attention only, then scaled_dot_product_attention with a key mask; the same numbers as the padded model.
     """
-    flash = _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    return "flash-varlen" if flash and q.shape[-1] <= 256 else "padded-sdpa"
+    wanted = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
+    if wanted and _VARLEN_ATTN is None:
+        compat.fallback("torch.nn.attention.varlen (FlashAttention's variable-length kernel, torch >= 2.10)",
+                        "the padding-free step's attention pads each person around SDPA (padded-sdpa)")
+    return "flash-varlen" if wanted and _VARLEN_ATTN is not None else "padded-sdpa"
 
 
 class PaddedIndex(NamedTuple):
@@ -184,7 +179,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed | PackedPas
         cu, max_len = batch.packed
         return _VARLEN_ATTN(q, k, v, cu, cu, max_len, max_len)[..., :d]
     index = batch.padded_index()
-    qp, kp, vp = (t[index.rows].transpose(1, 2) for t in (q, k, v))  # (B, heads, max_len, head_dim)
+    # (B, heads, max_len, head_dim); a list, not a generator: torch 2.1's dynamo cannot unpack one in a graph
+    qp, kp, vp = [t[index.rows].transpose(1, 2) for t in (q, k, v)]
     a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=index.real[:, None, None, :], dropout_p=dropout_p)
     return a.transpose(1, 2).flatten(0, 1)[index.slots]
 

@@ -22,9 +22,13 @@ import numpy as np
 import zstandard
 from click.testing import CliRunner
 
+from lifeseq_shards import compat
 from lifeseq_shards.cli import main
 from lifeseq_shards.plan import left_out_segments
 from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
+
+# the dtype a uint16 column has as a tensor: torch.uint16, or its int16 view where torch has no uint16 (< 2.3)
+U16 = compat.torch_dtype("uint16")
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4

@@ -4,6 +4,7 @@ The multi-process runs (DDP, ddp_spawn, resume under Lightning, predict) are in 
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
 from pathlib import Path
@@ -50,6 +51,12 @@ def fitting_trainer(ready: int, started: int, processed: int, completed: int) ->
     trainer.fit_loop.epoch_loop.batch_progress.current = SimpleNamespace(ready=ready, started=started,
                                                                          processed=processed, completed=completed)
     return trainer
+
+
+def full_unpickling(trainer_class: type) -> dict[str, bool]:
+    """``weights_only=False`` for Trainer.validate / fit / predict where they take it (Lightning >= 2.4 does; 2.2
+    always unpickles fully)."""
+    return {"weights_only": False} if "weights_only" in inspect.signature(trainer_class.validate).parameters else {}
 
 
 def module(root: Path, trainer: Any = None, **kw: Any) -> LifeSeqDataModule:
@@ -201,7 +208,7 @@ def test_a_checkpoint_restored_to_validate_does_not_move_a_later_fit(vocab_datas
     first.fit(model, datamodule=dm)
     first.save_checkpoint(tmp_path / "three.ckpt")
     fresh = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
-    trainer().validate(model, datamodule=fresh, ckpt_path=tmp_path / "three.ckpt", weights_only=False)
+    trainer().validate(model, datamodule=fresh, ckpt_path=tmp_path / "three.ckpt", **full_unpickling(pl.Trainer))
     again = trainer()
     again.fit(model, datamodule=fresh)  # raised: "the train loader is at batch 4 ... the trainer at batch 1"
     assert again.global_step == 3 and fresh.state_dict()["train"]["batches"] == 3
@@ -374,3 +381,44 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
     assert (f"trained on before: {len(trained)} persons" in out and f"{rest.batches} batches per rank (all equal), "
             f"batches {first}..{trainer.num_training_batches} of this layout's epoch" in out), out
     assert code == 0 and "EXACT: nobody trained on is read again" in out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("save_at", [3, 6])
+def test_a_checkpoint_saved_at_a_batch_end_resumes_after_that_batch(vocab_dataset: Path, tmp_path: Path,
+                                                                     save_at: int) -> None:
+    """ModelCheckpoint(every_n_train_steps=...) saves in on_train_batch_end, the batch's step done. The resumed fit
+    trains the batches after it, with Lightning's batch indices and step count as in the uninterrupted fit. On a
+    Lightning without restart stages (2.2) mid-epoch is handled and the epoch's last batch (6 of 6) refused."""
+    import lightning.pytorch as pl
+
+    from lifeseq_shards.model import LifeSeqPretrainModule
+
+    class Recording(LifeSeqPretrainModule):
+        seen: list[tuple[int, int, tuple[int, ...]]]
+
+        def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+            self.seen.append((self.current_epoch, batch_idx, tuple(batch["person_id"].tolist())))
+
+    def fit(ckpt: Path | None, *callbacks: Any) -> tuple[Recording, Any]:
+        dm = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig())
+        model = Recording(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+        model.seen = []
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=6, limit_val_batches=0,
+                             logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=list(callbacks), enable_checkpointing=bool(callbacks))
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return model, trainer
+
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=save_at,
+                                         save_top_k=-1)
+    full, full_trainer = fit(None, saver)
+    ckpt = tmp_path / f"step={save_at}.ckpt"
+    legacy = not hasattr(full_trainer.fit_loop.epoch_loop, "restarted_on_train_batch_end")
+    if legacy and save_at == 6:
+        with pytest.raises(RuntimeError, match="saved at the end of an epoch's last batch"):
+            fit(ckpt)
+        return
+    resumed, trainer = fit(ckpt)
+    assert resumed.seen == full.seen[save_at:]
+    assert trainer.global_step == full_trainer.global_step == 12

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FIELDS
+from helpers import FIELDS, U16
 
 from lifeseq_shards.device import host_sync_guard
 from lifeseq_shards.masking import (
@@ -39,7 +39,7 @@ def _load(path: Path, rows: slice) -> dict[str, np.ndarray]:
 def _host_batch(ids: np.ndarray, lengths: np.ndarray, person_id: np.ndarray) -> dict[str, torch.Tensor]:
     """A reader-like batch: narrow dtypes, L = longest rounded up to a multiple of 8."""
     L = int(-(-lengths.max() // 8) * 8)
-    dtypes = (torch.uint16, torch.int16, torch.uint8, torch.uint8)
+    dtypes = (U16, torch.int16, torch.uint8, torch.uint8)
     batch = {
         k: torch.from_numpy(ids[:, r, :L].astype(np.int64)).to(dt)
         for r, (k, dt) in enumerate(zip(FIELDS, dtypes, strict=True))

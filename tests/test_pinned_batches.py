@@ -17,29 +17,35 @@ import numpy as np
 import pytest
 import torch
 
-from lifeseq_shards import ShardedDataset, ShardedLoader
+from lifeseq_shards import ShardedDataset, ShardedLoader, compat
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.sources.synth import synth_population
+
+# torch < 2.3 has no unsigned 16-64 bit tensors: a field stored so crosses as its signed view (the same bytes),
+# named in the batch's compat.SIGNED_VIEWS; the digest names it by the dtype it stands for, as newer torch holds it
+STANDS_FOR = {torch.int16: "torch.uint16", torch.int32: "torch.uint32", torch.int64: "torch.uint64"}
 
 
 def digest(batches: Iterable[Any]) -> str:
     """sha256 over every batch's keys, dtypes, shapes and bytes (tensors and arrays) or repr (anything else)."""
     h = hashlib.sha256()
 
-    def add(value: Any) -> None:
+    def add(value: Any, signed_view: bool = False) -> None:
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu().contiguous()
-            h.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            h.update(f"{STANDS_FOR[value.dtype] if signed_view else value.dtype}{tuple(value.shape)}".encode())
             h.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
         elif isinstance(value, np.ndarray):
             h.update(f"{value.dtype.str}{value.shape}".encode())
             h.update(np.ascontiguousarray(value).tobytes())
         elif isinstance(value, dict):
+            views = value.get(compat.SIGNED_VIEWS, ())
             for k in sorted(value):
-                h.update(k.encode())
-                add(value[k])
+                if k != compat.SIGNED_VIEWS:
+                    h.update(k.encode())
+                    add(value[k], k in views)
         else:
             h.update(repr(value).encode())
 

@@ -24,9 +24,17 @@
 # (masker eager vs graphed vs compiled, the packed preparation with each), then `pytest -m cuda` on the masking and
 # device tests, tables.
 # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dcs bash tools/device_check.sh small-cpu
+#
+# `bash tools/device_check.sh pinned` runs on the researchers' stack (constraints-pinned.txt: torch 2.1.2+cu121 from
+# PyPI, Lightning 2.2.2, numpy 1.25.1) in the interpreter PINNED_PYTHON (default .venv-pinned/bin/python, which
+# `make install-pinned` builds): `pytest -m cuda` (varlen, device, masking), then four sweep points, small-tc and
+# large-tc, padded and padding-free (torch 2.1 has no varlen kernel: the padded-sdpa path), bf16, L=512, batch 256.
+# Its torch is 2.5 GB, more than a lent machine takes along: that machine must already have it (PINNED_PYTHON).
+# Dry run: OUT=/tmp/dcp bash tools/device_check.sh pinned-cpu
 set -uo pipefail
 MODE=${1:-gpu}
 PY=${PYTHON:-python3}
+case "$MODE" in pinned|pinned-cpu) PY=${PINNED_PYTHON:-.venv-pinned/bin/python};; esac
 : "${OUT:?set OUT to the folder for logs and results}"
 export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -43,12 +51,41 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ ! -e ../shared/data/lifeseq-sample ]; then  # the tests read the sample where CI lays it
   mkdir -p ../shared/data && ln -s "$PWD/.devshared/lifeseq-sample" ../shared/data/lifeseq-sample
 fi
-DATA=.devshared/bench-data/shards
+DATA=${DATA:-.devshared/bench-data/shards}  # DATA=...: another converted dataset (a dry run's small one)
 if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
   $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
 fi
+
+case "$MODE" in pinned|pinned-cpu)
+  if ! $PY -c "import sys, torch, lightning; sys.exit(not torch.__version__.startswith('2.1.'))"; then
+    echo "pinned: $PY has no torch 2.1: set PINNED_PYTHON to an interpreter with constraints-pinned.txt installed"
+    exit 2
+  fi
+  if [ "$MODE" = pinned-cpu ]; then  # the same stages and points at sizes a 2-core CPU runs
+    SWEEP=(--sizes small-tc --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2)
+  else
+    SWEEP=(--sizes small-tc,large-tc --lengths 512 --batch-sizes 256 --precisions bf16-mixed --steps 30 --warmup 5
+           --budget-s 150)
+  fi
+  { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
+    $PY -c "import torch, lightning, numpy; from lifeseq_shards import compat, model
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__, 'numpy', numpy.__version__)
+print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLEN_ATTN is not None)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "pytest -m cuda (torch 2.1)"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/test_device.py \
+    tests/test_masking.py >"$OUT/tests.log" 2>&1
+  echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
+  stamp "train_bench: padded and padding-free (torch 2.1)"
+  timeout 240 $PY -m tools.train_bench --preset tiny --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}" \
+    --attention padded,varlen --prefetch off --prefetch-thread off --compile off
+  echo "sweep exit $?"
+  stamp done
+  exit 0;;
+esac
 
 case "$MODE" in small|small-cpu)
   if [ "$MODE" = small-cpu ]; then  # the same stages and points at sizes a 2-core CPU runs (no compile: minutes)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import compat
 from ..format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged_counts, token_schema
 
 
@@ -71,7 +72,7 @@ def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> dict[str
     return out
 
 
-def collate_padded(block: Block, spec: BatchSpec) -> dict[str, torch.Tensor]:
+def collate_padded(block: Block, spec: BatchSpec) -> dict[str, Any]:
     """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes;
     stamps stored once per run are repeated over their tokens first."""
     schema = spec.schema
@@ -88,8 +89,8 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, torch.Tensor]:
     else:
         width = _padded_width(lengths, spec.pad_multiple)
         keep = lengths
-    out: dict[str, torch.Tensor] = {"person_id": torch.from_numpy(np.ascontiguousarray(c["person_id"])),
-                                    "lengths": torch.from_numpy(keep.astype(np.int32))}
+    out: dict[str, Any] = {"person_id": torch.from_numpy(np.ascontiguousarray(c["person_id"])),
+                           "lengths": torch.from_numpy(keep.astype(np.int32))}
     masks = {"length": _prefix_mask(keep, width)}
     src_masks = {"length": _prefix_mask(lengths, int(lengths.max(initial=0)))} if spec.pad_to is not None else None
     if "n_targets" in c:
@@ -100,7 +101,7 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, torch.Tensor]:
             continue
         col = c[f.name]
         if f.kind == SCALAR:
-            out[f.name] = torch.from_numpy(np.ascontiguousarray(col))
+            out[f.name] = compat.to_tensor(np.ascontiguousarray(col))
             continue
         m = masks[COUNT_OF[f.kind]]
         arr = np.zeros(m.shape, dtype=col.dtype)
@@ -110,7 +111,10 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, torch.Tensor]:
             arr[:, : min(width, full.shape[1])] = full[:, :width]
         else:
             arr[m] = col
-        out[f.name] = torch.from_numpy(arr)
+        out[f.name] = compat.to_tensor(arr)
+    views = tuple(f.name for f in schema if f.name in out and compat.is_view(f.dtype))
+    if views:  # torch < 2.3: the device reads them back as unsigned (compat.widen_views)
+        out[compat.SIGNED_VIEWS] = views
     return out
 
 

@@ -1,0 +1,156 @@
+"""What this torch and Lightning can do, detected where it is used rather than read off a version (the researchers
+run torch 2.1.2 and Lightning 2.2.2; CI runs that stack and the newest). Each fallback is named once, in one line
+(a :class:`FallbackNotice` warning), the first time it is taken; nothing here fails on import.
+
+- Unsigned tensors (torch >= 2.3): before, torch has no uint16 / uint32 / uint64 dtype and ``torch.from_numpy``
+  refuses such arrays. There a host array of one crosses as its signed view of the same width (the same bytes, so
+  the same bus traffic), and :func:`unsigned` reads it back on the device, bit for bit.
+- ``torch.serialization.add_safe_globals`` (torch >= 2.4), for ``weights_only`` loads: :func:`add_safe_globals`.
+- FlashAttention's variable-length kernel (torch >= 2.10): :func:`varlen_kernel`.
+- Lightning's restart stages (a checkpoint saved at a batch's end): :func:`finish_saved_batch_on_restart`.
+
+Thread-local CUDA-graph capture (``capture_error_mode``) and ``torch.compile`` are in every supported torch (2.1+).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+_SIGNED = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+           np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+class FallbackNotice(UserWarning):
+    """A capability this torch lacks, and what is done instead (once per process and capability)."""
+
+
+@functools.cache
+def fallback(what: str, instead: str, where: str = f"torch {torch.__version__}") -> None:
+    """Say once, in one line, that ``where`` has no ``what`` and ``instead`` is done."""
+    warnings.warn(f"lifeseq_shards: no {what} in {where}: {instead}", FallbackNotice, stacklevel=3)
+
+
+@functools.cache
+def unsigned_tensors() -> bool:
+    """Whether torch holds numpy's uint16 (and wider unsigned) arrays as tensors of the same dtype."""
+    try:
+        torch.from_numpy(np.zeros(1, dtype=np.uint16))
+    except TypeError:
+        return False
+    return True
+
+
+def host_dtype(dtype: np.dtype | str) -> np.dtype:
+    """The numpy dtype a column of ``dtype`` has as a tensor: itself, or its signed view where torch lacks it."""
+    dt = np.dtype(dtype)
+    if dt in _SIGNED and not unsigned_tensors():
+        fallback("uint16 tensors", "unsigned columns cross as their signed view and are widened on the device")
+        return _SIGNED[dt]
+    return dt
+
+
+def to_tensor(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` (no copy), through the signed view of an unsigned array where torch lacks its dtype."""
+    return torch.from_numpy(array.view(host_dtype(array.dtype)))
+
+
+def torch_dtype(numpy_dtype: np.dtype | str) -> torch.dtype:
+    """The torch dtype :func:`to_tensor` gives an array of ``numpy_dtype``."""
+    return _torch_dtype(host_dtype(numpy_dtype).str)
+
+
+@functools.cache
+def _torch_dtype(numpy_dtype: str) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
+
+
+def is_view(stored: np.dtype | str) -> bool:
+    """Whether a column stored as ``stored`` crosses as its signed view (:func:`to_tensor`)."""
+    return host_dtype(stored) != np.dtype(stored)
+
+
+# a signed view widened one step (the int64 view of a uint64 is already what `.long()` of a uint64 gives)
+_WIDER = {torch.int16: torch.int32, torch.int32: torch.int64}
+
+
+def unsigned(view: torch.Tensor) -> torch.Tensor:
+    """The unsigned values of a signed view (:func:`to_tensor`), bit-exact, in the next wider signed dtype."""
+    wider = _WIDER.get(view.dtype)
+    if wider is None:
+        return view
+    return view.to(wider) & ((1 << (8 * view.element_size())) - 1)
+
+
+SIGNED_VIEWS = "signed_views"  # a padded host batch's names of the fields that hold signed views (torch < 2.3 only)
+
+
+def widen_views(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with the fields its ``signed_views`` names read back as unsigned (:func:`unsigned`), where it
+    lives; a batch without any comes back as is."""
+    if SIGNED_VIEWS not in batch:
+        return batch
+    names = batch[SIGNED_VIEWS]
+    return {k: unsigned(v) if k in names else v for k, v in batch.items() if k != SIGNED_VIEWS}
+
+
+def varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    """``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's variable-length kernel, torch >= 2.10), or None;
+    :func:`lifeseq_shards.model.varlen_backend` names the fallback when it would have been used."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def add_safe_globals(classes: list[Any]) -> None:
+    """Allow ``classes`` in ``torch.load(weights_only=True)``; without the allow-list (torch < 2.4) Lightning loads
+    checkpoints with full unpickling, so nothing needs to be allowed."""
+    register = getattr(torch.serialization, "add_safe_globals", None)
+    if register is None:
+        names = ", ".join(c.__name__ for c in classes)
+        fallback("torch.serialization.add_safe_globals", f"checkpoints holding {names} load with weights_only=False "
+                 "only (Lightning 2.2's and torch.load's default here)")
+        return
+    register(classes)
+
+
+def finish_saved_batch_on_restart(epoch_loop: Any) -> None:
+    """Make a Lightning whose training epoch loop has no restart stages (2.2; ``restarted_on_train_batch_end`` came
+    later) resume after the batch a checkpoint was saved at the end of, as later Lightnings do.
+
+    A checkpoint saved in ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) holds that batch's
+    optimizer and scheduler step but counts the batch as processed, not completed; such a Lightning restarts by
+    rolling back to the completed count, so it would train that batch again and count every later batch one short
+    (validation at the epoch's end skipped). Here the batch is completed before that roll-back, as later Lightnings
+    do, and a checkpoint at the end of an epoch's last batch, whose next epoch such a Lightning cannot begin from
+    there, is refused. Called with the loop about to be restored; installs itself once."""
+    if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
+        return
+    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
+    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
+             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
+    reset = epoch_loop.reset
+
+    def reset_after_saved_batch() -> None:
+        progress = epoch_loop.batch_progress
+        p = progress.total
+        if epoch_loop.restarting and p.ready == p.started == p.processed == p.completed + 1:
+            if progress.current.completed + 1 >= epoch_loop.trainer.num_training_batches:
+                raise RuntimeError("this checkpoint was saved at the end of an epoch's last batch, and this "
+                                   "Lightning cannot resume from it without training that batch twice: resume from "
+                                   "the checkpoint at the epoch's end (ModelCheckpoint(save_on_train_epoch_end=True)"
+                                   "), or upgrade lightning / pytorch_lightning (2.6 resumes from it)")
+            progress.increment_completed()
+            epoch_loop._batches_that_stepped += 1  # as the step's own end would have
+        reset()
+
+    epoch_loop.reset = reset_after_saved_batch
+    epoch_loop._lifeseq_restart = True
