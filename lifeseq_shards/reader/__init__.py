@@ -3,7 +3,8 @@
 One concern per module: :mod:`.dataset` (configuration, plan queries, epoch control, ``__iter__``), :mod:`.stages`
 (the pipeline's generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`),
 :mod:`.transport` (the workers' shared-memory rings and process context), :mod:`.launch` (rank and world size
-from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state). docs/architecture.md shows how the data flows between them.
+from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state).
+docs/architecture.md shows how the data flows between them.
 """
 
 from __future__ import annotations
