@@ -98,7 +98,7 @@ class CommandStream:
             while not self.eof:
                 parts.append(self._chunk())
             return b"".join(parts)
-        if self._pos == len(self._buf) and not self.eof:
+        if self._pos == len(self._buf) and not self.eof and size:  # a tar's empty padding asks for 0 bytes
             self._buf, self._pos = self._chunk(), 0
         return self._take(size)
 
