@@ -10,10 +10,13 @@ waiting in the next step's all-reduce (issue #20806). Nothing of the data path i
 stack is Lightning's handler or DDP's collective.
 
 :class:`StopOnSigterm` (``lifeseq_shards.pl.StopOnSigterm`` for ``pytorch_lightning``) replaces Lightning's SIGTERM
-handler once a fit (or a predict) has begun with one that raises :class:`SigtermInterrupt`, a KeyboardInterrupt:
+handler when a stage begins (the sanity check, training, a validation, a predict) with one that raises
+:class:`SigtermInterrupt`, a KeyboardInterrupt:
 Lightning's Ctrl-C path, which runs no collective, ends the ranks it started, tears the loaders down and exits 1.
 Lightning puts its own handlers back when the fit ends. A rank blocked in a collective when the signal comes
-raises once the collective returns, which it does when the peer that left closes its connection.
+raises once the collective returns, which it does when the peer that left closes its connection. Lightning's
+handler still answers a SIGTERM in the moment between setting it and the first stage (a barrier, before any
+loader starts).
 """
 
 from __future__ import annotations
@@ -41,7 +44,14 @@ class SigtermHooks:
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
             signal.signal(signal.SIGTERM, _interrupt)
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:  # after Lightning set its handlers
+    # the first hook of each stage after Lightning set its handlers (the sanity check's runs before training's)
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._take_sigterm()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._take_sigterm()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._take_sigterm()
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:

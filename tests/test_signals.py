@@ -21,6 +21,8 @@ from lifeseq_shards.convert import ConvertOptions, convert_dataset
 SCRIPTS = REPO / "tests" / "ddp_scripts"
 ENDS_WITHIN_S = 30  # from SIGTERM to the last process gone; it takes 5-11 s on a loaded 2-core machine
 STARTED = 2 + 2 + 2 * 2  # the ranks, their forkservers and workers (and the resource trackers)
+# validations with a sync_dist all-reduce per step twice an epoch, the device-side prefetch thread, dynamic masks
+FIT = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def sigterm_mid_fit(data: Path, tmp_path: Path, flavour: str, delay: float) -> t
     log = tmp_path / f"fit-{flavour}-{delay}.log"
     with open(log, "w") as out:
         fit = subprocess.Popen([sys.executable, str(SCRIPTS / "lightning_fit.py"), str(data), str(tmp_path / "r.json"),
-                                "--workers", "2", "--epochs", "50", "--no-val", "--flavour", flavour,
+                                "--workers", "2", "--epochs", "50", "--flavour", flavour, *FIT,
                                 "--stop-on-sigterm"], cwd=SCRIPTS,
                                env=repo_first(os.environ), stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
