@@ -38,9 +38,10 @@ class _Group(click.Group):
 def _library_errors() -> tuple[type[Exception], ...]:
     """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter."""
     from .convert import ConvertError
+    from .remote import RemoteSettingError
     from .sources import SourceError
 
-    return ConvertError, SourceError, ManifestError, FileNotFoundError
+    return ConvertError, SourceError, ManifestError, RemoteSettingError, FileNotFoundError
 
 
 @click.group(cls=_Group)

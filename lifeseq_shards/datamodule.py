@@ -25,7 +25,7 @@ from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE, EXACT
 from .prefetch import DevicePrefetcher
-from .reader import ShardedDataset, ShardedLoader
+from .reader import ShardedDataset, ShardedLoader, default_rank_world
 
 # why an offline-MLM dataset neither takes a new CLS task nor serves predict
 _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stored after the seed's CLS task (about "
@@ -118,8 +118,8 @@ class LifeSeqDataHooks:
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
-        if trainer is None:
-            return 0, 1
+        if trainer is None:  # a loop of its own: the launcher's variables, as a ShardedDataset takes them
+            return default_rank_world()
         return trainer.global_rank, trainer.world_size
 
     def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool,

@@ -31,6 +31,7 @@ from .format import (
     schema_json,
     schema_tag,
 )
+from .remote import open_remote, stall_seconds
 from .shardfile import ShardFile
 
 MANIFEST = "manifest.json"
@@ -371,25 +372,6 @@ def dataset_url(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}"
 
 
-STALL_ENV = "LIFESEQ_HTTP_STALL_S"  # seconds without a byte after which an http(s) read gives up (default 60)
-
-
-def open_remote(url: str) -> Any:
-    """A remote dataset file as a stream: webdataset's gopen, but for http(s) a curl that gives up on a body that
-    stalls (webdataset's waits forever: a server that stops sending mid-shard hung the job). A stall counts as a
-    failed attempt: curl retries as webdataset's does, but only for 5x the stall time, then the read fails, naming
-    the URL (a retry after part of the body was passed on repeats those bytes; the shard's checks refuse them)."""
-    import webdataset as wds  # only remote datasets need it, and it is slow to import
-    from webdataset.gopen import Pipe
-
-    if not url.startswith(("http://", "https://")):
-        return wds.gopen(url, "rb")
-    stall = int(os.environ.get(STALL_ENV, "60"))
-    args = ["curl", "--connect-timeout", "30", "--retry", "30", "--retry-delay", "2", "--retry-max-time",
-            str(5 * stall), "--speed-limit", "1", "--speed-time", str(stall), "-f", "-s", "-L", url]
-    return Pipe(args, mode="rb", bufsize=8192, ignore_status=[141, 23])  # 141, 23: we closed it early
-
-
 def fetch_manifest(url: str) -> bytes:
     """The bytes of the manifest at ``url`` (a path, an http(s) URL or a ``pipe:`` command); ManifestError, one
     line, when it cannot be read."""
@@ -398,11 +380,15 @@ def fetch_manifest(url: str) -> bytes:
         if not path.exists():
             raise ManifestError(f"{path}: no manifest (not a converted dataset, or its conversion did not finish)")
         return path.read_bytes()
+    stall = stall_seconds()  # a setting that cannot work is its own error, not the manifest's
     try:
-        with open_remote(url) as stream:
-            return stream.read()
-    except Exception as e:  # noqa: BLE001 - any transport failure is the same one-line error
+        with open_remote(url, stall) as stream:
+            data = stream.read()
+    except OSError as e:
         raise ManifestError(f"{url}: cannot read the manifest ({e})") from None
+    if stream.failure():
+        raise ManifestError(f"{url}: cannot read the manifest{stream.failure()}")
+    return data
 
 
 def read_manifest(root: str | os.PathLike[str]) -> Manifest:

@@ -29,7 +29,11 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
     killed conversion left, and yield the files the old dataset's manifest lists (what --overwrite replaces)."""
     _refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a directory or an unreadable file in the lock's place
+        raise ConvertError(f"{out / LOCK}: cannot open the conversion lock ({e.strerror}); it should be a plain "
+                           "file: remove it if no conversion is running") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -43,29 +47,61 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
 
 
 def replace_dataset(out: Path, stage: Path, old: list[str], new: list[str]) -> None:
-    """Move the complete new dataset from ``stage`` into ``out``. The old manifest becomes the INCOMPLETE mark (from
-    here the directory is no dataset, and a rerun knows the old files), the old files go, the new ones move in, the
-    new manifest last. Nothing else in ``out`` is touched; a file in the way that is not the old dataset's stops it
-    before anything moves."""
+    """Move the complete new dataset from ``stage`` into ``out``. The new files bound for another filesystem (a
+    split directory that is a symlink to scratch space) are first copied beside their place, where a rename can
+    reach it; then the old manifest becomes the INCOMPLETE mark (from here the directory is no dataset, and a rerun
+    knows the old files), the old files go, the new ones move in, the new manifest last. Nothing else in ``out`` is
+    touched; a file in the way that is not the old dataset's, or a copy that fails (a full scratch disk), stops it
+    before anything is deleted."""
     keep = set(old)
     clash = [f for f in new if f not in keep and (out / f).exists()]
     if clash:
         raise ConvertError(f"{out / clash[0]}: exists and is not the old dataset's; move it away")
+    sources = _near_sources(out, stage, new)
     if (out / MANIFEST).exists():
         os.replace(out / MANIFEST, out / INCOMPLETE)
     else:
         (out / INCOMPLETE).touch()
     for f in old:
         (out / f).unlink(missing_ok=True)
-    for f in new:
+    for f, src in zip(new, sources, strict=True):
         (out / f).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(stage / f, out / f)
+        os.replace(src, out / f)
     os.replace(stage / MANIFEST, out / MANIFEST)
     (out / INCOMPLETE).unlink()
     shutil.rmtree(stage)
+    _remove_near_stages(out)
     for d in sorted({(out / f).parent for f in old} - {(out / f).parent for f in new}):
         with contextlib.suppress(OSError):  # an old split directory the new dataset lacks, unless it holds user files
             d.rmdir()
+
+
+def _near_sources(out: Path, stage: Path, new: list[str]) -> list[Path]:
+    """Where each new file moves in from: its place in ``stage``, or, when its directory in ``out`` is on another
+    filesystem (where os.replace fails with EXDEV), a copy in that directory's own STAGING directory."""
+    stage_dev = os.stat(stage).st_dev
+    sources = []
+    try:
+        for f in new:
+            near = next(p for p in (out / f).parents if p.exists())
+            if os.stat(near).st_dev == stage_dev:
+                sources.append(stage / f)
+                continue
+            copy = near / STAGING / (out / f).relative_to(near)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(stage / f, copy)
+            sources.append(copy)
+    except OSError as e:
+        _remove_near_stages(out)
+        raise ConvertError(f"{out / f}: cannot copy the new shard onto its filesystem ({e.strerror or e}); the old "
+                           "dataset is kept") from None
+    return sources
+
+
+def _remove_near_stages(out: Path) -> None:
+    """The copies :func:`_near_sources` made inside split directories (of a finished or a killed conversion)."""
+    for d in out.glob(f"*/{STAGING}"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _refuse_foreign(out: Path, overwrite: bool) -> None:
@@ -90,6 +126,7 @@ def _clear_unfinished(out: Path) -> None:
                     (out / f).unlink(missing_ok=True)
         mark.unlink()
     shutil.rmtree(out / STAGING, ignore_errors=True)
+    _remove_near_stages(out)
 
 
 def _listed_files(manifest: Path) -> list[str]:

@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 
 from .datamodule import LifeSeqDataHooks
 from .model import PretrainSteps
+from .signals import SigtermHooks
 
 
 class LifeSeqDataModule(LifeSeqDataHooks, pl.LightningDataModule):
@@ -21,4 +22,8 @@ class LifeSeqPretrainModule(PretrainSteps, pl.LightningModule):
     """:class:`~lifeseq_shards.model.PretrainSteps` for a ``pytorch_lightning`` Trainer."""
 
 
-__all__ = ["LifeSeqDataModule", "LifeSeqPretrainModule"]
+class StopOnSigterm(SigtermHooks, pl.Callback):
+    """:class:`~lifeseq_shards.signals.SigtermHooks` for a ``pytorch_lightning`` Trainer."""
+
+
+__all__ = ["LifeSeqDataModule", "LifeSeqPretrainModule", "StopOnSigterm"]

@@ -200,3 +200,31 @@ def serve_directory(root: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def group_pids(pgid: int) -> set[int]:
+    """Live (not zombie) processes of a process group."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = (Path("/proc") / d / "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, group = stat.rsplit(")", 1)[1].split()[:3]
+        if int(group) == pgid and state != "Z":
+            out.add(int(d))
+    return out
+
+
+def shm_files(pids: set[int]) -> set[Path]:
+    """The /dev/shm files the processes have mapped (semaphores, shared memory), unlinked ones left out."""
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in (Path("/proc") / str(pid) / "maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[5:]
+                if path and path[0].startswith("/dev/shm/") and not path[0].endswith("(deleted)"):
+                    out.add(Path(path[0]))
+    return out

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +383,51 @@ def test_overwrite_refuses_a_manifest_it_cannot_trust(edit: str, dataset: Path, 
     (dataset / "manifest.json").write_text(change((dataset / "manifest.json").read_text()))
     assert_refused(*shardify("convert", write_h5(tmp_path / "new.h5"), "-o", dataset, "--overwrite"), message)
     assert (dataset / "train" / "shard-000000.tar").exists() and (dataset / "manifest.json").exists()
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A directory on another filesystem than tmp_path: /dev/shm where it is a tmpfs of its own."""
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    path = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="lifeseq-scratch-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_overwrite_with_a_split_directory_on_another_filesystem(dataset: Path, scratch: Path, tmp_path: Path) -> None:
+    """train/ a symlink to scratch space: the old shards were deleted, then the rename failed (EXDEV, exit 1), no
+    manifest left, and every rerun failed the same way."""
+    shutil.move(dataset / "train", scratch / "train")
+    (dataset / "train").symlink_to(scratch / "train")
+    new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
+    code, text = shardify("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2, "--overwrite")
+    assert code == 0, text
+    assert person_ids(dataset) == list(range(500, 540)) and shardify("verify", dataset)[0] == 0
+    assert (dataset / "train").is_symlink() and (dataset / "train/notes.txt").read_text() == "mine"
+    assert {p.name for p in scratch.rglob("*")} == {"train", "notes.txt"} | {
+        Path(f).name for f in listed(dataset) if f.startswith("train/")}  # no staging copies, no old shards
+    assert not (dataset / ".conversion-staging").exists()
+
+
+def test_overwrite_that_cannot_copy_onto_the_other_filesystem_keeps_the_old_dataset(
+        dataset: Path, scratch: Path, tmp_path: Path) -> None:
+    shutil.move(dataset / "train", scratch / "train")
+    (dataset / "train").symlink_to(scratch / "train")
+    before = (dataset / "manifest.json").read_text()
+    (scratch / "train" / ".conversion-staging").write_text("a file where the copies go")  # the copy fails
+    new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
+    assert_refused(*shardify("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2, "--overwrite"),
+                   "cannot copy the new shard onto its filesystem", "the old dataset is kept")
+    assert (dataset / "manifest.json").read_text() == before
+    assert shardify("verify", dataset)[0] == 0 and person_ids(dataset) == list(range(100, 140))
+
+
+def test_a_lock_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
+    """Before: an IsADirectoryError traceback, exit 1."""
+    (tmp_path / "ds" / ".conversion.lock").mkdir(parents=True)
+    assert_refused(*shardify("convert", write_h5(tmp_path / "a.h5"), "-o", tmp_path / "ds"),
+                   ".conversion.lock: cannot open the conversion lock")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, convert_nomlm, repo_first, shardify, to_format2, trained_ids, wait_for
+from helpers import REPO, convert_nomlm, group_pids, repo_first, shardify, shm_files, to_format2, trained_ids, wait_for
 
 from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
@@ -287,34 +287,6 @@ def test_a_manifest_missing_a_key_is_one_line(copy: Path, where: tuple[Any, ...]
 
 
 # -- 5. a killed training process takes everything it started along -----------------------------------------------
-def group_pids(pgid: int) -> set[int]:
-    """Live (not zombie) processes of a process group."""
-    out = set()
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = (Path("/proc") / d / "stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, group = stat.rsplit(")", 1)[1].split()[:3]
-        if int(group) == pgid and state != "Z":
-            out.add(int(d))
-    return out
-
-
-def shm_files(pids: set[int]) -> set[Path]:
-    """The /dev/shm files the processes have mapped (semaphores, shared memory), unlinked ones left out."""
-    out = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in (Path("/proc") / str(pid) / "maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[5:]
-                if path and path[0].startswith(f"{SHM}/") and not path[0].endswith("(deleted)"):
-                    out.add(Path(path[0]))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not SHM.is_dir(), reason="Linux /dev/shm and /proc")

@@ -36,8 +36,9 @@ from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
-from lifeseq_shards.manifest import STALL_ENV, ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
+from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
 from lifeseq_shards.reader import PIPE_BYTES, DatasetChanged, Segment, ShardedDataset, ShardedLoader, read_segment
+from lifeseq_shards.remote import STALL_ENV
 from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 
 Batch = dict[str, torch.Tensor]
@@ -528,7 +529,7 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize(("env", "want"), [
-    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}, (3, 4)),  # srun without torchrun
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}, (3, 4)),  # srun without torchrun
     ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "RANK": "1", "WORLD_SIZE": "2"}, (1, 2)),  # torchrun under srun
     ({"SLURM_NTASKS": "4"}, "SLURM_NTASKS=4 says there are 4 processes but SLURM_PROCID is not set"),
     ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 says there are 2 processes but RANK is not set"),
@@ -539,7 +540,7 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
 ])
 def test_rank_from_slurm(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                          want: tuple[int, int] | str) -> None:
-    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)

@@ -2,8 +2,9 @@
 
 One concern per module: :mod:`.dataset` (configuration, plan queries, epoch control, ``__iter__``), :mod:`.stages`
 (the pipeline's generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`),
-:mod:`.transport` (the workers' shared-memory rings and process context) and :mod:`.loader` (:class:`ShardedLoader`
-and its checkpoint state). docs/architecture.md shows how the data flows between them.
+:mod:`.transport` (the workers' shared-memory rings and process context), :mod:`.launch` (rank and world size
+from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state).
+docs/architecture.md shows how the data flows between them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from ..deprecation import module_aliases
 from ..plan import BALANCED, COMPLETE, EXACT, Segment
 from .collate import BatchSpec, collate, collate_packed, collate_padded
-from .dataset import LAUNCHER_VARS, MAX_WORKERS, EpochControl, ShardedDataset, default_rank_world
+from .dataset import MAX_WORKERS, EpochControl, ShardedDataset
+from .launch import LAUNCHER_VARS, LaunchError, default_rank_world
 from .loader import (
     MAX_PREFETCH,
     PIPE_MESSAGE_PERSONS,
@@ -28,9 +30,9 @@ __all__ = [
     "BALANCED", "COMPLETE", "EXACT", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES",
     "PIPE_MESSAGE_PERSONS",
     "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
-    "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink", "batches",
-    "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages", "read_piece",
-    "read_segment", "slot_windows",
+    "LaunchError", "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink",
+    "batches", "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages",
+    "read_piece", "read_segment", "slot_windows",
 ]
 
 __getattr__ = module_aliases(__name__, {"TRAIN": "lifeseq_shards.plan:BALANCED",

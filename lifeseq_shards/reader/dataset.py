@@ -22,36 +22,12 @@ from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED
 from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from .collate import BatchSpec
+from .launch import default_rank_world
 from .stages import batches, load_windows, messages, slot_windows
 from .transport import RingWriter, WorkerLink, exit_with
 
 MAX_WORKERS = 256
 MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
-
-# (rank, world size) variables of the launchers, in the order they are asked: torchrun's, then Slurm's (srun sets
-# them for every task; a script run by srun without torchrun has only these)
-LAUNCHER_VARS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
-
-
-def default_rank_world() -> tuple[int, int]:
-    """torch.distributed when initialised, else torchrun's RANK / WORLD_SIZE, else srun's SLURM_PROCID /
-    SLURM_NTASKS, else a single process. Refuses an environment that announces several processes without saying
-    which one this is (every process would read everything), or a rank without its world size."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    for rank_var, world_var in LAUNCHER_VARS:
-        rank, world = os.environ.get(rank_var), os.environ.get(world_var)
-        if rank is not None and world is None:  # as a world of 1, rank 0 would read everything
-            raise RuntimeError(f"{rank_var}={rank} is set but {world_var} is not: the number of processes sharing "
-                               f"the data is unknown. Set {world_var}, or pass rank= and world_size= to "
-                               "ShardedDataset")
-        if rank is not None:
-            return int(rank), int(world)
-        if world is not None and int(world) > 1:
-            raise RuntimeError(f"{world_var}={world} says there are {world} processes but {rank_var} is not set: "
-                               "this process cannot tell which part of the data is its own. Launch with torchrun or "
-                               "srun, or pass rank= and world_size= to ShardedDataset")
-    return 0, 1
 
 
 class EpochControl:

@@ -18,8 +18,9 @@ import zstandard
 
 from ..deprecation import warn
 from ..format import Block, Field, concat_blocks, decode_member
-from ..manifest import is_local, open_remote
+from ..manifest import is_local
 from ..plan import Partition, Segment, Window
+from ..remote import open_remote
 from ..shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
 from .transport import RingWriter
@@ -49,7 +50,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     blocks = []
     i = 0  # the member being read
     # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(shard.url, "rb") if is_local(shard.url) else _quiet(open_remote(shard.url))
+    stream = open(shard.url, "rb") if is_local(shard.url) else open_remote(shard.url)
     try:
         for name, data in iter_tar_members(stream):
             shard.check_member(i, name, data)
@@ -70,22 +71,12 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     return blocks
 
 
-def _quiet(stream: Any) -> Any:
-    """A `pipe:` command's or curl's stream whose exit status raises nothing by itself (webdataset's raises from
-    any read after the command ended, or from close): :func:`_close` reports it. A read that stops at the blocks
-    it needs, or at the end-of-archive marker, closes the stream while the command may still be sending, and the
-    command then fails writing (a BrokenPipeError is exit 1) by our doing; every block read is checked, and a read
-    that lacks one fails, naming the shard, with the status."""
-    if hasattr(stream, "ignore_errors"):
-        stream.ignore_errors = True
-    return stream
-
-
 def _close(stream: Any) -> str:
-    """Close a shard's stream; for a command, say how it failed ("" when it did not, or for a plain file)."""
+    """Close a shard's stream; for a command read to its end, say how it failed ("" when it did not, or for a
+    plain file). A read that stops at the blocks it needs closes the command before its end, by our doing: every
+    block read is checked, and a read that lacks one fails, naming the shard."""
     stream.close()
-    status = getattr(stream, "status", None)
-    return "" if status is None or status in stream.ignore_status else f" (the command exited with status {status})"
+    return stream.failure() if hasattr(stream, "failure") else ""
 
 
 def read_piece(piece: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:

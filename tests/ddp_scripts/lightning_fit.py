@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--val-check-interval", type=float, default=1.0)
     p.add_argument("--limit-train", type=int, default=None, help="limit_train_batches")
     p.add_argument("--limit-val", type=int, default=None, help="limit_val_batches")
+    p.add_argument("--stop-on-sigterm", action="store_true", help="add StopOnSigterm (a SIGTERM ends it as Ctrl-C)")
     p.add_argument("--predict", action="store_true", help="run trainer.predict (every person once) instead of fit")
     p.add_argument("--save-mid-step", nargs=2, metavar=("STEP", "PATH"),
                    help="save a checkpoint inside training step STEP (as SLURM's auto-requeue signal does)")
@@ -49,11 +50,12 @@ def main() -> None:
     if args.flavour == "pytorch_lightning":
         import pytorch_lightning as pl
 
-        from lifeseq_shards.pl import LifeSeqDataModule
+        from lifeseq_shards.pl import LifeSeqDataModule, StopOnSigterm
     else:
         import lightning.pytorch as pl
 
         from lifeseq_shards import LifeSeqDataModule
+        from lifeseq_shards.signals import StopOnSigterm
     from tiny_model import Tiny
 
     from lifeseq_shards.masking import MaskingConfig
@@ -67,8 +69,10 @@ def main() -> None:
         if not args.no_val:  # as the seed's pretrain.py: after each validation (mid-epoch with val_check_interval)
             callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="val-{step}",
                                                           monitor="val_loss_track", save_top_k=-1))
+    if args.stop_on_sigterm:
+        callbacks.append(StopOnSigterm())
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.epochs,
-                         logger=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+                         logger=False, enable_checkpointing=bool(args.ckpt_every), callbacks=callbacks,
                          enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0 if args.no_val else args.limit_val, limit_train_batches=args.limit_train,
                          num_sanity_val_steps=0 if args.no_sanity else None, val_check_interval=args.val_check_interval)

@@ -1,0 +1,72 @@
+"""SIGTERM, what `scancel`, a Slurm time limit and a preemption send first (to every process of the job step),
+to a real 2-rank Lightning fit with 2 DataLoader workers per rank, mid-epoch: the fit ends within a bound, no
+process of it is left, and none of the /dev/shm files (the loaders' semaphores) its processes had mapped stays.
+docs/ddp.md says what SLURM users should set."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, group_pids, repo_first, shm_files, wait_for
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+
+SCRIPTS = REPO / "tests" / "ddp_scripts"
+ENDS_WITHIN_S = 30  # from SIGTERM to the last process gone; it takes 5-11 s on a loaded 2-core machine
+STARTED = 2 + 2 + 2 * 2  # the ranks, their forkservers and workers (and the resource trackers)
+# validations with a sync_dist all-reduce per step twice an epoch, the device-side prefetch thread, dynamic masks
+FIT = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
+
+
+@pytest.fixture(scope="module")
+def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ds8")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=8))
+    return out
+
+
+def sigterm_mid_fit(data: Path, tmp_path: Path, flavour: str, delay: float) -> tuple[float, set[int], set[Path]]:
+    """Start a 50-epoch fit in a process group of its own, SIGTERM the group ``delay`` s after its workers run;
+    (seconds until its last process was gone or the bound passed, the survivors, the /dev/shm files left)."""
+    log = tmp_path / f"fit-{flavour}-{delay}.log"
+    with open(log, "w") as out:
+        fit = subprocess.Popen([sys.executable, str(SCRIPTS / "lightning_fit.py"), str(data), str(tmp_path / "r.json"),
+                                "--workers", "2", "--epochs", "50", "--flavour", flavour, *FIT,
+                                "--stop-on-sigterm"], cwd=SCRIPTS,
+                               env=repo_first(os.environ), stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        assert wait_for(lambda: len(group_pids(fit.pid)) >= STARTED or fit.poll() is not None, 120), log.read_text()
+        assert fit.poll() is None, log.read_text()
+        time.sleep(delay)
+        mapped = shm_files(group_pids(fit.pid))
+        assert mapped, "expected the loaders' queues to hold semaphores in /dev/shm"
+        t0 = time.monotonic()
+        os.killpg(fit.pid, signal.SIGTERM)
+        wait_for(lambda: not group_pids(fit.pid), ENDS_WITHIN_S)
+        took, survivors = time.monotonic() - t0, group_pids(fit.pid)
+        wait_for(lambda: not any(p.exists() for p in mapped), 5)
+        return took, survivors, {p for p in mapped if p.exists()}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(fit.pid, signal.SIGKILL)
+        fit.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(6 * (120 + ENDS_WITHIN_S + 10))
+@pytest.mark.parametrize("flavour", ["lightning", "pytorch_lightning"])
+def test_a_sigtermed_fit_ends_within_seconds_leaving_nothing(ds8: Path, tmp_path: Path, flavour: str) -> None:
+    """Before: 2 of 4 tries deadlocked both ranks until SIGKILL, leaving 56 semaphore files in /dev/shm."""
+    for delay in (0.5, 2.0, 4.0):
+        took, survivors, left = sigterm_mid_fit(ds8, tmp_path, flavour, delay)
+        assert not survivors, f"{flavour}, SIGTERM {delay} s in: {survivors} still running after {took:.0f} s"
+        assert not left, f"{flavour}, SIGTERM {delay} s in: left in /dev/shm: {sorted(p.name for p in left)}"
