@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from numbers import Integral
 
 import torch
@@ -20,7 +20,7 @@ from .. import plan
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED, COMPLETE
 from .collate import BatchSpec
-from .stages import batches, load_windows, messages, slot_windows
+from .stages import batches, load_windows, messages, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
 MAX_WORKERS = 256
@@ -84,8 +84,10 @@ class ShardedDataset(IterableDataset):
     not divide among the readers are left out (a different few each epoch), and the remainder shard is skipped.
     ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield different
     numbers of batches; never shuffled. ``split`` may name several splits in complete mode (e.g.
-    ``("train", "val")`` to embed everyone). The old names ``"train"`` / ``"inference"`` still work, with a
-    DeprecationWarning.
+    ``("train", "val")`` to embed everyone); there ``skip_files`` leaves out shards by manifest path (a resumed
+    embedding job's finished ones) and ``shard_field=True`` gives each batch a ``shard`` field, each person's shard
+    as its position among the manifest's (``Manifest.entries()``). The old names ``"train"`` / ``"inference"``
+    still work, with a DeprecationWarning.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
@@ -96,7 +98,7 @@ class ShardedDataset(IterableDataset):
                  mode: str = BALANCED, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
                  pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
                  window_persons: int = 4096,
-                 packed: bool = False) -> None:
+                 packed: bool = False, skip_files: Collection[str] = (), shard_field: bool = False) -> None:
         super().__init__()
         mode = plan.mode_name(mode)
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
@@ -118,6 +120,8 @@ class ShardedDataset(IterableDataset):
                 raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
         if not isinstance(seed, Integral) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+        if (skip_files or shard_field) and mode != COMPLETE:
+            raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
         self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
@@ -136,7 +140,11 @@ class ShardedDataset(IterableDataset):
             raise ManifestError(f"{dataset_url(self.root, MANIFEST)}: fingerprint does not match its schema and shard "
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
         self.fingerprint = self.manifest.fingerprint
-        entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == COMPLETE)]
+        entries = [e for name in splits for e in self.manifest.splits[name].entries(remainder=mode == COMPLETE)
+                   if e.file not in skip_files]
+        # shard_field: each person's shard as its position among all the manifest's shards (SHARD_FIELD)
+        position = {e.file: i for i, (_, e) in enumerate(self.manifest.entries())}
+        self.shard_ids = [position[e.file] for e in entries] if shard_field else None
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
         self.sizes = [e.samples for e in entries]
         remainder = self.manifest.splits[splits[0]].remainder_persons
@@ -145,7 +153,8 @@ class ShardedDataset(IterableDataset):
         self.window = max(window_persons, window_shards * max(self.sizes, default=1))
         self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, self.shuffle,
                                         batch_size, drop_last, self.window)
-        self.spec = BatchSpec(self.schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
+        batch_schema = with_shard_field(self.schema) if shard_field else self.schema
+        self.spec = BatchSpec(batch_schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
                               self.root)
         self._control = EpochControl(num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
@@ -232,7 +241,7 @@ class ShardedDataset(IterableDataset):
         slot = plan.slot_index(self.rank, role, self.num_workers)
         stages = [
             lambda: slot_windows(self.partition, slot, epoch, skip),
-            lambda src: load_windows(src, self.shards, self.schema),
+            lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
             lambda src: batches(src, self.spec, skip),
         ]
         writer = self._writer(worker)
