@@ -1,6 +1,6 @@
 """An embedding output directory on disk: its manifest, one Parquet file per input shard, written atomically.
 
-``OUT/embeddings.json`` says what the directory holds (the dataset's fingerprint and splits, the model, the
+``OUT/_embeddings.json`` says what the directory holds (the dataset's fingerprint and splits, the model, the
 fields with their widths, the dtype); ``OUT/<split>/<shard>.parquet`` holds the persons of one input shard, sorted
 by person id: a column ``person_id`` (int64) and one ``fixed_size_list<dtype>[width]`` column per field. A shard's
 file is written under a temporary name and renamed once all of its persons are in it, so a file under its final
@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 
 from .manifest import Manifest, ShardEntry
 
-OUT_MANIFEST = "embeddings.json"
+OUT_MANIFEST = "_embeddings.json"  # "_": pyarrow, pandas and polars read the directory as one table without it
 OUT_FORMAT = 1
 ID_COLUMN = "person_id"
 DTYPES = ("float16", "float32")
-_TMP = ".tmp-"  # in the name of a file being written: never a finished shard
+_TMP = ".tmp-"  # in the name of a file being written (which also starts with "."): never a finished shard
 
 
 class EmbeddingsError(ValueError):
@@ -128,7 +128,7 @@ def open_output(out: Path, spec: EmbeddingSpec, manifest: Manifest) -> list[str]
         if any(p.suffix == ".parquet" for p in out.rglob("*")):
             raise EmbeddingsError(f"{out}: holds .parquet files but no {OUT_MANIFEST}: not an embeddings "
                                   "directory this package wrote; use an empty or new directory")
-        tmp = out / (OUT_MANIFEST + _TMP + uuid.uuid4().hex)
+        tmp = out / ("." + OUT_MANIFEST + _TMP + uuid.uuid4().hex)
         files = {output_name(e): e.samples for _, e in expected_shards(manifest, spec.splits)}
         tmp.write_text(json.dumps({**spec.to_json(), "shards": files}, indent=1))
         os.replace(tmp, out / OUT_MANIFEST)
@@ -166,7 +166,7 @@ def write_shard(out: Path, entry: ShardEntry, spec: EmbeddingSpec, ids: np.ndarr
     table = pa.Table.from_arrays(columns, schema=spec.schema())
     final = out / output_name(entry)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + _TMP + uuid.uuid4().hex)
+    tmp = final.with_name("." + final.name + _TMP + uuid.uuid4().hex)
     with open(tmp, "wb") as fh:
         pq.write_table(table, fh)
         fh.flush()

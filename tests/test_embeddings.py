@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import repo_first, shardify, split_ids, wait_for
+from helpers import repo_first, shard_ids, shardify, split_ids, wait_for
 
-from lifeseq_shards import EmbeddingWriter, ShardedLoader
+from lifeseq_shards import EmbeddingWriter, ShardedDataset, ShardedLoader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.embed_store import EmbeddingsError, read_spec, write_shard
@@ -140,6 +141,8 @@ def test_a_plain_loop_writes_each_shard_sorted_and_a_second_run_skips_them(ds: P
     assert table.schema.field("cls").type == pa.list_(pa.float16(), 16)
     all_ids = merged(tmp_path / "emb").column("person_id").to_numpy()
     assert all_ids.tolist() == every_person(ds).tolist()
+    as_one = pyarrow.dataset.dataset(tmp_path / "emb").to_table()  # as docs/ddp.md says: no merge needed
+    assert sorted(as_one.column("person_id").to_pylist()) == all_ids.tolist()
     assert embed_in_process(ds, tmp_path / "emb", dtype="float16").written == []
 
 
@@ -214,7 +217,7 @@ def test_an_output_of_another_model_or_dataset_is_refused_by_name(ds: Path, done
 
 
 def test_verify_and_merge_refuse_bad_usage(ds: Path, tmp_path: Path) -> None:
-    assert verify(tmp_path, ds)[0] == 2  # no embeddings.json
+    assert verify(tmp_path, ds)[0] == 2  # no _embeddings.json
     assert shardify("embeddings", "verify", tmp_path)[0] == 2  # no --data
     assert shardify("embeddings", "merge", tmp_path, tmp_path / "x.parquet")[0] == 2
 
@@ -228,3 +231,24 @@ def test_a_leftover_temporary_file_never_counts_and_is_cleared(ds: Path, done: P
     done_files = EmbeddingWriter(out).open(ds, model=model_for(ds), rank=0, world_size=1)
     assert "train/remainder.tar" not in done_files and len(done_files) == 10
     assert not list(out.rglob("*.tmp-*"))
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path, packed: bool) -> None:
+    manifest = read_manifest(ds)
+    files = [e.file for _, e in manifest.entries()]
+    skip = {"train/shard-000001.tar", "val/shard-000002.tar"} & set(files)
+    assert len(skip) == 2
+    seen = []
+    for rank in range(2):
+        dataset = ShardedDataset(ds, ("train", "val"), batch_size=40, rank=rank, world_size=2, num_workers=1,
+                                 mode="complete", packed=packed, pad_to=None if packed else 64, skip_files=skip,
+                                 shard_field=True)
+        for batch in ShardedLoader(dataset):
+            model_batch = BatchBuilder()(batch, "cpu", 0)
+            seen += zip(model_batch["person_id"].tolist(), model_batch["shard"].tolist(), strict=True)
+    owner = {int(p): i for i, f in enumerate(files) for p in shard_ids(ds / f)}
+    assert sorted(p for p, _ in seen) == sorted(p for p, i in owner.items() if files[i] not in skip)
+    assert all(owner[p] == shard for p, shard in seen)
+    with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
+        ShardedDataset(ds, "train", rank=0, world_size=1, shard_field=True)

@@ -54,7 +54,8 @@ fi
 case "$MODE" in embed|embed-cpu)  # issue 23: the reference model at the seed's `large` sizes embeds the bench data
   # on one GPU, bf16 autocast then fp32, through EmbeddingWriter (packed batches, padding-free path); each output
   # verified, and the two precisions compared (cosine of each person's CLS and mean). About 2 minutes on one H200.
-  # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dce bash tools/device_check.sh embed-cpu
+  # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dce EMBED_DATA=<a few hundred persons> DEADLINE_S=900 \
+  #   bash tools/device_check.sh embed-cpu
   if [ "$MODE" = embed-cpu ]; then EMB=(--device cpu --size small --workers 1); else EMB=(--device cuda --size large --workers 4); fi
   WORK=/tmp/embed-work DATA=${EMBED_DATA:-$DATA}  # EMBED_DATA: a smaller dataset for the dry run
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
@@ -73,7 +74,7 @@ case "$MODE" in embed|embed-cpu)  # issue 23: the reference model at the seed's 
   timeout "$(cap 30 2)" $PY - "$WORK/device-${EMB[3]}" <<'PYEOF'
 import sys
 import numpy as np, pyarrow.dataset as ds
-a, b = (ds.dataset(f"{sys.argv[1]}-{p}", format="parquet").to_table().sort_by("person_id") for p in ("bf16", "fp32"))
+a, b = (ds.dataset(f"{sys.argv[1]}-{p}").to_table().sort_by("person_id") for p in ("bf16", "fp32"))
 assert a.column("person_id").equals(b.column("person_id"))
 for name in ("cls", "mean"):
     x, y = (np.stack(t.column(name).to_numpy(zero_copy_only=False)).astype(np.float64) for t in (a, b))
