@@ -26,6 +26,7 @@ OUT_MANIFEST = "_embeddings.json"  # "_": pyarrow, pandas and polars read the di
 OUT_FORMAT = 1
 ID_COLUMN = "person_id"
 DTYPES = ("float16", "float32")
+FLOAT16_PYARROW = 15  # the first pyarrow that writes Parquet's float16
 _TMP = ".tmp-"  # in the name of a file being written (which also starts with "."): never a finished shard
 
 
@@ -63,9 +64,15 @@ class EmbeddingSpec:
         return pa.schema([(ID_COLUMN, pa.int64())] + [(n, pa.list_(item, w)) for n, w in self.fields])
 
 
-def check_spec_values(fields: Mapping[str, int], dtype: str) -> None:
+def check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise EmbeddingsError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if dtype == "float16" and int(pa.__version__.split(".")[0]) < FLOAT16_PYARROW:
+        raise EmbeddingsError(f"dtype 'float16': Parquet float16 needs pyarrow >= {FLOAT16_PYARROW} (this is "
+                              f"{pa.__version__}): upgrade pyarrow, or use dtype='float32'")
+
+
+def check_fields(fields: Mapping[str, int]) -> None:
     if not fields or ID_COLUMN in fields or any(not isinstance(w, int) or w < 1 for w in fields.values()):
         raise EmbeddingsError(f"fields {dict(fields)!r}: give each embedding a name (not {ID_COLUMN!r}) and a width "
                               ">= 1, e.g. {'cls': 512, 'mean': 512}")
@@ -167,11 +174,14 @@ def write_shard(out: Path, entry: ShardEntry, spec: EmbeddingSpec, ids: np.ndarr
     final = out / output_name(entry)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name("." + final.name + _TMP + uuid.uuid4().hex)
-    with open(tmp, "wb") as fh:
-        pq.write_table(table, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:  # a full disk or any failure: no temporary file left behind, and no final file
+        tmp.unlink(missing_ok=True)
     return final
 
 

@@ -27,7 +27,8 @@ from .embed_store import (
     ID_COLUMN,
     EmbeddingsError,
     EmbeddingSpec,
-    check_spec_values,
+    check_dtype,
+    check_fields,
     expected_shards,
     open_output,
     write_shard,
@@ -79,10 +80,9 @@ class EmbeddingWriterHooks:
     def __init__(self, out_dir: str | os.PathLike[str], fields: Mapping[str, int] | None = None,
                  dtype: str = "float32", *, model: str | None = None, id_key: str = ID_COLUMN) -> None:
         super().__init__(write_interval="batch")  # type: ignore[call-arg]  # BasePredictionWriter's
+        check_dtype(dtype)
         if fields is not None:
-            check_spec_values(fields, dtype)
-        elif dtype not in ("float16", "float32"):
-            check_spec_values({"x": 1}, dtype)
+            check_fields(fields)
         self.out_dir, self.fields, self.dtype = Path(out_dir), dict(fields) if fields else None, dtype
         self.model_name, self.id_key = model, id_key
         self.spec: EmbeddingSpec | None = None
@@ -109,7 +109,7 @@ class EmbeddingWriterHooks:
                 raise EmbeddingsError("EmbeddingWriter: pass fields={name: width, ...} (what predict_step returns "
                                       "per person besides its id), or a model with embedding_fields()")
             fields = dict(model.embedding_fields())
-            check_spec_values(fields, self.dtype)
+            check_fields(fields)
         if rank is None or world_size is None:
             rank, world_size = default_rank_world()
 

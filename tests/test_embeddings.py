@@ -252,3 +252,23 @@ def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path,
     assert all(owner[p] == shard for p, shard in seen)
     with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
         ShardedDataset(ds, "train", rank=0, world_size=1, shard_field=True)
+
+
+def test_a_full_disk_leaves_neither_a_finished_nor_a_temporary_file(ds: Path, done: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    out = broken_copy(done, tmp_path)
+    entry = next(e for _, e in read_manifest(ds).entries() if e.file == "val/shard-000000.tar")
+    table = pq.read_table(out / "val" / "shard-000000.parquet")
+    (out / "val" / "shard-000000.parquet").unlink()
+
+    def disk_full(_table: pa.Table, fh: object) -> None:
+        fh.write(b"PAR1 half a file")  # type: ignore[attr-defined]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    arrays = {n: np.stack(table.column(n).to_numpy(zero_copy_only=False)) for n in ("cls", "mean")}
+    with pytest.raises(OSError, match="No space left"):
+        write_shard(out, entry, read_spec(out), table.column("person_id").to_numpy(), arrays)
+    assert sorted(p.name for p in (out / "val").iterdir() if "shard-000000" in p.name) == []
+    code, text = verify(out, ds)
+    assert code == 1 and "val/shard-000000.parquet: missing" in text
