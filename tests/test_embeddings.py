@@ -272,3 +272,11 @@ def test_a_full_disk_leaves_neither_a_finished_nor_a_temporary_file(ds: Path, do
     assert sorted(p.name for p in (out / "val").iterdir() if "shard-000000" in p.name) == []
     code, text = verify(out, ds)
     assert code == 1 and "val/shard-000000.parquet: missing" in text
+
+
+def test_verify_and_merge_load_no_torch() -> None:
+    """`shardify embeddings` runs where the data is, without the training stack."""
+    code = "import sys, lifeseq_shards.cli, lifeseq_shards.embed_check; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=repo_first(dict(os.environ)))
+    assert r.stdout.strip() == "False", r.stderr
