@@ -280,3 +280,15 @@ def test_verify_and_merge_load_no_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=repo_first(dict(os.environ)))
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_lightning_predict_refuses_to_keep_every_embedding_in_memory(ds: Path, tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from lifeseq_shards import LifeSeqDataModule
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[EmbeddingWriter(tmp_path / "emb")])
+    with pytest.raises(EmbeddingsError, match="pass return_predictions=False"):
+        trainer.predict(model_for(ds), datamodule=LifeSeqDataModule(ds, batch_size=64, num_workers=0))
+    assert not list((tmp_path / "emb").rglob("*.parquet"))
