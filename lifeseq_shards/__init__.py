@@ -11,17 +11,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .datamodule import LifeSeqDataModule
+    from .embed_writer import EmbeddingWriter
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader
 
 # public name -> the submodule that defines it
 _LAZY = {
     "DatasetChanged": "reader",
+    "EmbeddingWriter": "embed_writer",
     "LifeSeqDataModule": "datamodule",
     "ShardedDataset": "reader",
     "ShardedLoader": "reader",
 }
 
-__all__ = ["DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]  # = _LAZY's keys
+# = _LAZY's keys
+__all__ = ["DatasetChanged", "EmbeddingWriter", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]
 
 
 def __getattr__(name: str) -> object:

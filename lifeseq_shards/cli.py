@@ -38,15 +38,17 @@ class _Group(click.Group):
 def _library_errors() -> tuple[type[Exception], ...]:
     """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter."""
     from .convert import ConvertError
+    from .embed_store import EmbeddingsError
     from .remote import RemoteSettingError
     from .sources import SourceError
 
-    return ConvertError, SourceError, ManifestError, RemoteSettingError, FileNotFoundError
+    return ConvertError, SourceError, ManifestError, RemoteSettingError, EmbeddingsError, FileNotFoundError
 
 
 @click.group(cls=_Group)
 def main() -> None:
-    """Convert life-event sequences into exact, DDP-ready tar shards; verify, inspect and plan them."""
+    """Convert life-event sequences into exact, DDP-ready tar shards; verify, inspect and plan them; check and merge
+    embeddings."""
 
 
 def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
@@ -244,6 +246,39 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     report = describe_resume(ds.rest_plan(epoch, loader.history), saved, epoch, len(ds), state["split"])
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
+
+
+@main.group()
+def embeddings() -> None:
+    """Check and merge the output of an EmbeddingWriter (one Parquet file per input shard)."""
+
+
+@embeddings.command("verify")
+@click.argument("out", type=click.Path(file_okay=False, exists=True))
+@click.option("--data", required=True, type=click.Path(file_okay=False, exists=True),
+              help="The dataset that was embedded.")
+def embeddings_verify(out: str, data: str) -> None:
+    """Exit 0 only if every person of the embedded splits appears exactly once, whole and finite."""
+    from .embed_check import verify_embeddings
+
+    problems = verify_embeddings(out, data)
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{out}: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{out}: OK")
+
+
+@embeddings.command("merge")
+@click.argument("out", type=click.Path(file_okay=False, exists=True))
+@click.argument("file", type=click.Path(dir_okay=False))
+def embeddings_merge(out: str, file: str) -> None:
+    """Merge OUT's shard files into FILE (Parquet), ordered by person id, in memory of about one shard."""
+    from .embed_check import merge_embeddings
+
+    n = merge_embeddings(out, file)
+    click.echo(f"{file}: {n:,} persons")
 
 
 if __name__ == "__main__":  # `python -m lifeseq_shards.cli ...` is `shardify ...` (it did nothing, with exit 0)

@@ -21,6 +21,7 @@ import torch
 
 from . import compat
 from .device import PACKED, BatchBuilder
+from .embed_writer import EmbeddingWriterHooks
 from .manifest import Manifest, read_manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE, EXACT
@@ -71,7 +72,8 @@ class LifeSeqDataHooks:
     the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
     would otherwise hang). ``drop_last`` drops each slot's short last batch in training only: validation loses no
     one. Predict reads every person once (train and val with their remainders, unless ``predict_split`` names
-    others), never masked and never permuted.
+    others), never masked and never permuted; with an :class:`~lifeseq_shards.EmbeddingWriter` among the
+    Trainer's callbacks, only the shards it has not written yet, each person with its ``shard``.
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
@@ -123,13 +125,13 @@ class LifeSeqDataHooks:
         return trainer.global_rank, trainer.world_size
 
     def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool,
-                drop_last: bool = False) -> ShardedLoader:
+                drop_last: bool = False, **dataset: Any) -> ShardedLoader:
         rank, world = self._rank_world()
         ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
                             drop_last=drop_last,
                             pad_to=None if self.builder.layout == PACKED else self.pad_to,
-                            packed=self.pad_to is None or self.builder.layout == PACKED)
+                            packed=self.pad_to is None or self.builder.layout == PACKED, **dataset)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
                              batches_per_message=self.batches_per_message, **extra)
@@ -163,7 +165,12 @@ class LifeSeqDataHooks:
             raise ValueError(
                 f"{self.data_dir}: {_AFTER_CLS_TASK}: predict would embed those. Predict "
                 "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
-        return self._loader(self.predict_split, COMPLETE, shuffle=False)
+        writers = [c for c in getattr(self.trainer, "callbacks", []) if isinstance(c, EmbeddingWriterHooks)]
+        if not writers:
+            return self._loader(self.predict_split, COMPLETE, shuffle=False)
+        # an EmbeddingWriter: only the shards it has not written, each person with its shard
+        done = writers[0].open(self.data_dir, self.predict_split, self.trainer.lightning_module, *self._rank_world())
+        return self._loader(self.predict_split, COMPLETE, shuffle=False, skip_files=done, shard_field=True)
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0

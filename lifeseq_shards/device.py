@@ -171,7 +171,8 @@ def model_batch(
     stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
     lengths = batch["lengths"].long()
     L = tokens.shape[1]
-    out = {"person_id": batch["person_id"], "lengths": batch["lengths"]}
+    # per person, as read; "shard" only where the dataset was asked for it (shard_field=True, for predict)
+    out = {k: batch[k] for k in ("person_id", "lengths", "shard") if k in batch}
     shown = tokens
     if masker is not None:
         m = masker(tokens, *stamps, lengths, batch["person_id"], epoch)

@@ -28,6 +28,7 @@ from .schedule import resize_one_cycle
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
 N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
 PAD_ID = 0
+INIT_STD = 0.02  # BERT's weight initialisation (see _init_weights)
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,8 @@ class LifeSeqEncoder(nn.Module):
         self.mlm_transform = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden))
         self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
         self.cls_head = nn.Linear(cfg.hidden, N_CLS_CLASSES)
+        self.apply(_init_weights)
+
 
     def encode(self, input_ids: Tensor, layout: Tensor | Packed) -> Tensor:
         """(B, L, hidden) from a padded batch (``layout`` = its padding_mask), (N, hidden) from a packed one."""
@@ -253,11 +256,44 @@ class LifeSeqEncoder(nn.Module):
         return mlm, self.cls_head(first)
 
 
-def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor]:
-    """The encoder's (input_ids, layout, targets) from a model batch (device.model_batch) of either layout."""
+def _init_weights(module: nn.Module) -> None:
+    """BERT's initialisation: weights N(0, 0.02), biases 0 (LayerNorms keep 1 and 0). The MLM decoder is the token
+    embedding transposed, so with PyTorch's default N(0, 1) embeddings the first logits had a spread of
+    sqrt(hidden) and the first MLM loss was about 5x ln(vocab) (41 for ``small``); at 0.02 it starts near
+    ln(vocab), a uniform guess."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+
+
+def pool(states: Tensor, layout: Tensor | Packed, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """(CLS, mean) embeddings (B, hidden) in fp32 from the encoder's states: each person's first token's state,
+    and the mean over its real tokens (a person without tokens gets zeros), as the seed's ``infer_embedding.py``
+    pools them. ``layout``: the padding mask (padded states (B, L, hidden)) or :class:`Packed` ((N, hidden))."""
+    states = states.float()
+    if isinstance(layout, Packed):
+        starts = layout.cu_seqlens[:-1].long()
+        person = torch.repeat_interleave(torch.arange(lengths.shape[0], device=states.device), lengths.long(),
+                                         output_size=states.shape[0])
+        total = states.new_zeros(lengths.shape[0], states.shape[1]).index_add_(0, person, states)
+        first = states[starts.clamp(max=max(states.shape[0] - 1, 0))] if states.shape[0] else total
+    else:
+        real = layout.bool().unsqueeze(-1)
+        total, first = (states * real).sum(1), states[:, 0]
+    count = lengths.to(states.dtype).clamp(min=1).unsqueeze(-1)
+    return first * (lengths > 0).unsqueeze(-1), total / count
+
+
+def model_inputs(batch: dict) -> tuple[Tensor, Tensor | Packed, Tensor | None]:
+    """The encoder's (input_ids, layout, targets) from a model batch (device.model_batch) of either layout; targets
+    None in a batch without them (predict)."""
     if "cu_seqlens" in batch:
-        return batch["input_ids"], Packed(batch["cu_seqlens"], batch["max_len"]), batch["target_index"]
-    return batch["input_ids"], batch["padding_mask"], batch["target_pos"]
+        return batch["input_ids"], Packed(batch["cu_seqlens"], batch["max_len"]), batch.get("target_index")
+    return batch["input_ids"], batch["padding_mask"], batch.get("target_pos")
 
 
 def pretrain_losses(model: nn.Module, batch: dict) -> tuple[Tensor, Tensor]:
@@ -274,11 +310,23 @@ def pretrain_losses(model: nn.Module, batch: dict) -> tuple[Tensor, Tensor]:
 
 
 class PretrainSteps:
-    """MLM + CLS pre-training; the step never waits for the device (no .item(), step-free logging).
+    """The reference model as a LightningModule: MLM + CLS pre-training, validation, and embeddings for predict.
 
-    `compile=True` compiles the encoder only (the loss and the Lightning glue stay eager). The behaviour of
-    `LifeSeqPretrainModule` for either Lightning package: the classes add only the LightningModule base a Trainer
-    checks for (this module's for `import lightning`, `lifeseq_shards.pl`'s for `import pytorch_lightning`).
+    ``LifeSeqPretrainModule(size, vocab_size, lr=1e-3, weight_decay=0.01, dropout=0.1, pct_start=0.1,
+    compile=False)``: ``size`` is a name of :data:`SIZES` (the seed's ``small`` / ``medium`` / ``large`` and their
+    tensor-core roundings ``*-tc``) or an :class:`EncoderConfig` (hidden, ff, layers, heads); ``vocab_size`` the
+    dataset's (``LifeSeqDataModule.vocab_size``). AdamW at ``lr`` with OneCycleLR (``pct_start`` warm-up) over this
+    rank's steps. ``compile=True`` compiles the encoder only (the loss and the Lightning glue stay eager).
+
+    - ``forward(batch)``: the encoder's token states, (B, L, hidden) for a padded model batch, (N, hidden) packed.
+    - ``training_step`` / ``validation_step``: MLM + CLS losses (the batch needs targets: a DataModule with
+      masking), logged per epoch as ``train/*`` and ``val/*``; no step waits for the device.
+    - ``predict_step``: ``{"person_id", "cls", "mean"}`` per person (:func:`pool`; no collective, since ranks may
+      differ in predict batches), what :class:`lifeseq_shards.EmbeddingWriter` writes (``embedding_fields()``).
+
+    The behaviour of ``LifeSeqPretrainModule`` for either Lightning package: the classes add only the
+    LightningModule base a Trainer checks for (this module's for ``import lightning``, ``lifeseq_shards.pl``'s for
+    ``import pytorch_lightning``).
     """
 
     hparams: Any  # the flavour's LightningModule provides these
@@ -301,19 +349,43 @@ class PretrainSteps:
         if compile:
             self.encoder.compile()  # in place: parameter names and checkpoints stay those of the eager model
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def _mark_dynamic(self, batch: dict[str, Tensor]) -> None:
         if self.hparams.compile and "cu_seqlens" in batch:
             # the packed token count changes every batch: compile for any count at once, not once per count
             torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        self._mark_dynamic(batch)
+        input_ids, layout, _ = model_inputs(batch)
+        return self.encoder.encode(input_ids, layout)
+
+    def _losses(self, batch: dict[str, Tensor], stage: str, sync: bool) -> Tensor:
+        self._mark_dynamic(batch)
         mlm_loss, cls_loss = pretrain_losses(self.encoder, batch)
         loss = mlm_loss + cls_loss
         # on_step=False: the values are summed on the device and read once per epoch, so no step blocks on them.
         n = batch["target_cls"].shape[0]
-        log = {"on_step": False, "on_epoch": True, "sync_dist": False, "batch_size": n}
-        self.log("train/loss", loss.detach(), **log)
-        self.log("train/mlm_loss", mlm_loss.detach(), **log)
-        self.log("train/cls_loss", cls_loss.detach(), **log)
+        log = {"on_step": False, "on_epoch": True, "sync_dist": sync, "batch_size": n}
+        self.log(f"{stage}/loss", loss.detach(), **log)
+        self.log(f"{stage}/mlm_loss", mlm_loss.detach(), **log)
+        self.log(f"{stage}/cls_loss", cls_loss.detach(), **log)
         return loss
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._losses(batch, "train", sync=False)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        # sync_dist: the epoch's value is averaged over ranks once, at its end (every rank has as many val batches)
+        return self._losses(batch, "val", sync=True)
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        _, layout, _ = model_inputs(batch)
+        cls, mean = pool(self(batch), layout, batch["lengths"])
+        return {"person_id": batch["person_id"], "cls": cls, "mean": mean}
+
+    def embedding_fields(self) -> dict[str, int]:
+        """What :meth:`predict_step` returns per person besides its id: name -> width."""
+        return {"cls": self.cfg.hidden, "mean": self.cfg.hidden}
 
     def configure_optimizers(self) -> dict:
         """AdamW (no decay on biases and norms) + OneCycleLR over this rank's steps.

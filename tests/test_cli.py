@@ -44,19 +44,22 @@ def child_cpu_seconds(args: list[str]) -> float:
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"]], ids=" ".join)
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["embeddings", "verify", "--help"]], ids=" ".join)
 def test_help_costs_under_half_a_second_of_cpu(args: list[str]) -> None:
     best = min(child_cpu_seconds(args) for _ in range(3))  # best of 3: other processes share the machine
     assert best < 0.5, f"shardify {' '.join(args)}: {best:.2f} s of CPU"
 
 
 def test_public_names_load_on_first_use() -> None:
-    from lifeseq_shards import DatasetChanged, LifeSeqDataModule, ShardedDataset, ShardedLoader
+    from lifeseq_shards import DatasetChanged, EmbeddingWriter, LifeSeqDataModule, ShardedDataset, ShardedLoader
+    from lifeseq_shards.embed_writer import EmbeddingWriter as defined
 
+    assert EmbeddingWriter is defined
     assert (DatasetChanged, ShardedDataset, ShardedLoader) == (reader.DatasetChanged, reader.ShardedDataset,
                                                                 reader.ShardedLoader)
     assert LifeSeqDataModule is datamodule.LifeSeqDataModule
-    assert set(lifeseq_shards.__all__) == {"DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"}
+    assert set(lifeseq_shards.__all__) == {"DatasetChanged", "EmbeddingWriter", "LifeSeqDataModule", "ShardedDataset",
+                                           "ShardedLoader"}
     assert set(lifeseq_shards.__all__) <= set(dir(lifeseq_shards))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         lifeseq_shards.Nope  # noqa: B018

@@ -31,6 +31,7 @@
 # large-tc, padded and padding-free (torch 2.1 has no varlen kernel: the padded-sdpa path), bf16, L=512, batch 256.
 # Its torch is 2.5 GB, more than a lent machine takes along: that machine must already have it (PINNED_PYTHON).
 # Dry run: OUT=/tmp/dcp bash tools/device_check.sh pinned-cpu
+# `bash tools/device_check.sh embed`: issue 23's stage (below), embed-cpu its dry run.
 set -uo pipefail
 MODE=${1:-gpu}
 PY=${PYTHON:-python3}
@@ -83,6 +84,40 @@ print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLE
   timeout 240 $PY -m tools.train_bench --preset tiny --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}" \
     --attention padded,varlen --prefetch off --prefetch-thread off --compile off
   echo "sweep exit $?"
+  stamp done
+  exit 0;;
+esac
+
+case "$MODE" in embed|embed-cpu)  # issue 23: the reference model at the seed's `large` sizes embeds the bench data
+  # on one GPU, bf16 autocast then fp32, through EmbeddingWriter (packed batches, padding-free path); each output
+  # verified, and the two precisions compared (cosine of each person's CLS and mean). About 2 minutes on one H200.
+  # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dce EMBED_DATA=<a few hundred persons> DEADLINE_S=900 \
+  #   bash tools/device_check.sh embed-cpu
+  if [ "$MODE" = embed-cpu ]; then EMB=(--device cpu --size small --workers 1); else EMB=(--device cuda --size large --workers 4); fi
+  WORK=/tmp/embed-work DATA=${EMBED_DATA:-$DATA}  # EMBED_DATA: a smaller dataset for the dry run
+  { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
+    $PY -c "import torch, lightning, pyarrow; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__, 'pyarrow', pyarrow.__version__)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "bench_embed ${EMB[*]}"
+  timeout "$(cap 180 30)" $PY -m tools.bench_embed "${EMB[@]}" --data "$DATA" --work "$WORK" --out "$OUT"
+  echo "embed exit $?"
+  for P in bf16 fp32; do
+    stamp "verify $P"
+    timeout "$(cap 30 5)" $PY -m lifeseq_shards.cli embeddings verify "$WORK/device-${EMB[3]}-$P" --data "$DATA"
+    echo "verify $P exit $?"
+  done
+  stamp "bf16 against fp32"
+  timeout "$(cap 30 2)" $PY - "$WORK/device-${EMB[3]}" <<'PYEOF'
+import sys
+import numpy as np, pyarrow.dataset as ds
+a, b = (ds.dataset(f"{sys.argv[1]}-{p}").to_table().sort_by("person_id") for p in ("bf16", "fp32"))
+assert a.column("person_id").equals(b.column("person_id"))
+for name in ("cls", "mean"):
+    x, y = (np.stack(t.column(name).to_numpy(zero_copy_only=False)).astype(np.float64) for t in (a, b))
+    cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-12)
+    print(f"{name}: cosine bf16 vs fp32 min {cos.min():.4f} median {np.median(cos):.5f} over {len(cos)} persons")
+PYEOF
   stamp done
   exit 0;;
 esac

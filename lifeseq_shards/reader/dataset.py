@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from numbers import Integral
 
 import torch
@@ -19,11 +19,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .. import plan
 from ..integrity import require_block_checks
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
-from ..plan import BALANCED
+from ..plan import BALANCED, COMPLETE
 from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from .collate import BatchSpec
 from .launch import default_rank_world
-from .stages import batches, load_windows, messages, slot_windows
+from .stages import batches, load_windows, messages, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
 MAX_WORKERS = 256
@@ -83,8 +83,10 @@ class ShardedDataset(IterableDataset):
     and the same number of batches on every rank; a layout where that cannot be had is refused here, saying what to
     change. ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield
     different numbers of batches; never shuffled. ``split`` may name several splits in complete and exact mode
-    (e.g. ``("train", "val")`` to embed everyone). The old names ``"train"`` / ``"inference"`` still work, with a
-    DeprecationWarning.
+    (e.g. ``("train", "val")`` to embed everyone); in complete mode ``skip_files`` leaves out shards by manifest
+    path (a resumed embedding job's finished ones) and ``shard_field=True`` gives each batch a ``shard`` field, each
+    person's shard as its position among the manifest's (``Manifest.entries()``). The old names ``"train"`` /
+    ``"inference"`` still work, with a DeprecationWarning.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
@@ -95,7 +97,7 @@ class ShardedDataset(IterableDataset):
                  mode: str = BALANCED, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
                  pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
                  window_persons: int = 4096,
-                 packed: bool = False) -> None:
+                 packed: bool = False, skip_files: Collection[str] = (), shard_field: bool = False) -> None:
         super().__init__()
         mode = plan.mode_name(mode)
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
@@ -117,6 +119,8 @@ class ShardedDataset(IterableDataset):
                 raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
         if not isinstance(seed, Integral) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+        if (skip_files or shard_field) and mode != COMPLETE:
+            raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
         self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
@@ -136,7 +140,10 @@ class ShardedDataset(IterableDataset):
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
         self.fingerprint = self.manifest.fingerprint
         # balanced: the equal shards, and the remainder shard (number len(sizes)) shared out apart from them
-        entries = [e for name in splits for e in self.manifest.splits[name].entries()]
+        entries = [e for name in splits for e in self.manifest.splits[name].entries() if e.file not in skip_files]
+        # shard_field: each person's shard as its position among all the manifest's shards (SHARD_FIELD)
+        position = {e.file: i for i, (_, e) in enumerate(self.manifest.entries())}
+        self.shard_ids = [position[e.file] for e in entries] if shard_field else None
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
         require_block_checks(self.manifest, self.shards, self.root)
         if mode == BALANCED:
@@ -154,7 +161,8 @@ class ShardedDataset(IterableDataset):
             len(self)
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
-        self.spec = BatchSpec(self.schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
+        batch_schema = with_shard_field(self.schema) if shard_field else self.schema
+        self.spec = BatchSpec(batch_schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
                               self.root)
         self._control = EpochControl(num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
@@ -282,7 +290,7 @@ class ShardedDataset(IterableDataset):
                   else (lambda: slot_windows(self.partition, slot, epoch, skip)))
         stages = [
             source,
-            lambda src: load_windows(src, self.shards, self.schema),
+            lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
             lambda src: batches(src, self.spec, skip),
         ]
         writer = self._writer(worker)

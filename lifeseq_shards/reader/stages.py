@@ -17,7 +17,7 @@ import numpy as np
 import zstandard
 
 from ..deprecation import warn
-from ..format import Block, Field, concat_blocks, decode_member
+from ..format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..manifest import is_local
 from ..plan import Partition, Segment, Window
 from ..remote import open_remote
@@ -33,12 +33,28 @@ def slot_windows(partition: Partition, slot: int, epoch: int, skip: int) -> Iter
     return partition.ordered_windows(slot, epoch, skip)
 
 
-def load_windows(src: Iterator[Ordered], shards: Sequence[ShardFile],
-                 schema: Sequence[Field]) -> Iterator[tuple[Window, np.ndarray, Block]]:
-    """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy."""
+SHARD_FIELD = Field("shard", "int32", SCALAR)  # a person's shard, when the dataset is asked for it (predict)
+
+
+def with_shard_field(schema: Sequence[Field]) -> tuple[Field, ...]:
+    """The batches' schema when each person carries its shard (:data:`SHARD_FIELD`)."""
+    return (*schema, SHARD_FIELD)
+
+
+def load_windows(src: Iterator[Ordered], shards: Sequence[ShardFile], schema: Sequence[Field],
+                 shard_ids: Sequence[int] | None = None) -> Iterator[tuple[Window, np.ndarray, Block]]:
+    """Stage 2: read each window's persons (only the blocks it needs are decompressed), joined in one copy. With
+    ``shard_ids`` (one per shard file) each person gets its shard's id in a :data:`SHARD_FIELD` column."""
+    out_schema = schema if shard_ids is None else with_shard_field(schema)
     for win, order in src:
-        parts = [b for s in win.segments for b in read_segment(Segment(shards[s.shard], s.start, s.stop), schema)]
-        yield win, order, concat_blocks(parts, schema) if len(parts) != 1 else parts[0]
+        parts = []
+        for s in win.segments:
+            blocks = read_segment(Segment(shards[s.shard], s.start, s.stop), schema)
+            if shard_ids is not None:
+                for b in blocks:
+                    b.columns[SHARD_FIELD.name] = np.full(b.n, shard_ids[s.shard], dtype=SHARD_FIELD.dtype)
+            parts += blocks
+        yield win, order, concat_blocks(parts, out_schema) if len(parts) != 1 else parts[0]
 
 
 def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
