@@ -11,17 +11,21 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .datamodule import LifeSeqDataModule
+    from .loop import DeviceMetrics, LifeSeqData
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader
 
 # public name -> the submodule that defines it
 _LAZY = {
     "DatasetChanged": "reader",
+    "DeviceMetrics": "loop",
+    "LifeSeqData": "loop",
     "LifeSeqDataModule": "datamodule",
     "ShardedDataset": "reader",
     "ShardedLoader": "reader",
 }
 
-__all__ = ["DatasetChanged", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]  # = _LAZY's keys
+__all__ = ["DatasetChanged", "DeviceMetrics", "LifeSeqData", "LifeSeqDataModule", "ShardedDataset",
+           "ShardedLoader"]  # = _LAZY's keys
 
 
 def __getattr__(name: str) -> object:
