@@ -50,6 +50,7 @@ class LifeSeqData(DataParts):
         self.rank, self.world_size = (rank, world_size) if rank is not None else default_rank_world()
         self._next_epoch = 0  # the epoch the next train() pass reads
         self._pending: tuple[int, int] | None = None  # a loaded position whose pass has not begun
+        self._pass_skip = 0  # batches of the epoch the last train() pass leaves out (a resumed epoch's)
         self._val: DevicePrefetcher | None = None
         self._predict: DevicePrefetcher | None = None
 
@@ -64,6 +65,12 @@ class LifeSeqData(DataParts):
         """The epoch of the pass under way, or of the next one: after ``load_state_dict``, the one to go on with."""
         return self._next_epoch
 
+    @property
+    def resumed_batches(self) -> int:
+        """How many batches of :attr:`epoch` were trained before the next (or current) ``train()`` pass: a loaded
+        mid-epoch position's, else 0. Number the steps from it (read after ``set_epoch`` or ``train()``)."""
+        return self._pending[1] if self._pending is not None else self._pass_skip
+
     def set_epoch(self, epoch: int) -> None:
         """The next ``train()`` reads epoch ``epoch`` from its start (or from the loaded position, when that is in
         ``epoch``). Refused when a loaded position is in another epoch: the run would skip or replay batches."""
@@ -74,12 +81,13 @@ class LifeSeqData(DataParts):
                                  f"batches, but set_epoch({epoch}) would start epoch {epoch}: loop from "
                                  "data.epoch (range(data.epoch, epochs))")
             return
-        self._next_epoch = epoch
+        self._next_epoch, self._pass_skip = epoch, 0
         if self._train is not None:
             self._loader_of(self._train).set_epoch(epoch)
 
     def train(self) -> DevicePrefetcher:
-        """This epoch's training batches (call it once per epoch; ``len()`` is this rank's batch count)."""
+        """This epoch's training batches (call it once per epoch): ``len()`` is this rank's batch count of a whole
+        epoch, and :attr:`resumed_batches` how many of them a resumed pass leaves out (number the steps from it)."""
         if self._train is None:
             loader = self._train_loader()
             device = self.device
@@ -87,7 +95,7 @@ class LifeSeqData(DataParts):
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position[0]),
                                            device, threaded=self._prefetch_in_thread(),
                                            ahead=self._prefetching(device))
-        self._next_epoch = self._loader_of(self._train).dataset.next_pass()[0]
+        self._next_epoch, self._pass_skip = self._loader_of(self._train).dataset.next_pass()
         self._pending = None
         return self._train  # type: ignore[return-value]
 

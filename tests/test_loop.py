@@ -92,9 +92,13 @@ def test_resume_mid_epoch_gives_exactly_the_rest(vocab_dataset: Path, prefetch: 
     resumed.load_state_dict(state)
     assert resumed.epoch == 0
     resumed.set_epoch(resumed.epoch)  # the loop's set_epoch at the top of the resumed epoch keeps the position
-    rest = list(resumed.train())
+    assert resumed.resumed_batches == 5
+    train = resumed.train()
+    assert resumed.resumed_batches == 5 and len(train) == len(epoch0)
+    rest = list(train)
     assert_same_batches(rest, epoch0[5:])  # same persons, same masks
     resumed.set_epoch(1)
+    assert resumed.resumed_batches == 0
     assert_same_batches(list(resumed.train()), epoch1)
 
 
