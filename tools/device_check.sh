@@ -24,6 +24,12 @@
 # (masker eager vs graphed vs compiled, the packed preparation with each), then `pytest -m cuda` on the masking and
 # device tests, tables.
 # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dcs bash tools/device_check.sh small-cpu
+#
+# `bash tools/device_check.sh base` measures issue 24 in at most DEADLINE_S (430) seconds: train_bench's `base`
+# preset (the researchers' BERT-base at batch 50, L=1,024 then 512, fp32 / tf32 / bf16, padded and padding-free;
+# on .devshared/bench-data-1024, the bench's persons converted with --max-seq-len 1024, synthesised here if not
+# carried) into $OUT/base, then the `batch` preset (small / medium and their -tc twins, batch 256-4,096, bf16) into
+# $OUT/batch, then `pytest -m cuda` on the plain loop's tests. Dry run: ... bash tools/device_check.sh base-cpu
 set -uo pipefail
 MODE=${1:-gpu}
 PY=${PYTHON:-python3}
@@ -49,6 +55,41 @@ if [ ! -e "$DATA/manifest.json" ]; then
   $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
 fi
+
+case "$MODE" in base|base-cpu)
+  DATA1024=.devshared/bench-data-1024/shards
+  if [ ! -e "$DATA1024/manifest.json" ]; then
+    stamp "no carried 1,024-token bench data: synthesising it"
+    $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+synth_dataset(Path(".devshared/bench-data-1024"), 20000, 0, max_seq_len=1024)'
+  fi
+  if [ "$MODE" = base-cpu ]; then  # the same stages and code paths at sizes a 2-core CPU runs
+    BASE=(--lengths 64 --batch-sizes 2 --precisions 32-true --steps 3 --warmup 1 --workers 1)
+    BATCH=(--sizes small-tc --lengths 64 --batch-sizes 4,8 --steps 3 --warmup 1 --workers 1)
+    DEADLINE=$((T0 + ${DEADLINE_S:-1200}))
+  else
+    BASE=() BATCH=()
+    DEADLINE=$((T0 + ${DEADLINE_S:-430}))
+  fi
+  { nvidia-smi --query-gpu=name,memory.total --format=csv || true; nproc
+    $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "train_bench --preset base"
+  timeout "$(cap 260 150)" $PY -m tools.train_bench --preset base --out "$OUT/base" --data "$DATA1024" --no-plots \
+    --budget-s "$(cap 230 160)" ${BASE[@]+"${BASE[@]}"}
+  echo "base sweep exit $?"
+  stamp "train_bench --preset batch"
+  timeout "$(cap 200 20)" $PY -m tools.train_bench --preset batch --out "$OUT/batch" --data "$DATA" --no-plots \
+    --budget-s "$(cap 170 30)" ${BATCH[@]+"${BATCH[@]}"}
+  echo "batch sweep exit $?"
+  stamp "pytest -m cuda (plain loop, 1,024 tokens)"
+  timeout "$(cap 30 1)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_loop.py tests/test_base_1024.py \
+    >>"$OUT/tests.log" 2>&1
+  echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
+  stamp done
+  exit 0;;
+esac
 
 case "$MODE" in small|small-cpu)
   if [ "$MODE" = small-cpu ]; then  # the same stages and points at sizes a 2-core CPU runs (no compile: minutes)
