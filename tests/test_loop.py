@@ -175,3 +175,20 @@ def test_device_metrics_add_without_a_sync_and_read_once() -> None:
     assert all(v != v for v in metrics.compute().values())  # started over: no step, NaN
     with pytest.raises(ValueError, match="needs loss, mlm, got loss"):
         metrics.add(loss=torch.tensor(1.0))
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_batches_are_the_cpus_and_adding_a_metric_never_syncs(vocab_dataset: Path) -> None:
+    """Prefetched on a side stream (CUDA's default), pinned, masked on the GPU: the CPU's batches, and
+    DeviceMetrics.add under CUDA's sync debug mode "error"."""
+    on_cpu = list(data(vocab_dataset, device="cpu").train())
+    gpu = data(vocab_dataset, device="cuda")
+    metrics = DeviceMetrics(("tokens",), gpu.device)
+    on_gpu = []
+    for batch in gpu.train():
+        assert batch["input_ids"].is_cuda
+        with host_sync_guard():
+            metrics.add(tokens=batch["padding_mask"].sum())
+        on_gpu.append({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+    assert_same_batches(on_gpu, on_cpu)
+    assert metrics.compute()["tokens"] == sum(int(b["padding_mask"].sum()) for b in on_cpu) / len(on_cpu)

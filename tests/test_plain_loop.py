@@ -6,15 +6,18 @@ order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
-from helpers import repo_first, wait_for
+from helpers import repo_first, shardify, wait_for
 from test_ddp import SCRIPTS, TORCHRUN, WORKERS, launch
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
@@ -43,20 +46,24 @@ def trained(out: Path) -> list[list[dict[str, Any]]]:
 
 
 def kill_when_paused(cmd: list[str], out: Path, timeout: float) -> None:
-    """Run ``cmd`` until both ranks paused at PAUSE_AT, then SIGKILL its whole process group (torchrun, the ranks,
-    their workers), as a preemption's kill would."""
+    """Run ``cmd`` until both ranks paused at PAUSE_AT, then SIGKILL torchrun and each rank with its workers (torchrun
+    starts every rank in a process group of its own), as a preemption kills a job's every process."""
     out.mkdir(parents=True)
     env = repo_first({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     with open(out / "launch.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=SCRIPTS, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    paused = [out / f"paused-{r}" for r in range(2)]
     try:
-        paused = wait_for(lambda: all((out / f"paused-{r}").exists() for r in range(2)) or proc.poll() is not None,
-                          timeout)
-        assert paused and proc.poll() is None, f"did not pause: {(out / 'launch.log').read_text()[-4000:]}"
+        ok = wait_for(lambda: all(p.exists() for p in paused) or proc.poll() is not None, timeout)
+        assert ok and proc.poll() is None, f"did not pause: {(out / 'launch.log').read_text()[-4000:]}"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        groups = [proc.pid] + [int(p.read_text()) for p in paused if p.exists()]
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         proc.wait()
+    assert wait_for(lambda: not any(Path(f"/proc/{g}").exists() for g in groups[1:]), 20), "a rank outlived the kill"
 
 
 @pytest.mark.slow
@@ -82,3 +89,73 @@ def test_killed_plain_loop_resumes_exactly_rank_by_rank(ds8: Path, tmp_path: Pat
         assert first != second and sorted(first) != sorted(second), f"rank {rank}: epoch 1 repeated epoch 0"
     persons = [{i for b in ranks for i in b["ids"] if b["epoch"] == 0} for ranks in trained(full)]
     assert not persons[0] & persons[1], "a person on both ranks in one epoch"
+
+
+# -- docs/plain-loop.md's script, as written ------------------------------------------------------------------
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plain-loop.md"
+SETTINGS = 'SIZE, EPOCHS, VAL_EVERY, CKPT = SIZES["base"], 10, 1000, "last.ckpt"'
+
+
+@pytest.fixture(scope="module")
+def ds1024(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide's conversion command, as written, on the first 500 persons of the sample's step-4 file (so that
+    the CPU masks a few epochs at 1,024 tokens in seconds)."""
+    command = re.search(r"```bash\n(shardify convert .*?)\n```", GUIDE.read_text(), re.S)
+    assert command is not None
+    out = tmp_path_factory.mktemp("guide")
+    pq.write_table(pq.read_table(sample / "sequences.parquet").slice(0, 500), out / "sequences.parquet")
+    args = [str(sample / a) if a == "vocab.csv" else str(out / a) if a in ("ds/", "sequences.parquet") else a
+            for a in command.group(1).split()[2:]]
+    code, output = shardify("convert", *args)
+    assert code == 0, output
+    return out / "ds"
+
+
+def guide_script(data: Path, stop_after: int) -> str:
+    """The guide's script on ``data`` at a tiny size, for 2 epochs but stopping after epoch ``stop_after`` (as a job
+    that reaches its time limit after an end-of-epoch checkpoint): its only edits."""
+    script = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    loop = "for epoch in range(data.epoch, EPOCHS):"
+    assert script is not None and SETTINGS in script.group(1) and '"ds/"' in script.group(1) and loop in script.group(1)
+    tiny = 'SIZE, EPOCHS, VAL_EVERY, CKPT = EncoderConfig(32, 64, 1, 2), 2, 4, "last.ckpt"'
+    return ("from lifeseq_shards.model import EncoderConfig\n"
+            + script.group(1).replace(SETTINGS, tiny).replace('"ds/"', repr(str(data)))
+            .replace(loop, f"for epoch in range(data.epoch, {stop_after + 1}):"))
+
+
+GUIDE_S = 300  # one launch of the guide's script: six workers a rank start, on a 2-core machine shared by others
+
+
+def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> str:
+    """``cmd`` (torchrun) to completion, its output; on the deadline SIGKILL torchrun and each rank's process group
+    (torchrun gives every rank one of its own) and fail."""
+    env = repo_first({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    with open(cwd / "launch.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for group in [proc.pid, *map(int, ranks)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait()
+    output = (cwd / "launch.log").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * GUIDE_S + 60)
+def test_the_guides_loop_runs_and_resumes_under_torchrun(ds1024: Path, tmp_path: Path) -> None:
+    """Two ranks: stopped after epoch 0, the script started again goes on from its checkpoint with epoch 1."""
+    outputs = []
+    for stop_after in (0, 1):
+        (tmp_path / "train.py").write_text(guide_script(ds1024, stop_after))
+        outputs.append(run_torchrun([*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"], tmp_path,
+                                    GUIDE_S))
+    assert re.findall(r"^epoch (\d+):", outputs[0], re.M) == ["0"]
+    assert re.findall(r"^epoch (\d+):", outputs[1], re.M) == ["1"]  # resumed at the next epoch, not epoch 0
+    persons = json.loads((ds1024 / "manifest.json").read_text())["totals"]["persons"]
+    embedded = [int(n) for n in re.findall(r"^rank \d: (\d+) persons to embed", outputs[1], re.M)]
+    assert len(embedded) == 2 and sum(embedded) == persons  # predict: everyone once

@@ -66,25 +66,25 @@ synth_dataset(Path(".devshared/bench-data-1024"), 20000, 0, max_seq_len=1024)'
   if [ "$MODE" = base-cpu ]; then  # the same stages and code paths at sizes a 2-core CPU runs
     BASE=(--lengths 64 --batch-sizes 2 --precisions 32-true --steps 3 --warmup 1 --workers 1)
     BATCH=(--sizes small-tc --lengths 64 --batch-sizes 4,8 --steps 3 --warmup 1 --workers 1)
-    DEADLINE=$((T0 + ${DEADLINE_S:-1200}))
+    DEADLINE=$((T0 + ${DEADLINE_S:-2400})) T_BASE=1200 T_BATCH=600 T_TESTS=600
   else
     BASE=() BATCH=()
-    DEADLINE=$((T0 + ${DEADLINE_S:-430}))
+    DEADLINE=$((T0 + ${DEADLINE_S:-430})) T_BASE=260 T_BATCH=200 T_TESTS=40
   fi
   { nvidia-smi --query-gpu=name,memory.total --format=csv || true; nproc
     $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)"
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "train_bench --preset base"
-  timeout "$(cap 260 150)" $PY -m tools.train_bench --preset base --out "$OUT/base" --data "$DATA1024" --no-plots \
-    --budget-s "$(cap 230 160)" ${BASE[@]+"${BASE[@]}"}
+  timeout "$(cap "$T_BASE" 150)" $PY -m tools.train_bench --preset base --out "$OUT/base" --data "$DATA1024" \
+    --no-plots --budget-s "$(cap $((T_BASE - 30)) 160)" ${BASE[@]+"${BASE[@]}"}
   echo "base sweep exit $?"
   stamp "train_bench --preset batch"
-  timeout "$(cap 200 20)" $PY -m tools.train_bench --preset batch --out "$OUT/batch" --data "$DATA" --no-plots \
-    --budget-s "$(cap 170 30)" ${BATCH[@]+"${BATCH[@]}"}
+  timeout "$(cap "$T_BATCH" 20)" $PY -m tools.train_bench --preset batch --out "$OUT/batch" --data "$DATA" \
+    --no-plots --budget-s "$(cap $((T_BATCH - 30)) 30)" ${BATCH[@]+"${BATCH[@]}"}
   echo "batch sweep exit $?"
   stamp "pytest -m cuda (plain loop, 1,024 tokens)"
-  timeout "$(cap 30 1)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_loop.py tests/test_base_1024.py \
+  timeout "$(cap "$T_TESTS" 1)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_loop.py tests/test_base_1024.py \
     >>"$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
   stamp done
