@@ -2,8 +2,8 @@
 reader's time (the host batch, in this process) and the model batch's build on the CPU device (unpack, pad, MLM
 masking: an upper bound of its host share, since on a GPU the arithmetic moves to the device), and the bytes per
 person on disk, over the bus (the host batch) and in the model's batch, at L = 512 and 1,024, padded and packed.
-Ratios 1,024 : 512 are of the same run, each time the fastest of 3 interleaved rounds (a shared machine's absolute
-times drift).
+Times are this process's CPU time (all its threads; what waiting for a shared machine's cores does not add), the
+least of 3 interleaved rounds; ratios 1,024 : 512 are of the same run.
 
 Usage: python -m tools.bench_1024 DATA [--batch-size 50 --batches 20]   (DATA converted with --max-seq-len 1024)
 """
@@ -36,11 +36,11 @@ def measure(root: str, length: int, layout: str, batch_size: int, batches: int) 
                        rank=0, world_size=1, device="cpu", prefetch=False)
     data.train()
     loader = data._loader_of(data._train)  # type: ignore[arg-type]  # the host batches, before the device
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     host = list(itertools.islice(iter(loader), batches))
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     built = [data.builder(b, "cpu", 0) for b in host]
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     persons = sum(len(b["person_id"]) for b in built)
     return {"read_ms": (t1 - t0) / len(host) * 1e3, "build_ms": (t2 - t1) / len(host) * 1e3,
             "bus_b": sum(nbytes(b) for b in host) / persons, "model_b": sum(nbytes(b) for b in built) / persons,
@@ -63,7 +63,7 @@ def main(data: str, batch_size: int, batches: int) -> None:
         for key in itertools.product(LENGTHS, LAYOUTS):
             r = measure(data, *key, batch_size, batches)
             rows[key] = {k: min(v, rows[key][k]) for k, v in r.items()} if key in rows else r
-    click.echo("| L | layout | target slots | reader ms/batch | build ms/batch (CPU) | bus bytes/person | "
+    click.echo("| L | layout | target slots | reader CPU ms/batch | build CPU ms/batch | bus bytes/person | "
                "model-batch bytes/person |\n| --- | --- | --- | --- | --- | --- | --- |")
     for (n, lay), r in rows.items():
         click.echo(f"| {n} | {lay} | {r['slots']:.0f} | {r['read_ms']:.1f} | {r['build_ms']:.1f} | {r['bus_b']:.0f} "
