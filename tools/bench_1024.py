@@ -34,8 +34,7 @@ def nbytes(batch: dict[str, Any]) -> int:
 def measure(root: str, length: int, layout: str, batch_size: int, batches: int) -> dict[str, float]:
     data = LifeSeqData(root, batch_size, num_workers=0, masking=MaskingConfig(), pad_to=length, layout=layout,
                        rank=0, world_size=1, device="cpu", prefetch=False)
-    data.train()
-    loader = data._loader_of(data._train)  # type: ignore[arg-type]  # the host batches, before the device
+    loader = data.train().loader  # the host batches, before the device
     t0 = time.process_time()
     host = list(itertools.islice(iter(loader), batches))
     t1 = time.process_time()
