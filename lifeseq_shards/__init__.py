@@ -12,19 +12,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .datamodule import LifeSeqDataModule
     from .embed_writer import EmbeddingWriter
+    from .loop import DeviceMetrics, LifeSeqData
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader
 
 # public name -> the submodule that defines it
 _LAZY = {
     "DatasetChanged": "reader",
     "EmbeddingWriter": "embed_writer",
+    "DeviceMetrics": "loop",
+    "LifeSeqData": "loop",
     "LifeSeqDataModule": "datamodule",
     "ShardedDataset": "reader",
     "ShardedLoader": "reader",
 }
 
-# = _LAZY's keys
-__all__ = ["DatasetChanged", "EmbeddingWriter", "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"]
+__all__ = ["DatasetChanged", "DeviceMetrics", "EmbeddingWriter", "LifeSeqData", "LifeSeqDataModule", "ShardedDataset",
+           "ShardedLoader"]  # = _LAZY's keys
 
 
 def __getattr__(name: str) -> object:

@@ -58,6 +58,9 @@ SIZES: dict[str, EncoderConfig] = {
     "small-tc": EncoderConfig(192, 896, 3, 3),
     "medium-tc": EncoderConfig(320, 1792, 5, 5),
     "large-tc": EncoderConfig(512, 3776, 9, 8),
+    # The researchers' BERT-base-sized model (D3-hparams-large.txt: 768/3072/12/12, max_length 1024). Its heads are
+    # 64 wide and hidden and ff multiples of 64 already, as tensor cores and FlashAttention want: no "-tc" twin.
+    "base": EncoderConfig(768, 3072, 12, 12),
 }
 
 

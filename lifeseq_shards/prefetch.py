@@ -50,12 +50,17 @@ class DevicePrefetcher:
     launches their preparation (a few hundred kernels: milliseconds of host time, docs/tuning.md), up to two
     batches ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so the
     two overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/tuning.md).
+
+    ``ahead=False`` builds each batch only when it is handed out, on the current stream: the same batches and
+    positions without the prefetch (a plain loop's ``prefetch=False``, as the DataModule's hooks build them).
     """
 
     def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
-                 device: torch.device | str, threaded: bool = False) -> None:
+                 device: torch.device | str, threaded: bool = False, ahead: bool = True) -> None:
+        if threaded and not ahead:
+            raise ValueError("DevicePrefetcher(threaded=True) builds batches ahead: it needs ahead=True")
         self.loader, self.build, self.device = loader, build, torch.device(device)
-        self.threaded = threaded
+        self.threaded, self.ahead = threaded, ahead
         self._handed: tuple[int, int] | None = None  # the loader's position as of the last batch handed out
 
     def __len__(self) -> int:
@@ -96,8 +101,11 @@ class DevicePrefetcher:
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        started = self._started_in_thread(side) if self.threaded else self._started(side)
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.ahead else None
+        if not self.ahead:
+            started = (((self.build(host), None), self._loader_position()) for host in self.loader)
+        else:
+            started = self._started_in_thread(side) if self.threaded else self._started(side)
         for (batch, ready), position in started:
             if ready is not None:
                 current = torch.cuda.current_stream(self.device)

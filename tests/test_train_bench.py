@@ -4,6 +4,7 @@ through the real DataModule and reports sane numbers (real tokens counted, not p
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import lightning as L
@@ -226,3 +227,18 @@ def test_a_checkpoint_of_a_custom_size_loads_with_lightnings_defaults(tmp_path: 
     assert again.cfg == module.cfg
     weights = zip(again.state_dict().values(), module.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in weights)
+
+
+def test_base_and_batch_presets_are_issue_24s_sweep(tmp_path: Path) -> None:
+    """base: the researchers' BERT-base at 512 and 1,024 in every precision, padded and padding-free (prefetched);
+    batch: small, medium and their -tc twins from batch 256 to 4,096; the base data synthesised at the 1,024 cap."""
+    base = bench.PRESETS["base"].points()
+    assert {(p.size, p.max_len, p.precision, p.attention, p.prefetch) for p in base} == {
+        ("base", n, prec, attn, attn == "varlen") for n in (512, 1024) for prec in bench.PRECISIONS
+        for attn in ("padded", "varlen")}
+    assert base[0].max_len == 1024  # the length they train at, first
+    batch = bench.PRESETS["batch"].points()
+    for size in ("small", "medium", "small-tc", "medium-tc"):
+        assert sorted({p.batch_size for p in batch if p.size == size}) == [256, 512, 1024, 2048, 4096]
+    shards = bench.synth_dataset(tmp_path, 30, 0, max_seq_len=bench.PRESETS["base"].max_seq_len)
+    assert json.loads((shards / "manifest.json").read_text())["params"]["max_seq_len"] == 1024

@@ -32,6 +32,11 @@
 # Its torch is 2.5 GB, more than a lent machine takes along: that machine must already have it (PINNED_PYTHON).
 # Dry run: OUT=/tmp/dcp bash tools/device_check.sh pinned-cpu
 # `bash tools/device_check.sh embed`: issue 23's stage (below), embed-cpu its dry run.
+# `bash tools/device_check.sh base` measures issue 24 in at most DEADLINE_S (430) seconds: train_bench's `base`
+# preset (the researchers' BERT-base at batch 50, L=1,024 then 512, fp32 / tf32 / bf16, padded and padding-free;
+# on .devshared/bench-data-1024, the bench's persons converted with --max-seq-len 1024, synthesised here if not
+# carried) into $OUT/base, then the `batch` preset (small / medium and their -tc twins, batch 256-4,096, bf16) into
+# $OUT/batch, then `pytest -m cuda` on the plain loop's tests. Dry run: ... bash tools/device_check.sh base-cpu
 set -uo pipefail
 MODE=${1:-gpu}
 PY=${PYTHON:-python3}
@@ -118,6 +123,41 @@ for name in ("cls", "mean"):
     cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-12)
     print(f"{name}: cosine bf16 vs fp32 min {cos.min():.4f} median {np.median(cos):.5f} over {len(cos)} persons")
 PYEOF
+  stamp done
+  exit 0;;
+esac
+
+case "$MODE" in base|base-cpu)
+  DATA1024=.devshared/bench-data-1024/shards
+  if [ ! -e "$DATA1024/manifest.json" ]; then
+    stamp "no carried 1,024-token bench data: synthesising it"
+    $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+synth_dataset(Path(".devshared/bench-data-1024"), 20000, 0, max_seq_len=1024)'
+  fi
+  if [ "$MODE" = base-cpu ]; then  # the same stages and code paths at sizes a 2-core CPU runs
+    BASE=(--lengths 64 --batch-sizes 2 --precisions 32-true --steps 3 --warmup 1 --workers 1)
+    BATCH=(--sizes small-tc --lengths 64 --batch-sizes 4,8 --steps 3 --warmup 1 --workers 1)
+    DEADLINE=$((T0 + ${DEADLINE_S:-2400})) T_BASE=1200 T_BATCH=600 T_TESTS=600
+  else
+    BASE=() BATCH=()
+    DEADLINE=$((T0 + ${DEADLINE_S:-430})) T_BASE=260 T_BATCH=200 T_TESTS=40
+  fi
+  { nvidia-smi --query-gpu=name,memory.total --format=csv || true; nproc
+    $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "train_bench --preset base"
+  timeout "$(cap "$T_BASE" 150)" $PY -m tools.train_bench --preset base --out "$OUT/base" --data "$DATA1024" \
+    --no-plots --budget-s "$(cap $((T_BASE - 30)) 160)" ${BASE[@]+"${BASE[@]}"}
+  echo "base sweep exit $?"
+  stamp "train_bench --preset batch"
+  timeout "$(cap "$T_BATCH" 20)" $PY -m tools.train_bench --preset batch --out "$OUT/batch" --data "$DATA" \
+    --no-plots --budget-s "$(cap $((T_BATCH - 30)) 30)" ${BATCH[@]+"${BATCH[@]}"}
+  echo "batch sweep exit $?"
+  stamp "pytest -m cuda (plain loop, 1,024 tokens)"
+  timeout "$(cap "$T_TESTS" 1)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_loop.py tests/test_base_1024.py \
+    >>"$OUT/tests.log" 2>&1
+  echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
   stamp done
   exit 0;;
 esac

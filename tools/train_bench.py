@@ -72,6 +72,7 @@ class Preset:
     warmup: int
     people: int
     budget_s: float  # points left when this is spent are skipped with that reason
+    max_seq_len: int = 512  # the converter's cap for the synthesised data (--data replaces it)
 
     def points(self) -> list[Point]:
         out: list[Point] = []
@@ -149,6 +150,26 @@ PRESETS: dict[str, Preset] = {
                   ("varlen", True, False, True, "eager"), ("varlen", True, False, False, "eager"),
               )),
         steps=40, warmup=5, people=20000, budget_s=120,
+    ),
+    # the researchers' BERT-base-sized model (D3-hparams-large.txt) at their batch of 50, L=512 and 1,024, each
+    # precision, padded and padding-free (with prefetch); data converted with --max-seq-len 1024, which the 512
+    # points crop. 1,024 first: the length they train at.
+    "base": Preset(
+        tuple(_grid(("base",), (length,), (50,), PRECISIONS, attention=(attn,), prefetch=(attn == "varlen",))
+              for length in (1024, 512) for attn in ("padded", "varlen")),
+        steps=20, warmup=5, people=20000, budget_s=240, max_seq_len=1024,
+    ),
+    # training speed as a function of batch size: the small models' step is launch-bound at 256 (docs/tuning.md),
+    # so the batch is the first lever; up to what memory allows (an OOM point is a row with its reason). bf16, L=512,
+    # the padding-free step with prefetch, then padded; the seed's shapes and the -tc twins. On 20,000 persons the
+    # largest batches cross epoch boundaries inside the measured steps (their restarts show in data_wait_frac).
+    "batch": Preset(
+        tuple(_grid((size,), (512,), (256, 512, 1024, 2048, 4096), ("bf16-mixed",), attention=(attn,),
+                    prefetch=(attn == "varlen",))
+              for attn, sizes in (("varlen", ("small-tc", "small", "medium-tc", "medium")),
+                                  ("padded", ("small-tc", "small")))
+              for size in sizes),
+        steps=12, warmup=3, people=20000, budget_s=240,
     ),
 }
 
@@ -445,15 +466,16 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
-def synth_dataset(root: Path, people: int, seed: int) -> Path:
-    """`shardify synth` + `shardify convert` into root/shards (kept: a second run with the same --out reuses it)."""
+def synth_dataset(root: Path, people: int, seed: int, max_seq_len: int = 512) -> Path:
+    """`shardify synth` + `shardify convert --max-seq-len` into root/shards (kept: a second run with the same --out
+    reuses it)."""
     shards = root / "shards"
     if (shards / "manifest.json").exists():
         return shards
     raw = root / "raw"
     synth_population(raw, people, seed, progress=False)
     convert_dataset([str(raw / "sequences.parquet")], shards, vocab=str(raw / "vocab.csv"),
-                    opts=ConvertOptions(seed=seed, overwrite=True, progress=False))
+                    opts=ConvertOptions(seed=seed, overwrite=True, progress=False, max_seq_len=max_seq_len))
     return shards
 
 
@@ -573,8 +595,9 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
     for axis, known in (("precision", PRECISIONS), ("attention", ATTENTION), ("masker", MASKERS)):
         if bad := sorted({x for g in grids for x in g[axis]} - set(known)):
             raise click.BadParameter(f"unknown {axis} {bad}: one of {', '.join(known)}")
-    pre = Preset(grids, steps or pre.steps, warmup or pre.warmup, pre.people, budget_s or pre.budget_s)
-    data_dir = data or synth_dataset(out / "data", pre.people, seed)
+    pre = Preset(grids, steps or pre.steps, warmup or pre.warmup, pre.people, budget_s or pre.budget_s,
+                 pre.max_seq_len)
+    data_dir = data or synth_dataset(out / "data", pre.people, seed, pre.max_seq_len)
     for noise in (".*does not have many workers.*", ".*no `validation_step`.*"):
         warnings.filterwarnings("ignore", noise)
     done = read_csv(out / "results.csv") if resume and (out / "results.csv").exists() else []

@@ -1,0 +1,179 @@
+"""The data path for a plain PyTorch training loop (no Lightning): :class:`LifeSeqData` hands this rank the model's
+batches on the device, numbers the epochs and saves / restores its position inside the loop's own
+``torch.save({...})``; :class:`DeviceMetrics` sums the losses on the device, so a loop logs them without a host sync
+per step. docs/plain-loop.md shows a whole loop.
+
+``LifeSeqData`` is built from the same parts as ``LifeSeqDataModule`` (:class:`~lifeseq_shards.datapath.DataParts`):
+the same loaders, masks, layouts and prefetch; only its rank, epoch and device come from the process instead of a
+Trainer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .datapath import DataParts
+from .prefetch import DevicePrefetcher
+from .reader import ShardedLoader, default_rank_world
+
+
+class LifeSeqData(DataParts):
+    """This rank's model batches for a plain loop: ``train()``, ``val()`` and ``predict()`` are iterables of the
+    model's batch on ``device`` (copied, unpacked, MLM-masked, padded or packed, the next built during the current
+    step when ``prefetch``, by default on CUDA), each with the exact ``len()`` of this rank's batches.
+
+    Takes ``LifeSeqDataModule``'s arguments (their meaning is the same), plus ``device`` (default: the current CUDA
+    device, else the CPU) and ``rank`` / ``world_size`` (default: torch.distributed once initialised, else torchrun's
+    or srun's variables). Build it after ``init_process_group``.
+
+    Epochs: ``set_epoch(e)`` before each epoch's ``train()`` (without it each pass is the next epoch); every epoch is
+    a new order and new masks. Resume: ``state_dict()`` after a training step counts that step's batch as done; it
+    holds no rank, so the state rank 0 saves resumes every rank. ``load_state_dict(state)`` before iterating;
+    :attr:`epoch` is then the epoch to go on with, and its ``train()`` returns exactly the batches the interrupted
+    run had not trained on (the rest of a mid-epoch checkpoint's epoch, or the next epoch after an end-of-epoch one).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
+                 device: torch.device | str | None = None, rank: int | None = None, world_size: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(data_dir, batch_size, num_workers, **kwargs)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if (rank is None) != (world_size is None):
+            raise ValueError("LifeSeqData: pass both rank and world_size, or neither (then torch.distributed, "
+                             "torchrun or srun says)")
+        self.rank, self.world_size = (rank, world_size) if rank is not None else default_rank_world()
+        self._next_epoch = 0  # the epoch the next train() pass reads
+        self._pending: tuple[int, int] | None = None  # a loaded position whose pass has not begun
+        self._pass_skip = 0  # batches of the epoch the last train() pass leaves out (a resumed epoch's)
+        self._val: DevicePrefetcher | None = None
+        self._predict: DevicePrefetcher | None = None
+
+    def _rank_world(self) -> tuple[int, int]:
+        return self.rank, self.world_size  # type: ignore[return-value]
+
+    def _epoch(self) -> int:
+        return self._next_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass under way, or of the next one: after ``load_state_dict``, the one to go on with."""
+        return self._next_epoch
+
+    @property
+    def resumed_batches(self) -> int:
+        """How many batches of :attr:`epoch` were trained before the next (or current) ``train()`` pass: a loaded
+        mid-epoch position's, else 0. Number the steps from it (read after ``set_epoch`` or ``train()``)."""
+        return self._pending[1] if self._pending is not None else self._pass_skip
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``train()`` reads epoch ``epoch`` from its start (or from the loaded position, when that is in
+        ``epoch``). Refused when a loaded position is in another epoch: the run would skip or replay batches."""
+        if self._pending is not None:
+            resumed, batches = self._pending
+            if epoch != resumed:
+                raise ValueError(f"{self.data_dir}: the loaded state goes on in epoch {resumed} after {batches} "
+                                 f"batches, but set_epoch({epoch}) would start epoch {epoch}: loop from "
+                                 "data.epoch (range(data.epoch, epochs))")
+            return
+        self._next_epoch, self._pass_skip = epoch, 0
+        if self._train is not None:
+            self._loader_of(self._train).set_epoch(epoch)
+
+    def train(self) -> DevicePrefetcher:
+        """This epoch's training batches (call it once per epoch): ``len()`` is this rank's batch count of a whole
+        epoch, and :attr:`resumed_batches` how many of them a resumed pass leaves out (number the steps from it)."""
+        if self._train is None:
+            loader = self._train_loader()
+            device = self.device
+            # each batch masked with its own pass's epoch, whatever the loop told set_epoch
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position[0]),
+                                           device, threaded=self._prefetch_in_thread(),
+                                           ahead=self._prefetching(device))
+        self._next_epoch, self._pass_skip = self._loader_of(self._train).dataset.next_pass()
+        self._pending = None
+        return self._train  # type: ignore[return-value]
+
+    def val(self) -> DevicePrefetcher:
+        """The val split (every rank the same number of batches), masked as training's epoch is."""
+        if self._val is None:
+            self._val = self._built(self._val_loader(), lambda batch: self.builder(batch, self.device, self.epoch))
+        return self._val
+
+    def predict(self) -> DevicePrefetcher:
+        """Every person once (``predict_split``), never masked or permuted; ranks may differ in batch counts."""
+        if self._predict is None:
+            self._predict = self._built(self._predict_loader(),
+                                        lambda batch: self.predict_builder(batch, self.device, 0))
+        return self._predict
+
+    def _built(self, loader: ShardedLoader, build: Any) -> DevicePrefetcher:
+        return DevicePrefetcher(loader, build, self.device, ahead=self._prefetching(self.device))
+
+    @staticmethod
+    def _loader_of(train: ShardedLoader | DevicePrefetcher) -> ShardedLoader:
+        return train.loader if isinstance(train, DevicePrefetcher) else train  # type: ignore[return-value]
+
+    # -- the position, for the loop's own checkpoint ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where training goes on: after the last batch ``train()`` handed out (batches built ahead excluded)."""
+        if self._train is None:
+            if self._resume is not None:
+                return {"train": self._resume}
+            self.train()  # builds the loader (no worker starts before its first pass)
+        assert self._train is not None
+        position = self._train.position
+        if self._pending is None and position[0] != self._next_epoch:  # set_epoch moved on since the last pass
+            position = (self._next_epoch, 0)
+        return {"train": self._train.state_dict(position=position)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same
+        layout). Before the next ``train()`` pass begins; a changed dataset or setting is refused by name."""
+        train = state["train"]
+        if self._train is None:
+            self._resume = train
+        else:
+            self._train.load_state_dict(train)
+        self._next_epoch = int(train["epoch"])
+        self._pending = (int(train["epoch"]), int(train["batches"]))
+
+
+class DeviceMetrics:
+    """Running sums of named scalars on ``device``: ``add`` queues a few device ops and never waits for the
+    device; ``compute`` reads the means with one host sync (and, across ranks, one all-reduce), then starts over.
+
+    """
+
+    def __init__(self, names: Sequence[str], device: torch.device | str) -> None:
+        self.names = tuple(names)
+        self.device = torch.device(device)
+        self._sums = torch.zeros(len(self.names), dtype=torch.float64, device=self.device)
+        self._steps = 0  # counted on the host: known without asking the device
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        """One step's values (tensors are detached; a number is filled in on the device, never copied over)."""
+        if set(values) != set(self.names):
+            raise ValueError(f"DeviceMetrics.add needs {', '.join(self.names)}, got {', '.join(sorted(values))}")
+        step = [values[n].detach().reshape(()).to(self.device, torch.float64) if isinstance(values[n], torch.Tensor)
+                else torch.full((), float(values[n]), dtype=torch.float64, device=self.device) for n in self.names]
+        self._sums += torch.stack(step)
+        self._steps += 1
+
+    def compute(self, all_ranks: bool = True) -> dict[str, float]:
+        """The means since the last ``compute`` (NaN with no step), over every rank when ``all_ranks`` and
+        torch.distributed is initialised (a collective: every rank must call it)."""
+        count = torch.full((1,), float(self._steps), dtype=torch.float64, device=self.device)
+        sums = torch.cat([self._sums, count])
+        self._sums.zero_()
+        self._steps = 0
+        dist = torch.distributed
+        if all_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums)
+        *totals, steps = sums.tolist()
+        return {n: (t / steps if steps else float("nan")) for n, t in zip(self.names, totals, strict=True)}

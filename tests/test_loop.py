@@ -1,0 +1,194 @@
+"""LifeSeqData (the plain loop's data path) in one process: the DataModule's batches, exact resume from its own
+state (prefetched batches not counted), new orders and masks each epoch, loud refusals, and DeviceMetrics without a
+host sync per step. The researcher-style loop under torchrun, killed and resumed, is in tests/test_plain_loop.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule
+from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.prefetch import DevicePrefetcher
+
+BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lifeseq_shards.convert import ConvertOptions, convert_dataset
+
+    out = tmp_path_factory.mktemp("vocab")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=4))
+    return out
+
+
+def data(root: Path, **kw: Any) -> LifeSeqData:
+    kw = {"num_workers": 0, "masking": MaskingConfig(), "rank": 0, "world_size": 1, **kw}
+    return LifeSeqData(root, BATCH, **kw)
+
+
+def ids(batches: Any) -> list[list[int]]:
+    return [b["person_id"].tolist() for b in batches]
+
+
+def datamodule_batches(dm: LifeSeqDataModule, loader: Any, epoch: int, predicting: bool = False) -> list[dict]:
+    """The batches as Lightning's hooks make them (transfer, then on_after_batch_transfer)."""
+    progress = SimpleNamespace(current=SimpleNamespace(ready=0))
+    dm.trainer = SimpleNamespace(global_rank=0, world_size=1, training=False, predicting=predicting,
+                                 current_epoch=epoch, strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                                 fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    return [dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0) for b in loader]
+
+
+def assert_same_batches(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        assert sorted(x) == sorted(y)
+        for key, value in x.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, y[key]), key
+            else:
+                assert value == y[key], key
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_batches_are_the_datamodules(vocab_dataset: Path, layout: str) -> None:
+    kw = {"num_workers": 0, "masking": MaskingConfig(), "layout": layout, "pad_to": 256 if layout == "packed" else None}
+    dm = LifeSeqDataModule(vocab_dataset, BATCH, **kw)
+    dm.trainer = None
+    loop = data(vocab_dataset, **kw)
+    for epoch in (0, 1):
+        loop.set_epoch(epoch)
+        train = loop.train()
+        assert len(train) == len(dm.train_dataloader())
+        dm.trainer = None
+        host = dm.train_dataloader()
+        host.set_epoch(epoch)
+        assert_same_batches(list(train), datamodule_batches(dm, host, epoch))
+        assert_same_batches(list(loop.val()), datamodule_batches(dm, dm.val_dataloader(), epoch))
+    assert_same_batches(list(loop.predict()), datamodule_batches(dm, dm.predict_dataloader(), 0, predicting=True))
+    assert "target_tokens" not in next(iter(loop.predict()))
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_resume_mid_epoch_gives_exactly_the_rest(vocab_dataset: Path, prefetch: bool) -> None:
+    full = data(vocab_dataset, prefetch=prefetch)
+    epoch0 = list(full.train())
+    epoch1 = list(full.train())  # no set_epoch: the next pass is the next epoch
+    assert ids(epoch0) != ids(epoch1) and set(map(tuple, ids(epoch0))) != set(map(tuple, ids(epoch1)))
+    run = data(vocab_dataset, prefetch=prefetch)
+    for i, _batch in enumerate(run.train(), start=1):
+        if i == 5:  # the step on batch 5 is done: the prefetcher has batch 6 built already
+            state = run.state_dict()
+            break
+    resumed = data(vocab_dataset, prefetch=prefetch)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 0
+    resumed.set_epoch(resumed.epoch)  # the loop's set_epoch at the top of the resumed epoch keeps the position
+    assert resumed.resumed_batches == 5
+    train = resumed.train()
+    assert resumed.resumed_batches == 5 and len(train) == len(epoch0)
+    rest = list(train)
+    assert_same_batches(rest, epoch0[5:])  # same persons, same masks
+    resumed.set_epoch(1)
+    assert resumed.resumed_batches == 0
+    assert_same_batches(list(resumed.train()), epoch1)
+
+
+def test_end_of_epoch_state_goes_on_with_the_next_epoch(vocab_dataset: Path) -> None:
+    run = data(vocab_dataset)
+    list(run.train())
+    state = run.state_dict()
+    resumed = data(vocab_dataset)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    assert ids(resumed.train()) == ids(_epoch(vocab_dataset, 1))
+
+
+def _epoch(root: Path, epoch: int) -> list[dict]:
+    run = data(root)
+    run.set_epoch(epoch)
+    return list(run.train())
+
+
+def test_the_state_resumes_the_datamodule_too(vocab_dataset: Path) -> None:
+    run = data(vocab_dataset, masking=None)
+    for i, _batch in enumerate(run.train(), start=1):
+        if i == 3:
+            state = run.state_dict()
+            break
+    dm = LifeSeqDataModule(vocab_dataset, BATCH, num_workers=0)
+    dm.trainer = None
+    dm.load_state_dict(state)
+    assert ids(dm.builder(b, "cpu", 0) for b in dm.train_dataloader()) == ids(_epoch(vocab_dataset, 0))[3:]
+
+
+def test_set_epoch_off_the_loaded_epoch_is_refused(vocab_dataset: Path) -> None:
+    run = data(vocab_dataset)
+    for i, _batch in enumerate(run.train(), start=1):
+        if i == 2:
+            state = run.state_dict()
+            break
+    resumed = data(vocab_dataset)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"goes on in epoch 0 after 2 batches, but set_epoch\(1\).*data.epoch"):
+        resumed.set_epoch(1)
+
+
+def test_a_state_is_refused_once_the_pass_began(vocab_dataset: Path) -> None:
+    run = data(vocab_dataset)
+    state = run.state_dict()
+    it = iter(run.train())
+    next(it)
+    with pytest.raises(RuntimeError, match="after this loader began a pass"):
+        run.load_state_dict(state)
+
+
+def test_rank_without_world_size_is_refused(vocab_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        LifeSeqData(vocab_dataset, BATCH, num_workers=0, rank=1)
+
+
+def test_prefetcher_ahead_false_builds_in_turn() -> None:
+    built: list[int] = []
+    loader = [{"x": i} for i in range(3)]
+    prefetcher = DevicePrefetcher(loader, lambda b: built.append(b["x"]) or b, "cpu", ahead=False)
+    for i, batch in enumerate(prefetcher):
+        assert built == list(range(i + 1)) and batch["x"] == i  # nothing built before it is handed out
+    with pytest.raises(ValueError, match="needs ahead=True"):
+        DevicePrefetcher(loader, dict, "cpu", threaded=True, ahead=False)
+
+
+def test_device_metrics_add_without_a_sync_and_read_once() -> None:
+    metrics = DeviceMetrics(("loss", "mlm"), "cpu")
+    with host_sync_guard():
+        for value in (1.0, 2.0, 6.0):
+            metrics.add(loss=torch.tensor(value, requires_grad=True) * 1, mlm=value / 2)
+    assert metrics.compute() == {"loss": 3.0, "mlm": 1.5}
+    assert all(v != v for v in metrics.compute().values())  # started over: no step, NaN
+    with pytest.raises(ValueError, match="needs loss, mlm, got loss"):
+        metrics.add(loss=torch.tensor(1.0))
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_batches_are_the_cpus_and_adding_a_metric_never_syncs(vocab_dataset: Path) -> None:
+    """Prefetched on a side stream (CUDA's default), pinned, masked on the GPU: the CPU's batches, and
+    DeviceMetrics.add under CUDA's sync debug mode "error"."""
+    on_cpu = list(data(vocab_dataset, device="cpu").train())
+    gpu = data(vocab_dataset, device="cuda")
+    metrics = DeviceMetrics(("tokens",), gpu.device)
+    on_gpu = []
+    for batch in gpu.train():
+        assert batch["input_ids"].is_cuda
+        with host_sync_guard():
+            metrics.add(tokens=batch["padding_mask"].sum())
+        on_gpu.append({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+    assert_same_batches(on_gpu, on_cpu)
+    assert metrics.compute()["tokens"] == sum(int(b["padding_mask"].sum()) for b in on_cpu) / len(on_cpu)

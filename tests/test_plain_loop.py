@@ -1,0 +1,161 @@
+"""The researchers' plain loop (tests/ddp_scripts/plain_loop.py, their pytorch_port/pretrain.py as
+docs/port-pretrain.diff leaves it) under torchrun, 2 ranks on gloo, 2 workers each, validating and checkpointing
+mid-epoch: killed with SIGKILL after its checkpoint, resumed from it, it trains on exactly the batches the
+uninterrupted run trained on after that point (same persons, same masks), rank by rank; the next epoch is a new
+order."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from helpers import repo_first, shardify, wait_for
+from test_ddp import SCRIPTS, TORCHRUN, WORKERS, launch
+
+from lifeseq_shards.convert import ConvertOptions, convert_dataset
+
+VAL_EVERY = 10  # mid-epoch validation + checkpoint every 10 batches (about 43 a rank and epoch here)
+PAUSE_AT = 14  # the killed run trains 4 batches past its checkpoint at step 10: the resumed run must train them again
+RUN_S = 150
+
+
+@pytest.fixture(scope="module")
+def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ds8")
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=8))
+    return out
+
+
+def loop(data: Path, out: Path, *extra: str) -> list[str]:
+    return [*TORCHRUN, "--standalone", "--nproc_per_node=2", "plain_loop.py", str(data), str(out), "--workers",
+            str(WORKERS), "--val-every", str(VAL_EVERY), *extra]
+
+
+def trained(out: Path) -> list[list[dict[str, Any]]]:
+    """Per rank, the batches it trained, in order."""
+    return [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in range(2)]
+
+
+def kill_when_paused(cmd: list[str], out: Path, timeout: float) -> None:
+    """Run ``cmd`` until both ranks paused at PAUSE_AT, then SIGKILL torchrun and each rank with its workers (torchrun
+    starts every rank in a process group of its own), as a preemption kills a job's every process."""
+    out.mkdir(parents=True)
+    env = repo_first({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    with open(out / "launch.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=SCRIPTS, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    paused = [out / f"paused-{r}" for r in range(2)]
+    try:
+        ok = wait_for(lambda: all(p.exists() for p in paused) or proc.poll() is not None, timeout)
+        assert ok and proc.poll() is None, f"did not pause: {(out / 'launch.log').read_text()[-4000:]}"
+    finally:
+        groups = [proc.pid] + [int(p.read_text()) for p in paused if p.exists()]
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait()
+    assert wait_for(lambda: not any(Path(f"/proc/{g}").exists() for g in groups[1:]), 20), "a rank outlived the kill"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * RUN_S + 60)
+def test_killed_plain_loop_resumes_exactly_rank_by_rank(ds8: Path, tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    launch([loop(ds8, full)], tmp_path / "full-logs", RUN_S)
+    killed = tmp_path / "killed"
+    kill_when_paused(loop(ds8, killed, "--pause-at", str(PAUSE_AT)), killed, RUN_S)
+    checkpoint = killed / "ckpt" / "last.ckpt"  # saved at step 10, the last before the kill
+    resumed = tmp_path / "resumed"
+    launch([loop(ds8, resumed, "--resume", str(checkpoint))], tmp_path / "resumed-logs", RUN_S)
+
+    for rank, (whole, cut, rest) in enumerate(zip(trained(full), trained(killed), trained(resumed), strict=True)):
+        assert len(cut) == PAUSE_AT and cut == whole[:PAUSE_AT], f"rank {rank}: the killed run trained otherwise"
+        # the resumed run starts after the checkpoint's batch (not after the kill's, not at the epoch's start),
+        # numbered as the uninterrupted run numbers it, and trains on the same persons with the same masks
+        assert rest[0]["epoch"] == 0 and rest[0]["batch"] == VAL_EVERY + 1, f"rank {rank}: resumed at {rest[0]}"
+        assert rest == whole[VAL_EVERY:], f"rank {rank}: the resumed batches differ from the uninterrupted run's"
+        epochs = [[b for b in whole if b["epoch"] == e] for e in (0, 1)]
+        assert len(epochs[0]) == len(epochs[1]) > VAL_EVERY
+        first, second = ([i for b in e for i in b["ids"]] for e in epochs)
+        assert first != second and sorted(first) != sorted(second), f"rank {rank}: epoch 1 repeated epoch 0"
+    persons = [{i for b in ranks for i in b["ids"] if b["epoch"] == 0} for ranks in trained(full)]
+    assert not persons[0] & persons[1], "a person on both ranks in one epoch"
+
+
+# -- docs/plain-loop.md's script, as written ------------------------------------------------------------------
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plain-loop.md"
+SETTINGS = 'SIZE, EPOCHS, VAL_EVERY, CKPT = SIZES["base"], 10, 1000, "last.ckpt"'
+
+
+@pytest.fixture(scope="module")
+def ds1024(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide's conversion command, as written, on the first 500 persons of the sample's step-4 file (so that
+    the CPU masks a few epochs at 1,024 tokens in seconds)."""
+    command = re.search(r"```bash\n(shardify convert .*?)\n```", GUIDE.read_text(), re.S)
+    assert command is not None
+    out = tmp_path_factory.mktemp("guide")
+    pq.write_table(pq.read_table(sample / "sequences.parquet").slice(0, 500), out / "sequences.parquet")
+    args = [str(sample / a) if a == "vocab.csv" else str(out / a) if a in ("ds/", "sequences.parquet") else a
+            for a in command.group(1).split()[2:]]
+    code, output = shardify("convert", *args)
+    assert code == 0, output
+    return out / "ds"
+
+
+def guide_script(data: Path, stop_after: int) -> str:
+    """The guide's script on ``data`` at a tiny size, for 2 epochs but stopping after epoch ``stop_after`` (as a job
+    that reaches its time limit after an end-of-epoch checkpoint): its only edits."""
+    script = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    loop = "for epoch in range(data.epoch, EPOCHS):"
+    assert script is not None and SETTINGS in script.group(1) and '"ds/"' in script.group(1) and loop in script.group(1)
+    tiny = 'SIZE, EPOCHS, VAL_EVERY, CKPT = EncoderConfig(32, 64, 1, 2), 2, 4, "last.ckpt"'
+    return ("from lifeseq_shards.model import EncoderConfig\n"
+            + script.group(1).replace(SETTINGS, tiny).replace('"ds/"', repr(str(data)))
+            .replace(loop, f"for epoch in range(data.epoch, {stop_after + 1}):"))
+
+
+GUIDE_S = 300  # one launch of the guide's script: six workers a rank start, on a 2-core machine shared by others
+
+
+def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> str:
+    """``cmd`` (torchrun) to completion, its output; on the deadline SIGKILL torchrun and each rank's process group
+    (torchrun gives every rank one of its own) and fail."""
+    env = repo_first({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    with open(cwd / "launch.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for group in [proc.pid, *map(int, ranks)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait()
+    output = (cwd / "launch.log").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * GUIDE_S + 60)
+def test_the_guides_loop_runs_and_resumes_under_torchrun(ds1024: Path, tmp_path: Path) -> None:
+    """Two ranks: stopped after epoch 0, the script started again goes on from its checkpoint with epoch 1."""
+    outputs = []
+    for stop_after in (0, 1):
+        (tmp_path / "train.py").write_text(guide_script(ds1024, stop_after))
+        outputs.append(run_torchrun([*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"], tmp_path,
+                                    GUIDE_S))
+    assert re.findall(r"^epoch (\d+):", outputs[0], re.M) == ["0"]
+    assert re.findall(r"^epoch (\d+):", outputs[1], re.M) == ["1"]  # resumed at the next epoch, not epoch 0
+    persons = json.loads((ds1024 / "manifest.json").read_text())["totals"]["persons"]
+    embedded = [int(n) for n in re.findall(r"^rank \d: (\d+) persons to embed", outputs[1], re.M)]
+    assert len(embedded) == 2 and sum(embedded) == persons  # predict: everyone once
