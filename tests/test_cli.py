@@ -58,8 +58,8 @@ def test_public_names_load_on_first_use() -> None:
     assert (DatasetChanged, ShardedDataset, ShardedLoader) == (reader.DatasetChanged, reader.ShardedDataset,
                                                                 reader.ShardedLoader)
     assert LifeSeqDataModule is datamodule.LifeSeqDataModule
-    assert set(lifeseq_shards.__all__) == {"DatasetChanged", "EmbeddingWriter", "LifeSeqDataModule", "ShardedDataset",
-                                           "ShardedLoader"}
+    assert set(lifeseq_shards.__all__) == {"DatasetChanged", "DeviceMetrics", "EmbeddingWriter", "LifeSeqData",
+                                           "LifeSeqDataModule", "ShardedDataset", "ShardedLoader"}
     assert set(lifeseq_shards.__all__) <= set(dir(lifeseq_shards))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         lifeseq_shards.Nope  # noqa: B018
