@@ -54,3 +54,20 @@ def nomlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     convert_dataset([str(sample / "encoded_nomlm.h5")], out,
                     opts=ConvertOptions(progress=False, with_all=True, **SMALL_SHARDS))
     return out
+
+
+def _with_vocab(sample: Path, out: Path, shards: int) -> Path:
+    """encoded_nomlm.h5 in ``shards`` train shards, converted with --vocab: the manifest knows the vocabulary size."""
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
+                    opts=ConvertOptions(progress=False, shards=shards))
+    return out
+
+
+@pytest.fixture(scope="module")
+def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _with_vocab(sample, tmp_path_factory.mktemp("vocab"), 4)
+
+
+@pytest.fixture(scope="module")
+def vocab_ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _with_vocab(sample, tmp_path_factory.mktemp("ds8"), 8)

@@ -16,7 +16,6 @@ import pytest
 import torch
 from helpers import shardify, split_ids
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device import padded_fields
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
@@ -25,15 +24,6 @@ from lifeseq_shards.model import EncoderConfig
 README = Path(__file__).resolve().parents[1] / "README.md"
 SAMPLE_IDS = 2970  # vocab.csv of the sample: ids 0..2969
 LEN_WARNING = "Your `IterableDataset` has `__len__` defined"
-
-
-@pytest.fixture(scope="module")
-def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """encoded_nomlm.h5 converted with --vocab: the manifest knows the vocabulary size."""
-    out = tmp_path_factory.mktemp("vocab")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=4))
-    return out
 
 
 def fake_trainer(ready: int = 0, epoch: int = 0, batches: float = float("inf")) -> Any:

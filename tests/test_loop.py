@@ -19,16 +19,6 @@ from lifeseq_shards.prefetch import DevicePrefetcher
 BATCH = 64
 
 
-@pytest.fixture(scope="module")
-def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lifeseq_shards.convert import ConvertOptions, convert_dataset
-
-    out = tmp_path_factory.mktemp("vocab")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=4))
-    return out
-
-
 def data(root: Path, **kw: Any) -> LifeSeqData:
     kw = {"num_workers": 0, "masking": MaskingConfig(), "rank": 0, "world_size": 1, **kw}
     return LifeSeqData(root, BATCH, **kw)

@@ -11,18 +11,9 @@ import pytest
 import torch
 
 from lifeseq_shards import LifeSeqDataModule, ShardedDataset, ShardedLoader
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig, LifeSeqPretrainModule, pretrain_losses
-
-
-@pytest.fixture(scope="module")
-def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("vocab")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=4))
-    return out
 
 
 def _trainer() -> pl.Trainer:

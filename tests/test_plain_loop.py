@@ -20,19 +20,15 @@ import pytest
 from helpers import repo_first, shardify, wait_for
 from test_ddp import SCRIPTS, TORCHRUN, WORKERS, launch
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
-
 VAL_EVERY = 10  # mid-epoch validation + checkpoint every 10 batches (about 43 a rank and epoch here)
 PAUSE_AT = 14  # the killed run trains 4 batches past its checkpoint at step 10: the resumed run must train them again
 RUN_S = 150
 
 
 @pytest.fixture(scope="module")
-def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ds8")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=8))
-    return out
+def ds8(vocab_ds8: Path) -> Path:
+    """8 train shards converted with --vocab (dynamic masks need the vocabulary size)."""
+    return vocab_ds8
 
 
 def loop(data: Path, out: Path, *extra: str) -> list[str]:

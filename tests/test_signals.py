@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 from helpers import REPO, group_pids, repo_first, shm_files, wait_for
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
-
 SCRIPTS = REPO / "tests" / "ddp_scripts"
 ENDS_WITHIN_S = 30  # from SIGTERM to the last process gone; it takes 5-11 s on a loaded 2-core machine
 STARTED = 2 + 2 + 2 * 2  # the ranks, their forkservers and workers (and the resource trackers)
@@ -26,11 +24,9 @@ FIT = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
 
 
 @pytest.fixture(scope="module")
-def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ds8")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=8))
-    return out
+def ds8(vocab_ds8: Path) -> Path:
+    """8 train shards converted with --vocab (dynamic masks need the vocabulary size)."""
+    return vocab_ds8
 
 
 def sigterm_mid_fit(data: Path, tmp_path: Path, flavour: str, delay: float) -> tuple[float, set[int], set[Path]]:
