@@ -84,6 +84,11 @@ def main() -> None:
     else:
         model = Tiny(args.out, (int(args.save_mid_step[0]), args.save_mid_step[1]) if args.save_mid_step else None)
         trainer.fit(model, datamodule=dm, ckpt_path=args.resume)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # Lightning leaves the group up: torn down here, not by the exit (gloo's threads)
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
