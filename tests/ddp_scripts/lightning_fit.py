@@ -86,7 +86,9 @@ def main() -> None:
         trainer.fit(model, datamodule=dm, ckpt_path=args.resume)
     import torch.distributed as dist
 
-    if dist.is_initialized():  # Lightning leaves the group up: torn down here, not by the exit (gloo's threads)
+    # Lightning leaves the group up: torn down here, not by the exit (gloo's threads). Not after an interrupt
+    # (Lightning 2.2 returns from a SIGTERM'd fit): a peer may still be inside a collective, and a barrier would hang
+    if dist.is_initialized() and not trainer.interrupted:
         dist.barrier()
         dist.destroy_process_group()
 
