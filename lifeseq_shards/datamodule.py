@@ -31,12 +31,13 @@ class LifeSeqDataHooks(DataParts):
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
     its ``vocab_size`` comes from the dataset's manifest; on an offline-MLM dataset, whose sequences are stored after
-    the seed's CLS task, only with ``cls_task=False``). Validation reads the val split without shuffling but with
-    the training plan, so every rank gets the same number of batches (a val step that logs with ``sync_dist=True``
-    would otherwise hang). ``drop_last`` drops each slot's short last batch in training only: validation loses no
-    one. Predict reads every person once (train and val with their remainders, unless ``predict_split`` names
-    others), never masked and never permuted; with an :class:`~lifeseq_shards.EmbeddingWriter` among the
-    Trainer's callbacks, only the shards it has not written yet, each person with its ``shard``.
+    the seed's CLS task, only with ``cls_task=False``). Validation reads every val person once, unshuffled, in the same
+    number of batches on every rank (``mode="exact"``: a val step that logs with ``sync_dist=True`` would otherwise
+    hang), or refuses the layout saying what to change. ``drop_last`` drops each slot's short last batch in training
+    only: validation loses no one. Predict reads every person once (train and val with their remainders, unless
+    ``predict_split`` names others), never masked and never permuted; with an
+    :class:`~lifeseq_shards.EmbeddingWriter` among the Trainer's callbacks, only the shards it has not written yet,
+    each person with its ``shard``.
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
