@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gather import finish
 from torch import nn
 
 from lifeseq_shards import DeviceMetrics, LifeSeqData
@@ -172,8 +173,7 @@ def main() -> None:
         if rank == 0:
             ckptr.maybe_save(model, optimizer, scheduler, epoch, global_step, v_c, hparams, data.state_dict())
     log.close()
-    dist.barrier()  # every rank past its last collective first: torch 2.1's gloo could hang tearing down otherwise
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import argparse
 import json
 
 import torch.distributed as dist
-from gather import gather_to_json
+from gather import finish, gather_to_json
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
@@ -43,8 +43,7 @@ def main() -> None:
     ds = loader.dataset
     gather_to_json({"rank": ds.rank, "world_size": ds.world_size, "len": len(loader), "epochs": epochs,
                     "snapshot": snapshot}, args.out)
-    dist.barrier()  # every rank past its last collective first: torch 2.1's gloo could hang tearing down otherwise
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
