@@ -89,8 +89,9 @@ def main() -> None:
     # Lightning leaves the group up: torn down here, not by the exit (gloo's threads). Not after an interrupt
     # (Lightning 2.2 returns from a SIGTERM'd fit): a peer may still be inside a collective, and a barrier would hang
     if dist.is_initialized() and not trainer.interrupted:
-        dist.barrier()
-        dist.destroy_process_group()
+        from gather import finish
+
+        finish()
 
 
 if __name__ == "__main__":
