@@ -61,6 +61,15 @@ def _dtype_option(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _exit_on_problems(root: str, problems: list[str], consequence: str = "") -> None:
+    """Each problem on its own line and exit 1, the count on stderr; nothing when there are none."""
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{root}: {len(problems)} problem(s){consequence}", err=True)
+        sys.exit(1)
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Dataset directory to write.")
@@ -141,12 +150,7 @@ def verify(root: str) -> None:
     """Re-hash every shard, decode every record, check them against the manifest."""
     from .integrity import verify_dataset
 
-    problems = verify_dataset(root)
-    for p in problems:
-        click.echo(p)
-    if problems:
-        click.echo(f"{root}: {len(problems)} problem(s)", err=True)
-        sys.exit(1)
+    _exit_on_problems(root, verify_dataset(root))
     click.echo(f"{root}: OK")
 
 
@@ -158,11 +162,7 @@ def upgrade(root: str) -> None:
     from .integrity import upgrade_dataset
 
     m, problems = upgrade_dataset(root)
-    for p in problems:
-        click.echo(p)
-    if problems:
-        click.echo(f"{root}: {len(problems)} problem(s); not upgraded (convert it again)", err=True)
-        sys.exit(1)
+    _exit_on_problems(root, problems, "; not upgraded (convert it again)")
     blocks = sum(len(e.block_checksums or ()) for _, e in m.entries())
     click.echo(f"{root}: OK; format {m.format_version} with the checksums of its {blocks} blocks")
 
@@ -261,12 +261,7 @@ def embeddings_verify(out: str, data: str) -> None:
     """Exit 0 only if every person of the embedded splits appears exactly once, whole and finite."""
     from .embed_check import verify_embeddings
 
-    problems = verify_embeddings(out, data)
-    for p in problems:
-        click.echo(p)
-    if problems:
-        click.echo(f"{out}: {len(problems)} problem(s)", err=True)
-        sys.exit(1)
+    _exit_on_problems(out, verify_embeddings(out, data))
     click.echo(f"{out}: OK")
 
 
