@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from lifeseq_shards import compat
-from lifeseq_shards.deprecation import module_aliases
 from lifeseq_shards.format import RUN_LENGTH, STAMPS
 from lifeseq_shards.layout import packed_slots, padded_rows, starts
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
@@ -265,9 +264,3 @@ def host_sync_guard() -> Iterator[None]:
             stack.callback(torch.cuda.set_sync_debug_mode, previous)
         yield
 
-
-# Deprecated names: "seed" also meant the random seed, and "unpack" did not say padded.
-__getattr__ = module_aliases(__name__, {"seed_batch": "lifeseq_shards.device:model_batch",
-                                        "split_packed": "lifeseq_shards.device:packed_views",
-                                        "unpack": "lifeseq_shards.device:padded_fields",
-                                        "DevicePrefetcher": "lifeseq_shards.prefetch:DevicePrefetcher"})

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import zstandard
 
-from .deprecation import module_aliases
-
 FORMAT_VERSION = 4
 # format 1 stored the stamps once per token; format 2 had neither the blocks' schema tag nor the shards' head_checksum;
 # format 3 had no checksum of the blocks after the first (`shardify upgrade` adds them to any format)
@@ -278,14 +276,3 @@ def decompress(data: bytes) -> bytes:
 def decode_member(data: bytes, schema: Sequence[Field], tag: int | None = None) -> Block:
     return decode_block(decompress(data), schema, tag)
 
-
-# Names that moved to their own modules: still importable from here, with a deprecation warning.
-_MOVED = {
-    **dict.fromkeys(("BLOCK_SUFFIX", "ShardFile", "block_member_name", "frame_checksum", "iter_tar_members",
-                     "read_shard_blocks", "sha256_file", "tar_member", "write_shard"), "shardfile"),
-    **dict.fromkeys(("MANIFEST", "ManifestError", "dataset_url", "fingerprint", "is_local", "read_manifest",
-                     "write_manifest"), "manifest"),
-}
-
-
-__getattr__ = module_aliases(__name__, {name: f"lifeseq_shards.{module}:{name}" for name, module in _MOVED.items()})

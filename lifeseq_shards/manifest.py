@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from .deprecation import warn
 from .format import (
     CHECKSUMMED_VERSION,
     COUNT_OF,
@@ -163,22 +162,6 @@ class Manifest:
                                  "counts": list(self.length_histogram.counts)},
         }
         return out if self.params is None else {**out, "params": dict(self.params)}
-
-    def __getitem__(self, key: str) -> Any:
-        """The JSON value under ``key``: how the manifest was read when it was a dict (deprecated)."""
-        return self._as_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``dict.get`` of the JSON (deprecated, as :meth:`__getitem__`)."""
-        return self._as_dict().get(key, default)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._as_dict()
-
-    def _as_dict(self) -> dict[str, Any]:
-        warn("reading the manifest as a dict", "its attributes (manifest.splits, manifest.vocab_size, ...) or "
-             "manifest.to_json()", stacklevel=4)
-        return self.to_json()
 
     def entries(self) -> Iterator[tuple[str, ShardEntry]]:
         """(split, entry) for every shard file the manifest lists, remainders included, in manifest order."""

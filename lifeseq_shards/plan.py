@@ -35,32 +35,23 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from .deprecation import module_aliases, warn
-
 # balanced: every rank the same number of batches (training); fewer than N persons that do not divide are left
 # out, others each epoch. complete: every person exactly once (inference); ranks may yield different counts.
 # exact: every person exactly once and every rank the same number of batches (validation), or refused.
 BALANCED, COMPLETE, EXACT = "balanced", "complete", "exact"
 MODES = (BALANCED, COMPLETE, EXACT)
-_OLD_MODES = {"train": BALANCED, "inference": COMPLETE}  # deprecated names, still accepted
-# the names a checkpoint's loader layout records: states saved before the rename keep resuming
-STORED_MODE = {**{mode: old for old, mode in _OLD_MODES.items()}, EXACT: EXACT}
+_RENAMED = {"train": BALANCED, "inference": COMPLETE}  # old names: refused, naming the new one
+# the names a checkpoint's loader layout records: the old ones, so that states saved before the rename resume
+STORED_MODE = {**{mode: old for old, mode in _RENAMED.items()}, EXACT: EXACT}
 # Constant tags mixed into the RNG seeds so the shard order and the window shuffles never share a stream.
 _ORDER_TAG = 0x4F524452  # "ORDR"
 _WINDOW_TAG = 0x57494E44  # "WIND"
 
 
-__getattr__ = module_aliases(__name__, {"TRAIN": "lifeseq_shards.plan:BALANCED",
-                                        "INFERENCE": "lifeseq_shards.plan:COMPLETE",
-                                        "describe": "lifeseq_shards.plan_report:describe",
-                                        "PlanReport": "lifeseq_shards.plan_report:PlanReport"})
-
-
 def mode_name(mode: str) -> str:
-    """``mode`` by its current name; the old names still work, with a DeprecationWarning."""
-    if mode in _OLD_MODES:
-        warn(f"mode={mode!r}", f"mode={_OLD_MODES[mode]!r}", stacklevel=4)
-        return _OLD_MODES[mode]
+    """``mode``, checked: ValueError for anything but the three modes, naming the new name of a renamed one."""
+    if mode in _RENAMED:
+        raise ValueError(f"mode={mode!r} is renamed: use mode={_RENAMED[mode]!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be {BALANCED!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
     return mode

@@ -13,8 +13,6 @@ from typing import Any
 
 import torch
 
-from .deprecation import warn
-
 
 class _LoaderAttribute:
     """A DataLoader attribute that Lightning reads, or resets at the end of a fit (``_iterator``, to shut the workers
@@ -90,15 +88,6 @@ class DevicePrefetcher:
     batch_sampler = _LoaderAttribute()
     worker_init_fn = _LoaderAttribute()
     _iterator = _LoaderAttribute()
-
-    def __getattr__(self, name: str) -> Any:
-        # "loader" is not set yet when unpickling: no recursion through __getattr__; a _LoaderAttribute the loader
-        # lacks is absent, not deprecated
-        if name == "loader" or isinstance(type(self).__dict__.get(name), _LoaderAttribute):
-            raise AttributeError(name)
-        warn(f"DevicePrefetcher.{name} (the wrapped loader's attribute, reached implicitly)",
-             f"DevicePrefetcher.loader.{name}")
-        return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.ahead else None

@@ -51,30 +51,16 @@ def test_to_device_keeps_the_narrow_dtypes() -> None:
     assert all(torch.equal(again[k], moved[k]) for k in moved)
 
 
-@pytest.mark.parametrize(("old", "new"), [("seed_batch", model_batch), ("split_packed", packed_views),
-                                          ("unpack", padded_fields)])
-def test_old_names_warn_and_work(old: str, new: object) -> None:
-    """The names before issue 14 are the renamed functions, reached with a DeprecationWarning."""
+@pytest.mark.parametrize("old", ["seed_batch", "split_packed", "unpack", "DevicePrefetcher"])
+def test_old_names_are_gone(old: str) -> None:
+    """The names before issue 14 (now model_batch, packed_views, padded_fields, prefetch.DevicePrefetcher) fail
+    as any missing name does, in both import forms."""
     from lifeseq_shards import device
 
-    with pytest.warns(DeprecationWarning, match=f"device.{old} is deprecated"):
-        alias = getattr(device, old)
-    assert alias is new
-    host = to_device(_tiny_batch(), "cpu")
-    if old == "seed_batch":
-        with pytest.warns(DeprecationWarning):
-            from lifeseq_shards.device import seed_batch  # the import form old code uses
-        old_batch, new_batch = seed_batch(host), model_batch(host)
-        assert old_batch.keys() == new_batch.keys() and all(torch.equal(old_batch[k], new_batch[k]) for k in new_batch)
-    with pytest.raises(AttributeError):
-        device.no_such_name  # noqa: B018
-
-
-def test_prefetcher_at_its_old_place_warns_and_works() -> None:
-    from lifeseq_shards import device
-
-    with pytest.warns(DeprecationWarning, match="use lifeseq_shards.prefetch.DevicePrefetcher"):
-        assert device.DevicePrefetcher is DevicePrefetcher
+    with pytest.raises(AttributeError, match=f"has no attribute '{old}'"):
+        getattr(device, old)
+    with pytest.raises(ImportError, match=f"cannot import name '{old}'"):
+        exec(f"from lifeseq_shards.device import {old}")
 
 
 def test_seed_batch_widens_without_losing_values() -> None:
@@ -332,8 +318,8 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
 
 def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset: Path) -> None:
     """What Lightning reads and resets on a train loader is the wrapped loader's, writes included (its shutdown of
-    the workers drops the loader's iterator, as for a bare loader); any other attribute is the prefetcher's own, and
-    the implicit forwarding of the past still works with a DeprecationWarning."""
+    the workers drops the loader's iterator, as for a bare loader); any other attribute is the prefetcher's own: the
+    loader's others are not forwarded (AttributeError)."""
     from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
     loader = ShardedLoader(ShardedDataset(nomlm_dataset, "train", batch_size=40, seed=4, packed=True))
@@ -345,8 +331,9 @@ def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset:
     prefetcher.worker_init_fn = print  # what lightning does under PL_SEED_WORKERS
     assert loader._iterator is None and loader.worker_init_fn is print
     assert not {"_iterator", "worker_init_fn"} & set(vars(prefetcher))
-    with pytest.warns(DeprecationWarning, match="DevicePrefetcher.pin_memory .* deprecated"):
-        assert prefetcher.pin_memory is loader.pin_memory
+    assert hasattr(loader, "pin_memory")
+    with pytest.raises(AttributeError, match="'DevicePrefetcher' object has no attribute 'pin_memory'"):
+        prefetcher.pin_memory  # noqa: B018
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not hasattr(DevicePrefetcher([], lambda h: h, "cpu"), "dataset")  # a plain iterable has none

@@ -61,28 +61,23 @@ def test_parsing_is_pure_and_names_the_source(mlm_dataset: Path) -> None:
         json.dumps(raw)).to_json()
 
 
-def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
-    ds = ShardedDataset(mlm_dataset, "train", batch_size=8, rank=0, world_size=1)
-    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
-        splits = ds.manifest["splits"]
-    assert splits["train"]["persons"] == ds.manifest.splits["train"].persons
-    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
-        params = ds.manifest.get("params", {})
-    assert params["vocab_size"] == ds.manifest.vocab_size
-    with pytest.warns(DeprecationWarning, match="reading the manifest as a dict is deprecated"):
-        assert "splits" in ds.manifest and "no such key" not in ds.manifest
+def test_the_manifest_is_no_dict(mlm_dataset: Path) -> None:
+    """Its attributes, or to_json() for the JSON: the dict-style reads fail as on any object without them."""
+    m = ShardedDataset(mlm_dataset, "train", batch_size=8, rank=0, world_size=1).manifest
+    assert m.to_json()["splits"]["train"]["persons"] == m.splits["train"].persons
+    with pytest.raises(TypeError, match="'Manifest' object is not subscriptable"):
+        m["splits"]  # noqa: B018
+    with pytest.raises(AttributeError, match="'Manifest' object has no attribute 'get'"):
+        m.get("params", {})
+    with pytest.raises(TypeError, match="argument of type 'Manifest' is not iterable"):
+        "splits" in m  # noqa: B015
 
 
-def test_moved_names_import_from_format_with_a_warning() -> None:
-    from lifeseq_shards import manifest, shardfile
-    from lifeseq_shards.deprecation import LifeSeqDeprecationWarning
+@pytest.mark.parametrize(("name", "home"), [("read_manifest", "manifest"), ("ShardFile", "shardfile"),
+                                            ("write_shard", "shardfile"), ("MANIFEST", "manifest")])
+def test_moved_names_import_only_from_their_modules(name: str, home: str) -> None:
+    import importlib
 
-    with pytest.warns(LifeSeqDeprecationWarning,
-                      match="format.read_manifest is deprecated: use lifeseq_shards.manifest.read_manifest"):
-        from lifeseq_shards.format import read_manifest as old
-    assert old is manifest.read_manifest
-    with pytest.warns(DeprecationWarning, match="use lifeseq_shards.shardfile.ShardFile"):
-        from lifeseq_shards.format import ShardFile
-    assert ShardFile is shardfile.ShardFile
-    with pytest.raises(ImportError):
-        from lifeseq_shards.format import no_such_name  # noqa: F401
+    assert hasattr(importlib.import_module(f"lifeseq_shards.{home}"), name)
+    with pytest.raises(ImportError, match=f"cannot import name '{name}' from 'lifeseq_shards.format'"):
+        exec(f"from lifeseq_shards.format import {name}")

@@ -463,17 +463,14 @@ def test_pass_roles_without_workers_and_pass_starts():
     assert resume_point(4, 9, 10) == (4, 9) and resume_point(4, 10, 10) == (5, 0) and resume_point(4, 0, 0) == (5, 0)
 
 
-def test_old_mode_names_still_work_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="use mode='balanced'"):
-        old = assign([10] * 5, 2, 1, mode="train", seed=3, epoch=2)
-    assert old == assign([10] * 5, 2, 1, mode=BALANCED, seed=3, epoch=2)
-    with pytest.warns(DeprecationWarning, match="use mode='complete'"):
-        assert left_out([5, 5, 2], 2, 0, "inference") == 0
-    for old_name, new in (("TRAIN", BALANCED), ("INFERENCE", COMPLETE)):
-        with pytest.warns(DeprecationWarning, match=f"plan.{old_name} is deprecated"):
-            assert getattr(plan_module, old_name) == new
-    with pytest.warns(DeprecationWarning, match="plan_report.describe"):
-        assert plan_module.describe is describe
+def test_old_mode_names_are_refused_naming_the_new_ones():
+    with pytest.raises(ValueError, match=r"^mode='train' is renamed: use mode='balanced'$"):
+        assign([10] * 5, 2, 1, mode="train", seed=3, epoch=2)
+    with pytest.raises(ValueError, match=r"^mode='inference' is renamed: use mode='complete'$"):
+        left_out([5, 5, 2], 2, 0, "inference")
+    for old_name in ("TRAIN", "INFERENCE", "describe", "PlanReport"):
+        with pytest.raises(AttributeError, match=f"has no attribute '{old_name}'"):
+            getattr(plan_module, old_name)
     with pytest.raises(ValueError, match="mode must be 'balanced', 'complete' or 'exact'"):
         mode_name("eval")
 

@@ -707,26 +707,18 @@ def test_a_damaged_shard_is_named(nomlm_dataset: Path, tmp_path: Path) -> None:
 
 
 # -- 9. names before issue 14 -------------------------------------------------------------------------------------
-def test_old_mode_names_and_reader_names_still_work_with_a_warning(nomlm_dataset: Path) -> None:
-    """mode="train" / "inference", reader.TRAIN / INFERENCE / Piece and read_piece: same batches, same saved
-    state (the layout stores the old mode names, so checkpoints of either side resume)."""
+def test_old_mode_names_and_reader_names_fail_plainly(nomlm_dataset: Path) -> None:
+    """mode="train" / "inference" are refused in one line naming the new mode; reader.TRAIN / INFERENCE / Piece and
+    read_piece are gone (AttributeError). The saved layout still records the old mode names, so checkpoints saved
+    before the rename resume."""
     for old, new in (("train", "balanced"), ("inference", "complete")):
-        with pytest.warns(DeprecationWarning, match=f"use mode='{new}'"):
-            was = loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=old)
+        with pytest.raises(ValueError, match=rf"^mode='{old}' is renamed: use mode='{new}'$"):
+            loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=old)
         now = loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=new)
-        assert_same_batches(list(was), list(now))
-        assert was.state_dict() == now.state_dict() and now.state_dict()["layout"]["mode"] == old
-    for name, value in (("TRAIN", "balanced"), ("INFERENCE", "complete"), ("Piece", Segment)):
-        with pytest.warns(DeprecationWarning, match=f"reader.{name} is deprecated"):
-            assert getattr(reader, name) == value
-    m = read_manifest(nomlm_dataset)
-    schema = m.schema
-    entry = m.splits["train"].shards[0]
-    shard = m.shard_file(entry, str(nomlm_dataset / entry.file))
-    with pytest.warns(DeprecationWarning, match="read_piece is deprecated: use lifeseq_shards.reader.read_segment"):
-        blocks = reader.read_piece(Segment(shard, 3, 9), schema)
-    assert [b.columns["person_id"].tolist() for b in blocks] == [
-        b.columns["person_id"].tolist() for b in read_segment(Segment(shard, 3, 9), schema)]
+        assert now.state_dict()["layout"]["mode"] == old
+    for name in ("TRAIN", "INFERENCE", "Piece", "read_piece"):
+        with pytest.raises(AttributeError, match=f"has no attribute '{name}'"):
+            getattr(reader, name)
 
 
 @pytest.mark.timeout(120)

@@ -9,7 +9,6 @@ docs/architecture.md shows how the data flows between them.
 
 from __future__ import annotations
 
-from ..deprecation import module_aliases
 from ..plan import BALANCED, COMPLETE, EXACT, Segment
 from .collate import BatchSpec, collate, collate_packed, collate_padded
 from .dataset import MAX_WORKERS, EpochControl, ShardedDataset
@@ -23,7 +22,7 @@ from .loader import (
     DatasetChanged,
     ShardedLoader,
 )
-from .stages import batches, load_windows, messages, read_piece, read_segment, slot_windows
+from .stages import batches, load_windows, messages, read_segment, slot_windows
 from .transport import PIPE_BYTES, RingSlot, RingViews, RingWriter, WorkerLink
 
 __all__ = [
@@ -32,9 +31,5 @@ __all__ = [
     "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
     "LaunchError", "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink",
     "batches", "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages",
-    "read_piece", "read_segment", "slot_windows",
+    "read_segment", "slot_windows",
 ]
-
-__getattr__ = module_aliases(__name__, {"TRAIN": "lifeseq_shards.plan:BALANCED",
-                                        "INFERENCE": "lifeseq_shards.plan:COMPLETE",
-                                        "Piece": "lifeseq_shards.plan:Segment"})

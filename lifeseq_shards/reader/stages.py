@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from ..deprecation import warn
 from ..format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..manifest import is_local
 from ..plan import Partition, Segment, Window
@@ -93,12 +92,6 @@ def _close(stream: Any) -> str:
     block read is checked, and a read that lacks one fails, naming the shard."""
     stream.close()
     return stream.failure() if hasattr(stream, "failure") else ""
-
-
-def read_piece(piece: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
-    """Deprecated name of :func:`read_segment`."""
-    warn("lifeseq_shards.reader.read_piece", "lifeseq_shards.reader.read_segment")
-    return read_segment(piece, schema)
 
 
 def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[dict[str, Any]]:
