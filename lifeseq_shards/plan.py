@@ -17,13 +17,13 @@ the same person and every person is read in one of any two consecutive epochs (`
 
 In exact mode (validation) every person of the split, remainder included, is read once, and every rank yields the
 same number of batches: the shards are read as one stream cut into per-slot runs whose batch counts add up to the
-same number on every rank (``exact_slot_persons``); a layout where that cannot be had is refused, saying what to
-change.
+same number on every rank (:mod:`lifeseq_shards.plan_exact`); a layout where that cannot be had is refused, saying
+what to change.
 
-Where a resumed pass starts is computed here too: which stream each DataLoader worker plays (``pass_roles``), which
-windows of it are loaded (``windows``), the epoch of each pass (``pass_start``) and a saved position
-(``resume_point``). Everything here is a pure function of its arguments (no I/O, no global RNG), so all slots compute
-the same plan independently and a resumed run recomputes it exactly.
+The units (``Segment``, slots, batch counts) are :mod:`lifeseq_shards.plan_slots`'; the order within a slot's stream,
+its windows and where a resumed pass starts, :mod:`lifeseq_shards.plan_order`'s. Everything in these modules is a pure
+function of its arguments (no I/O, no global RNG), so all slots compute the same plan independently and a resumed run
+recomputes it exactly.
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import numpy as np
+
+from .plan_exact import exact_slot_persons
+from .plan_order import Window, _shuffled, windows
+from .plan_slots import Segment, _cut, num_batches, num_slots, slot_index, slot_persons
 
 # balanced: every rank the same number of batches (training); fewer than N persons that do not divide are left
 # out, others each epoch. complete: every person exactly once (inference); ranks may yield different counts.
@@ -43,9 +46,9 @@ MODES = (BALANCED, COMPLETE, EXACT)
 _RENAMED = {"train": BALANCED, "inference": COMPLETE}  # old names: refused, naming the new one
 # the names a checkpoint's loader layout records: the old ones, so that states saved before the rename resume
 STORED_MODE = {**{mode: old for old, mode in _RENAMED.items()}, EXACT: EXACT}
-# Constant tags mixed into the RNG seeds so the shard order and the window shuffles never share a stream.
+# Mixed into the shard order's RNG seeds, unlike plan_order's _WINDOW_TAG, so the shard order and the window
+# shuffles never share a stream.
 _ORDER_TAG = 0x4F524452  # "ORDR"
-_WINDOW_TAG = 0x57494E44  # "WIND"
 
 
 def mode_name(mode: str) -> str:
@@ -55,44 +58,6 @@ def mode_name(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be {BALANCED!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
     return mode
-
-
-ShardT = TypeVar("ShardT")
-
-
-@dataclass(frozen=True)
-class Segment(Generic[ShardT]):
-    """Persons [start, stop) of one shard: here its number (an index into the shard_sizes list the plan was made
-    from); the reader swaps in the shard's file."""
-
-    shard: ShardT
-    start: int
-    stop: int
-
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
-
-
-def _check_topology(world_size: int, num_workers: int) -> None:
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-
-
-def num_slots(world_size: int, num_workers: int) -> int:
-    """Independent readers: K=0 means the rank's main process reads, which still counts as one slot."""
-    _check_topology(world_size, num_workers)
-    return world_size * max(num_workers, 1)
-
-
-def slot_index(rank: int, worker: int, num_workers: int) -> int:
-    """Rank-major numbering, so a rank's slots are contiguous: slots [rank*K, (rank+1)*K)."""
-    k = max(num_workers, 1)
-    if rank < 0 or not 0 <= worker < k:
-        raise ValueError(f"rank {rank} / worker {worker} out of range for num_workers={num_workers}")
-    return rank * k + worker
 
 
 def epoch_shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -250,68 +215,6 @@ def _without(segments: Sequence[Segment[int]], holes: Sequence[Segment[int]]) ->
     return out
 
 
-def _cut(segments: Sequence[Segment[int]], lo: int, hi: int) -> list[Segment[int]]:
-    """Stream positions [lo, hi) of ``segments`` (in reading order) as segments."""
-    out, pos = [], 0
-    for seg in segments:
-        a, b = max(lo, pos), min(hi, pos + seg.size)
-        if a < b:
-            out.append(Segment(seg.shard, seg.start + a - pos, seg.start + b - pos))
-        pos += seg.size
-        if pos >= hi:
-            break
-    return out
-
-
-def exact_slot_persons(total: int, world_size: int, num_workers: int, batch_size: int) -> list[int]:
-    """Persons of each slot in exact mode: all ``total`` persons, each rank ``b`` batches, where b is the fewest
-    that hold a rank's share. A rank takes total // R or one more persons; its K slots take b // K or one more
-    batches each, every batch full but each slot's last. ValueError, saying what to change, when no cut does it
-    (fewer persons than ranks, or a last round too short to give every rank its last batch)."""
-    slots = num_slots(world_size, num_workers)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if total < 0:
-        raise ValueError(f"total must be >= 0, got {total}")
-    k = slots // world_size
-    b, need = _exact_need(total, world_size, k, batch_size)
-    if world_size * need > total:
-        raise ValueError(_exact_refusal(total, world_size, k, batch_size, b, need))
-    out = []
-    for rank in range(world_size):
-        persons = total // world_size + (rank < total % world_size)
-        batches = [b // k + (w < b % k) for w in range(k)]
-        busy = sum(c > 0 for c in batches)
-        extra = persons - need  # beyond the least the rank's batches hold, at most B - 1 more per busy slot
-        spread = iter(range(busy))
-        for c in batches:
-            i = next(spread) if c else 0
-            out.append((c - 1) * batch_size + 1 + extra // busy + (i < extra % busy) if c else 0)
-    return out
-
-
-def _exact_need(total: int, world_size: int, k: int, batch_size: int) -> tuple[int, int]:
-    """(b, the fewest persons b batches on K slots can hold: each slot's batches full but its last, of one)."""
-    b = -(-total // (world_size * batch_size))
-    busy = min(k, b)
-    return b, (b - busy) * batch_size + busy
-
-
-def _exact_refusal(total: int, world_size: int, k: int, batch_size: int, b: int, need: int) -> str:
-    said = (f"{total} persons cannot each be read once with the same number of batches on every one of "
-            f"{world_size} ranks ({k} reader(s) a rank) at batch size {batch_size}: a rank's {b} batches hold at "
-            f"least {need} persons, {world_size * need} in all")
-    if total < world_size:
-        return f"{said}; use at most {total} ranks, or a split of at least {world_size} persons"
-    fits = [bs for bs in range(1, -(-total // world_size) + 1)
-            if world_size * _exact_need(total, world_size, k, bs)[1] <= total]
-    below = [bs for bs in fits if bs < batch_size]
-    above = [bs for bs in fits if bs > batch_size]
-    near = " or ".join(str(bs) for bs in (below[-1:] + above[:1]))
-    workers = ", or more workers per rank" if b > k else ""  # a worker more lets a rank's last batch be short
-    return f"{said}; use batch size {near}{workers}"
-
-
 def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str, remainder: int = 0) -> int:
     """Persons no slot reads this epoch: (S * n + remainder) % N when balanced (always < N), 0 otherwise."""
     slots = num_slots(world_size, num_workers)
@@ -319,17 +222,6 @@ def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode
         return 0
     n = _train_size(shard_sizes)
     return (len(shard_sizes) * n + remainder) % slots
-
-
-def slot_persons(segments: Sequence[Segment[ShardT]]) -> int:
-    return sum(seg.size for seg in segments)
-
-
-def num_batches(persons: int, batch_size: int, drop_last: bool = False) -> int:
-    """Batches one slot yields: a slot batches only its own persons, so a short tail batch is per slot."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return persons // batch_size if drop_last else -(-persons // batch_size)
 
 
 def slot_batches(shard_sizes: Sequence[int], world_size: int, num_workers: int, batch_size: int, *, mode: str,
@@ -353,145 +245,6 @@ def sum_per_rank(per_slot: list[int], num_workers: int) -> list[int]:
     """Sum per-slot values over each rank's contiguous block of slots."""
     k = max(num_workers, 1)
     return [sum(per_slot[start : start + k]) for start in range(0, len(per_slot), k)]
-
-
-def window_order(total: int, window: int, seed: int, epoch: int, slot: int, window_index: int) -> np.ndarray:
-    """Stream positions of window `window_index`, shuffled; needs nothing from other windows, so resuming is cheap."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    start = window_index * window
-    if not 0 <= start < total:
-        raise ValueError(f"window {window_index} is outside a stream of {total} positions (window {window})")
-    return start + _shuffled(min(window, total - start), seed, epoch, slot, window_index)
-
-
-def _shuffled(size: int, seed: int, epoch: int, slot: int, window_index: int) -> np.ndarray:
-    """The order window ``window_index`` of a slot's stream yields its ``size`` persons in (indices into it)."""
-    return np.random.default_rng([seed, epoch, slot, window_index, _WINDOW_TAG]).permutation(size)
-
-
-def window_permutation(total: int, window: int, seed: int, epoch: int, slot: int) -> np.ndarray:
-    """The order in which a slot yields its `total` persons: each window of stream positions shuffled on its own."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    parts = [window_order(total, window, seed, epoch, slot, w) for w in range(-(-total // window))]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def batch_positions(b: int, batch_size: int, total: int) -> range:
-    """Indices into the (window-permuted) stream that make batch b."""
-    if batch_size < 1 or b < 0:
-        raise ValueError(f"need batch_size >= 1 and b >= 0, got batch_size={batch_size}, b={b}")
-    return range(min(b * batch_size, total), min((b + 1) * batch_size, total))
-
-
-def worker_batches_consumed(n: int, num_workers: int, per_worker: list[int], per_message: int = 1) -> list[int]:
-    """How many of each worker's batches are among the first n a DataLoader returned (for exact resume).
-
-    A DataLoader (in_order=True, the default) over an IterableDataset returns worker 0's first message, worker 1's
-    first, ..., skipping exhausted workers; a message holds ``per_message`` of the worker's batches (its last one
-    fewer). After t full rounds worker k has given min(c_k, t * per_message); the n - sum of those leftover batches
-    go, in worker order and a message at a time, to the workers that still had more; the last message may be cut.
-    """
-    if num_workers == 0:
-        return [n]
-    if len(per_worker) != num_workers:
-        raise ValueError(f"per_worker has {len(per_worker)} entries for {num_workers} workers")
-    if not 0 <= n <= sum(per_worker):
-        raise ValueError(f"{n} batches consumed, but the workers only produce {sum(per_worker)}")
-    if per_message < 1:
-        raise ValueError(f"per_message must be >= 1, not {per_message}")
-    counts = np.asarray(per_worker, dtype=np.int64)
-    lo, hi = 0, -(-int(counts.max(initial=0)) // per_message)  # largest t with sum(min(c, t * m)) <= n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if np.minimum(counts, mid * per_message).sum() <= n:
-            lo = mid
-        else:
-            hi = mid - 1
-    taken = np.minimum(counts, lo * per_message)
-    extra = n - int(taken.sum())
-    for k in np.flatnonzero(counts > taken):
-        step = min(per_message, int(counts[k] - taken[k]), extra)
-        taken[k] += step
-        extra -= step
-    return [int(x) for x in taken]
-
-
-def first_due(consumed: Sequence[int], per_worker: Sequence[int], per_message: int) -> int:
-    """The worker whose message an in-order DataLoader returns after ``consumed`` batches: the unfinished one with
-    the fewest whole messages returned, the lowest id among equals (round-robin that skips exhausted workers)."""
-    due = [(c // per_message, k) for k, (c, total) in enumerate(zip(consumed, per_worker, strict=True)) if c < total]
-    return min(due)[1] if due else 0
-
-
-def pass_roles(skip_total: int, num_workers: int, per_worker: list[int],
-               per_message: int = 1) -> list[tuple[int, int]]:
-    """(role, batches to skip) of each worker of a pass that resumes after ``skip_total`` batches: worker k reads
-    the stream of worker role_k from its batch ``skip`` on. A fresh DataLoader asks worker 0 first, but the batch
-    due next may be another worker's, so the roles rotate: the worker asked first plays the one whose batch is due."""
-    consumed = worker_batches_consumed(skip_total, num_workers, per_worker, per_message)
-    shift = first_due(consumed, per_worker, per_message)
-    roles = [(k + shift) % len(per_worker) for k in range(len(per_worker))]
-    return [(role, consumed[role]) for role in roles]
-
-
-def pass_start(epoch: int, resume_skip: int, passes: int) -> tuple[int, int]:
-    """(epoch, batches to skip) of a worker's pass after ``passes`` passes since the epoch was set to ``epoch``
-    (resuming ``resume_skip`` batches into it): only the first pass resumes; each later one is a whole next epoch."""
-    return epoch + passes, resume_skip if passes == 0 else 0
-
-
-def resume_point(epoch: int, consumed: int, epoch_batches: int) -> tuple[int, int]:
-    """(epoch, batches to skip) where the pass after ``consumed`` batches of ``epoch`` resumes: the next epoch's
-    start once the epoch's ``epoch_batches`` are all taken."""
-    return (epoch + 1, 0) if consumed >= epoch_batches else (epoch, consumed)
-
-
-@dataclass(frozen=True)
-class Window:
-    """Window ``index`` of a slot's stream: positions [start, stop), loaded and shuffled together, held by
-    ``segments`` in stream order."""
-
-    index: int
-    start: int
-    stop: int
-    segments: tuple[Segment[int], ...]
-
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
-
-
-def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop_last: bool,
-            skip: int = 0, cut: int | None = None) -> Iterator[Window]:
-    """The windows of a slot's stream (``segments`` in reading order) that hold its batches from batch ``skip`` on;
-    a resumed pass starts inside the first one, and one with no batch left loads none. Windows of ``window``
-    persons from position 0; with ``cut``, a window ends there and the next ones count from it."""
-    total = slot_persons(segments)
-    first = min(skip * batch_size, total)
-    last = min(num_batches(total, batch_size, drop_last) * batch_size, total)
-    if first >= last:  # no batch left (resumed at the end, or drop_last leaves none): nothing to load
-        return
-    for index, lo, hi in window_bounds(total, window, total if cut is None else cut):
-        if lo >= last:
-            break
-        if hi > first:
-            yield Window(index, lo, hi, tuple(_cut(segments, lo, hi)))
-
-
-def window_bounds(total: int, window: int, cut: int) -> Iterator[tuple[int, int, int]]:
-    """(index, start, stop) of each window of a stream of ``total`` positions: ``window`` at a time up to ``cut``,
-    then again from ``cut`` on."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if not 0 <= cut <= total:
-        raise ValueError(f"cut {cut} outside a stream of {total} positions")
-    index = 0
-    for lo, hi in ((0, cut), (cut, total)):
-        for start in range(lo, hi, window):
-            yield index, start, min(start + window, hi)
-            index += 1
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .plan import (
-    BALANCED,
-    EXACT,
-    Segment,
-    assign,
-    coverage,
-    left_out,
-    left_out_segments,
-    num_batches,
-    num_slots,
-    slot_batches,
-    slot_persons,
-    sum_per_rank,
-)
+from .plan import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
 from .plan_resume import Layout, RestPlan, Stage
+from .plan_slots import Segment, num_batches, num_slots, slot_persons
 
 _MAX_SLOT_LINES = 16
 _MAX_SEGMENTS_SHOWN = 6

@@ -3,7 +3,7 @@
 A checkpoint records where the epoch stands as ``(epoch, batches)`` plus the layout that read it (ranks, workers,
 batch size, window, batches per message): every rank had taken the same number of batches, so the layout and that
 count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` positions of its
-window-permuted stream, ``c`` from :func:`plan.worker_batches_consumed`). Those are never stored, only derived.
+window-permuted stream, ``c`` from :func:`plan_order.worker_batches_consumed`). Those are never stored, only derived.
 
 Resumed in another layout, the persons not yet trained form the *rest stream*: each old slot's unconsumed positions,
 old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import BALANCED, Partition, Window, num_batches, num_slots, slot_index, slot_persons, worker_batches_consumed
+from .plan import BALANCED, Partition
+from .plan_order import Window, worker_batches_consumed
+from .plan_slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")

@@ -216,7 +216,7 @@ def test_a_block_without_its_checksum_is_refused(copy: Path) -> None:
 def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp_path: Path) -> None:
     """tools/bench_checks: its variants check every block, format 3's checks and none (a block swapped inside a
     shard fails the first only), and a run writes a row per dataset and variant."""
-    from lifeseq_shards.plan import Segment
+    from lifeseq_shards.plan_slots import Segment
     from lifeseq_shards.reader import read_segment
     from tools import bench_checks
 

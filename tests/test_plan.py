@@ -18,31 +18,29 @@ from lifeseq_shards.plan import (
     COMPLETE,
     EXACT,
     Partition,
-    Segment,
     assign,
-    batch_positions,
     coverage,
     epoch_shard_order,
-    exact_slot_persons,
-    first_due,
     left_out,
     left_out_segments,
     mode_name,
-    num_batches,
-    num_slots,
+    rank_batches,
+    sum_per_rank,
+)
+from lifeseq_shards.plan_exact import exact_slot_persons
+from lifeseq_shards.plan_order import (
+    batch_positions,
+    first_due,
     pass_roles,
     pass_start,
-    rank_batches,
     resume_point,
-    slot_index,
-    slot_persons,
-    sum_per_rank,
     window_order,
     window_permutation,
     windows,
     worker_batches_consumed,
 )
 from lifeseq_shards.plan_report import describe
+from lifeseq_shards.plan_slots import Segment, num_batches, num_slots, slot_index, slot_persons
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
 worlds = st.integers(1, 8)

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan import BALANCED, COMPLETE, Partition, Segment, assign, num_batches, worker_batches_consumed
+from lifeseq_shards.plan import BALANCED, COMPLETE, Partition, assign
+from lifeseq_shards.plan_order import worker_batches_consumed
 from lifeseq_shards.plan_resume import Layout, RestPlan, Stage
+from lifeseq_shards.plan_slots import Segment, num_batches
 
 Person = tuple[int, int]  # (shard, index in it)
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from lifeseq_shards import ShardedDataset
 from lifeseq_shards.device import packed_views
-from lifeseq_shards.plan import Segment
+from lifeseq_shards.plan_slots import Segment
 from lifeseq_shards.reader import read_segment
 from lifeseq_shards.shardfile import ShardFile, iter_tar_members
 from tools.tables import write_csv

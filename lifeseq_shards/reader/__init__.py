@@ -9,7 +9,8 @@ docs/architecture.md shows how the data flows between them.
 
 from __future__ import annotations
 
-from ..plan import BALANCED, COMPLETE, EXACT, Segment
+from ..plan import BALANCED, COMPLETE, EXACT
+from ..plan_slots import Segment
 from .collate import BatchSpec, collate, collate_packed, collate_padded
 from .dataset import MAX_WORKERS, EpochControl, ShardedDataset
 from .launch import LAUNCHER_VARS, LaunchError, default_rank_world

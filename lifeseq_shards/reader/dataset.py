@@ -16,7 +16,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .. import plan
+from .. import plan, plan_order, plan_slots
 from ..integrity import require_block_checks
 from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
 from ..plan import BALANCED, COMPLETE
@@ -34,7 +34,7 @@ class EpochControl:
     """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
     epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
     (:mod:`lifeseq_shards.plan_resume`; none for an ordinary epoch), and the passes each worker started since then
-    (a worker's n-th pass is epoch + n; :func:`plan.pass_start`)."""
+    (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
 
     _EPOCH, _SKIP, _STAGES, _HISTORY = 0, 1, 2, 3
     _STAGE_INTS = len(LAYOUT_KEYS) + 1  # the layout, then the batches taken in it
@@ -57,7 +57,7 @@ class EpochControl:
     def peek(self, worker: int = 0) -> tuple[int, int]:
         """(epoch, batches to skip) of ``worker``'s next pass."""
         t = self._t
-        return plan.pass_start(int(t[self._EPOCH]), int(t[self._SKIP]), int(t[self._PASSES + worker]))
+        return plan_order.pass_start(int(t[self._EPOCH]), int(t[self._SKIP]), int(t[self._PASSES + worker]))
 
     def history(self, worker: int = 0) -> tuple[Stage, ...]:
         """The stages that read the start of ``worker``'s next pass in other layouts (only a resumed pass has any)."""
@@ -188,7 +188,7 @@ class ShardedDataset(IterableDataset):
     def _warn_static_balance(self, remainder: int) -> None:
         if self.mode != BALANCED or not self.sizes:
             return
-        slots = plan.num_slots(self.world_size, self.num_workers)
+        slots = plan_slots.num_slots(self.world_size, self.num_workers)
         lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode, remainder)
         if len(self.sizes) % slots:
             lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
@@ -284,8 +284,8 @@ class ShardedDataset(IterableDataset):
             per_worker, skip_total = rest.worker_batches, skip_total - rest.base
         else:
             per_worker = self.per_worker_batches()
-        role, skip = plan.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
-        slot = plan.slot_index(self.rank, role, self.num_workers)
+        role, skip = plan_order.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
+        slot = plan_slots.slot_index(self.rank, role, self.num_workers)
         source = ((lambda: rest.ordered_pieces(slot, skip)) if history
                   else (lambda: slot_windows(self.partition, slot, epoch, skip)))
         stages = [

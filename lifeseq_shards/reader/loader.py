@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .. import plan
+from .. import plan, plan_order
 from ..plan_resume import LAYOUT_KEYS, Layout, Stage
 from .dataset import ShardedDataset
 from .transport import RingSlot, RingViews, WorkerLink, make_rings, worker_context
@@ -211,7 +211,7 @@ class ShardedLoader(DataLoader):
         layout): the layouts that read its start, with the batches taken in each."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         at, consumed = self.position if position is None else position
-        epoch, batches = plan.resume_point(at, consumed, len(ds) if epoch_batches is None else epoch_batches)
+        epoch, batches = plan_order.resume_point(at, consumed, len(ds) if epoch_batches is None else epoch_batches)
         state = {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
                  "layout": self._layout()}
         if self._history and epoch == at == self._epoch:  # an ordinary epoch's state stays as it always was

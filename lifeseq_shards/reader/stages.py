@@ -18,7 +18,9 @@ import zstandard
 
 from ..format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..manifest import is_local
-from ..plan import Partition, Segment, Window
+from ..plan import Partition
+from ..plan_order import Window
+from ..plan_slots import Segment
 from ..remote import open_remote
 from ..shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
