@@ -182,5 +182,5 @@ class LifeSeqDataHooks(DataParts):
 
 
 class LifeSeqDataModule(LifeSeqDataHooks, L.LightningDataModule):
-    """:class:`LifeSeqDataHooks` for a ``lightning`` Trainer (``lifeseq_shards.pl`` has the ``pytorch_lightning``
-    one)."""
+    """A dataset's train / val / predict batches for a ``lightning`` Trainer, resumable mid-epoch
+    (:class:`LifeSeqDataHooks` documents its arguments; ``lifeseq_shards.pl`` has the ``pytorch_lightning`` one)."""

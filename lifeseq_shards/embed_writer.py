@@ -234,5 +234,6 @@ def _on_rank_zero(fn: Any, rank: int, world_size: int) -> Any:
 
 
 class EmbeddingWriter(EmbeddingWriterHooks, BasePredictionWriter):
-    """:class:`EmbeddingWriterHooks` for a ``lightning`` Trainer (``lifeseq_shards.pl`` has the
-    ``pytorch_lightning`` one); also the writer of a plain loop."""
+    """Writes each person's embeddings from ``Trainer.predict`` (or a plain loop) into an output directory, for a
+    ``lightning`` Trainer (:class:`EmbeddingWriterHooks` documents it; ``lifeseq_shards.pl`` has the
+    ``pytorch_lightning`` one)."""

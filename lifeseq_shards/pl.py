@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from .datamodule import LifeSeqDataHooks
-from .embed_writer import EmbeddingWriterHooks
-from .model import PretrainSteps
-from .signals import SigtermHooks
+from . import datamodule, embed_writer, model, signals
 
 
-class LifeSeqDataModule(LifeSeqDataHooks, pl.LightningDataModule):
-    """:class:`~lifeseq_shards.datamodule.LifeSeqDataHooks` for a ``pytorch_lightning`` Trainer."""
+class LifeSeqDataModule(datamodule.LifeSeqDataHooks, pl.LightningDataModule):
+    """A dataset's train / val / predict batches for a ``pytorch_lightning`` Trainer, resumable mid-epoch
+    (:class:`~lifeseq_shards.datamodule.LifeSeqDataHooks` documents its arguments)."""
 
 
-class LifeSeqPretrainModule(PretrainSteps, pl.LightningModule):
-    """:class:`~lifeseq_shards.model.PretrainSteps` for a ``pytorch_lightning`` Trainer."""
+class LifeSeqPretrainModule(model.PretrainSteps, pl.LightningModule):
+    """The reference encoder's MLM + CLS pre-training, validation and embeddings for a ``pytorch_lightning`` Trainer
+    (:class:`~lifeseq_shards.model.PretrainSteps` documents its arguments)."""
 
 
-class StopOnSigterm(SigtermHooks, pl.Callback):
-    """:class:`~lifeseq_shards.signals.SigtermHooks` for a ``pytorch_lightning`` Trainer."""
+class StopOnSigterm(signals.SigtermHooks, pl.Callback):
+    """Ends a ``pytorch_lightning`` DDP fit on SIGTERM (scancel, a time limit) as Ctrl-C does, without the hang of
+    Lightning's own handler (:mod:`lifeseq_shards.signals` says why): ``Trainer(callbacks=[StopOnSigterm()])``."""
 
 
-class EmbeddingWriter(EmbeddingWriterHooks, pl.callbacks.BasePredictionWriter):
-    """:class:`~lifeseq_shards.embed_writer.EmbeddingWriterHooks` for a ``pytorch_lightning`` Trainer."""
+class EmbeddingWriter(embed_writer.EmbeddingWriterHooks, pl.callbacks.BasePredictionWriter):
+    """Writes each person's embeddings from ``Trainer.predict`` into an output directory, for a
+    ``pytorch_lightning`` Trainer (:class:`~lifeseq_shards.embed_writer.EmbeddingWriterHooks` documents it)."""
 
 
 __all__ = ["EmbeddingWriter", "LifeSeqDataModule", "LifeSeqPretrainModule", "StopOnSigterm"]

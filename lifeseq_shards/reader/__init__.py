@@ -5,32 +5,20 @@ One concern per module: :mod:`.dataset` (configuration, plan queries, epoch cont
 :mod:`.transport` (the workers' shared-memory rings and process context), :mod:`.launch` (rank and world size
 from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state).
 docs/architecture.md shows how the data flows between them.
+
+The public names are what training code, the tools and the tests use: the dataset and its loader, the error a resume
+into another dataset raises, the rank and world size taken from the launcher (and its error), a block's persons as
+a batch (:class:`BatchSpec`, :func:`collate`) and one shard's persons read (:func:`read_segment`). Everything else
+is imported from the module that defines it.
 """
 
 from __future__ import annotations
 
-from ..plan import BALANCED, COMPLETE, EXACT
-from ..plan_slots import Segment
-from .collate import BatchSpec, collate, collate_packed, collate_padded
-from .dataset import MAX_WORKERS, EpochControl, ShardedDataset
-from .launch import LAUNCHER_VARS, LaunchError, default_rank_world
-from .loader import (
-    MAX_PREFETCH,
-    PIPE_MESSAGE_PERSONS,
-    RING_MESSAGE_PERSONS,
-    RING_PERSON_BYTES,
-    SHM_DIR,
-    DatasetChanged,
-    ShardedLoader,
-)
-from .stages import batches, load_windows, messages, read_segment, slot_windows
-from .transport import PIPE_BYTES, RingSlot, RingViews, RingWriter, WorkerLink
+from .collate import BatchSpec, collate
+from .dataset import ShardedDataset
+from .launch import LaunchError, default_rank_world
+from .loader import DatasetChanged, ShardedLoader
+from .stages import read_segment
 
-__all__ = [
-    "BALANCED", "COMPLETE", "EXACT", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES",
-    "PIPE_MESSAGE_PERSONS",
-    "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
-    "LaunchError", "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink",
-    "batches", "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages",
-    "read_segment", "slot_windows",
-]
+__all__ = ["BatchSpec", "DatasetChanged", "LaunchError", "ShardedDataset", "ShardedLoader", "collate",
+           "default_rank_world", "read_segment"]

@@ -11,16 +11,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..format import Block
 from .errors import SourceError
+
+if TYPE_CHECKING:
+    from ..format import Block
 
 __all__ = ["Source", "SourceError", "input_kind", "open_sources"]
 
 
 @dataclass
 class Source:
+    """The converter's view of its input files: their independent tasks, the picklable function that turns one task
+    into a wide block (it runs in the worker processes), and what the manifest records about them."""
+
     kind: str  # "parquet" | "hdf5"
     tasks: list[Any]
     encode: Callable[[Any], Block]  # picklable: runs in worker processes
@@ -67,6 +72,7 @@ def open_sources(
 
 
 def input_kind(path: str) -> str:
+    """``"hdf5"`` or ``"parquet"``, from the file name's suffix; a SourceError for any other."""
     suffix = Path(path).suffix.lower()
     if suffix in (".h5", ".hdf5"):
         return "hdf5"

@@ -2,4 +2,4 @@
 
 
 class SourceError(ValueError):
-    pass
+    """Bad input: the message is one line naming the file (and the row); ``shardify`` exits 2 on it."""
