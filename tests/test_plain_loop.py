@@ -87,8 +87,8 @@ def test_killed_plain_loop_resumes_exactly_rank_by_rank(ds8: Path, tmp_path: Pat
     assert not persons[0] & persons[1], "a person on both ranks in one epoch"
 
 
-# -- docs/plain-loop.md's script, as written ------------------------------------------------------------------
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plain-loop.md"
+# -- docs/guides/train-plain-loop.md's script, as written ------------------------------------------------------
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "train-plain-loop.md"
 SETTINGS = 'SIZE, EPOCHS, VAL_EVERY, CKPT = SIZES["base"], 10, 1000, "last.ckpt"'
 
 
