@@ -15,7 +15,9 @@ step), ``kill`` (the same run, SIGKILLed after a checkpoint in the last epoch), 
 ``every_n_train_steps`` checkpoint, saved at a batch's end, and from the newest of their own ``ModelCheckpoint``'s,
 saved after a mid-epoch validation: the steps after it read the same persons, with the same losses, learning rates
 and final weights, as the uninterrupted run's), ``predict`` (docs/ddp.md's lines: everyone embedded once,
-``shardify embeddings verify`` clean). What the run adds to theirs, and why: tools/seed_pretrain_rank.py.
+``shardify embeddings verify`` clean); with ``--against`` another stack's WORK, ``against`` (the uninterrupted runs
+read the same persons with the same learning rates at every step). What the run adds to theirs, and why:
+tools/seed_pretrain_rank.py.
 """
 
 from __future__ import annotations
@@ -214,18 +216,8 @@ class Check:
         ckpt, saved = killed["ckpt"][which], killed["saved"][which]
         run = self.config(f"resumed-{which}", data, resume=ckpt)
         self.fit(run)
-        before = read_records(killed["run"] / "records")
         after = read_records(run / "records")
-        for rank, expected in full["records"].items():
-            got = {s: line for s, line in before[rank].items() if s <= saved} | after[rank]
-            if sorted(got) != sorted(expected):
-                missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-                raise CheckFailed(f"rank {rank}: steps {missing[:5]} missing, {extra[:5]} extra")
-            for s in sorted(after[rank]):
-                for key in ("epoch", "batch", "ids", "loss", "lr"):
-                    if got[s][key] != expected[s][key]:
-                        raise CheckFailed(f"rank {rank} step {s}: {key} differs from the uninterrupted run's "
-                                          f"(resumed {got[s][key]!r:.80}, uninterrupted {expected[s][key]!r:.80})")
+        compare_resumed(full["records"], read_records(killed["run"] / "records"), after, saved)
         differ = differing_weights(full["run"] / "records" / "final.pt", run / "records" / "final.pt")
         if differ:
             raise CheckFailed(f"final weights differ from the uninterrupted run's: {differ[:5]}")
@@ -250,6 +242,23 @@ class Check:
         if len(ids) != len(set(ids)) or set(ids) != data["ids"]:
             raise CheckFailed(f"{len(ids)} rows, {len(set(ids))} persons, of {len(data['ids'])}")
         return f"{ckpt.name}: all {len(ids)} persons embedded once each; shardify embeddings verify clean", None
+
+    # -- against another stack ------------------------------------------------------------------------------------
+    def against(self, full: dict[str, Any], other: Path) -> tuple[str, None]:
+        """The uninterrupted run's batches and learning rates are the other stack's, step for step (losses differ
+        in their last bits between torch versions: reported, not compared)."""
+        theirs = read_records(other / "full" / "records")
+        worst = 0.0
+        for rank, mine in full["records"].items():
+            if sorted(mine) != sorted(theirs[rank]):
+                raise CheckFailed(f"rank {rank}: {len(mine)} steps here, {len(theirs[rank])} in {other}")
+            for s, line in mine.items():
+                for key in ("epoch", "batch", "ids", "lr"):
+                    if line[key] != theirs[rank][s][key]:
+                        raise CheckFailed(f"rank {rank} step {s}: {key} differs from {other}'s")
+                worst = max(worst, abs(float.fromhex(line["loss"]) - float.fromhex(theirs[rank][s]["loss"])))
+        return (f"the same persons and learning rates at every step as {other}'s uninterrupted run; losses within "
+                f"{worst:.1e}", None)
 
     # -- processes --------------------------------------------------------------------------------------------
     def run(self, cmd: list[str], log: Path, kill_when: Any = None, check: bool = True) -> int:
@@ -304,9 +313,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def read_records(records: Path) -> dict[int, dict[int, dict[str, Any]]]:
+Records = dict[int, dict[int, dict[str, Any]]]  # rank -> optimizer step -> what the recorder wrote for it
+
+
+def read_records(records: Path) -> Records:
     """rank -> optimizer step -> what the recorder wrote for it (a step recorded twice is refused)."""
-    out: dict[int, dict[int, dict[str, Any]]] = {}
+    out: Records = {}
     for rank in range(RANKS):
         steps: dict[int, dict[str, Any]] = {}
         for line in _lines(records / f"rank{rank}.jsonl"):
@@ -327,6 +339,21 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
 def last_steps(records: Path) -> list[int]:
     """Each rank's last recorded step (0 before its first)."""
     return [max((line["step"] for line in _lines(records / f"rank{r}.jsonl")), default=0) for r in range(RANKS)]
+
+
+def compare_resumed(uninterrupted: Records, killed: Records, resumed: Records, saved: int) -> None:
+    """The killed run's steps up to the checkpoint's (``saved``), then the resumed run's, must be the uninterrupted
+    run's steps, each with the same epoch, batch index, person ids, loss and learning rate (CheckFailed else)."""
+    for rank, expected in uninterrupted.items():
+        got = {s: line for s, line in killed[rank].items() if s <= saved} | resumed[rank]
+        if sorted(got) != sorted(expected):
+            missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+            raise CheckFailed(f"rank {rank}: steps {missing[:5]} missing, {extra[:5]} extra")
+        for s in sorted(got):
+            for key in ("epoch", "batch", "ids", "loss", "lr"):
+                if got[s][key] != expected[s][key]:
+                    raise CheckFailed(f"rank {rank} step {s}: {key} differs from the uninterrupted run's "
+                                      f"(resumed {got[s][key]!r:.80}, uninterrupted {expected[s][key]!r:.80})")
 
 
 def differing_weights(a: Path, b: Path) -> list[str]:
@@ -369,6 +396,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--every", type=int, default=4, help="ModelCheckpoint(every_n_train_steps=...)")
+    p.add_argument("--against", help="another stack's --work, whose uninterrupted run this one's must match")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one run")
     args = p.parse_args()
     work = Path(args.work).resolve()
@@ -389,6 +417,8 @@ def main() -> None:
         check.step("resume (their ModelCheckpoint)", check.resume, data, full, killed, "theirs")
     if resumed:
         check.step("predict", check.predict, data, resumed)
+    if full and args.against:
+        check.step("against", check.against, full, Path(args.against).resolve())
     print(("FAIL" if check.failed else "PASS") + f": {args.python} (work: {work})")
     sys.exit(1 if check.failed else 0)
 
