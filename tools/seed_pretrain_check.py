@@ -204,10 +204,14 @@ class Check:
         last = last_steps(run / "records")[0]  # rank 0's: it saves, after recording the step
         steps = {int(p.stem.split("=")[-1]): p for p in (run / "ckpt" / "steps").glob("step-step=*.ckpt")}
         theirs = {int(p.stem.split("step=")[1].split("-")[0]): p for p in (run / "ckpt").glob("model-*.ckpt")}
-        pick = {"steps": max(s for s in steps if s < last), "theirs": max(s for s in theirs if s < last)}
+        pick = {"steps": max((s for s in steps if s < last), default=None),
+                "theirs": max((s for s in theirs if s < last), default=None)}
+        if None in pick.values():
+            raise CheckFailed(f"killed after step {last} with checkpoints at steps {sorted(steps)} (every_n_train_"
+                              f"steps) and {sorted(theirs)} (theirs): none of each kind before the kill")
         epoch, batch = divmod(last, per_epoch)
-        return (f"SIGKILL at step {last} (epoch {epoch}, batch {batch}); resuming from {steps[pick['steps']].name} "
-                f"and {theirs[pick['theirs']].name}",
+        return (f"SIGKILL after step {last} ({batch} of epoch {epoch}'s {per_epoch} batches); resuming from "
+                f"{steps[pick['steps']].name} and {theirs[pick['theirs']].name}",
                 {"run": run, "ckpt": {"steps": steps[pick["steps"]], "theirs": theirs[pick["theirs"]]},
                  "saved": pick})
 
