@@ -24,13 +24,13 @@ from .loader import (
     ShardedLoader,
 )
 from .stages import batches, load_windows, messages, read_piece, read_segment, slot_windows
-from .transport import PIPE_BYTES, RingSlot, RingViews, RingWriter, WorkerLink
+from .transport import PIPE_BYTES, RingReader, RingSlot, RingWriter, WorkerLink
 
 __all__ = [
     "BALANCED", "COMPLETE", "EXACT", "LAUNCHER_VARS", "MAX_PREFETCH", "MAX_WORKERS", "PIPE_BYTES",
     "PIPE_MESSAGE_PERSONS",
     "RING_MESSAGE_PERSONS", "RING_PERSON_BYTES", "SHM_DIR", "BatchSpec", "DatasetChanged", "EpochControl",
-    "LaunchError", "RingSlot", "RingViews", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink",
+    "LaunchError", "RingReader", "RingSlot", "RingWriter", "Segment", "ShardedDataset", "ShardedLoader", "WorkerLink",
     "batches", "collate", "collate_packed", "collate_padded", "default_rank_world", "load_windows", "messages",
     "read_piece", "read_segment", "slot_windows",
 ]
