@@ -283,8 +283,8 @@ def decode_member(data: bytes, schema: Sequence[Field], tag: int | None = None) 
 _MOVED = {
     **dict.fromkeys(("BLOCK_SUFFIX", "ShardFile", "block_member_name", "frame_checksum", "iter_tar_members",
                      "read_shard_blocks", "sha256_file", "tar_member", "write_shard"), "shardfile"),
-    **dict.fromkeys(("MANIFEST", "ManifestError", "dataset_url", "fingerprint", "is_local", "read_manifest",
-                     "write_manifest"), "manifest"),
+    **dict.fromkeys(("MANIFEST", "ManifestError", "fingerprint", "write_manifest"), "manifest"),
+    **dict.fromkeys(("dataset_url", "is_local", "read_manifest"), "remote"),
 }
 
 

@@ -11,7 +11,8 @@ import pytest
 from helpers import to_format2
 
 from lifeseq_shards import ShardedDataset
-from lifeseq_shards.manifest import Manifest, ManifestError, parse_manifest, read_manifest, write_manifest
+from lifeseq_shards.manifest import Manifest, ManifestError, parse_manifest, write_manifest
+from lifeseq_shards.remote import read_manifest
 
 
 @pytest.mark.parametrize("name", ["mlm_dataset", "nomlm_dataset"])
@@ -74,13 +75,13 @@ def test_dict_access_is_deprecated_but_works(mlm_dataset: Path) -> None:
 
 
 def test_moved_names_import_from_format_with_a_warning() -> None:
-    from lifeseq_shards import manifest, shardfile
+    from lifeseq_shards import remote, shardfile
     from lifeseq_shards.deprecation import LifeSeqDeprecationWarning
 
     with pytest.warns(LifeSeqDeprecationWarning,
-                      match="format.read_manifest is deprecated: use lifeseq_shards.manifest.read_manifest"):
+                      match="format.read_manifest is deprecated: use lifeseq_shards.remote.read_manifest"):
         from lifeseq_shards.format import read_manifest as old
-    assert old is manifest.read_manifest
+    assert old is remote.read_manifest
     with pytest.warns(DeprecationWarning, match="use lifeseq_shards.shardfile.ShardFile"):
         from lifeseq_shards.format import ShardFile
     assert ShardFile is shardfile.ShardFile
