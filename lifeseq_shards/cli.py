@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from .format import MIN_SHARD_PERSONS
-from .manifest import ManifestError, read_manifest
 
 POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
 
@@ -36,9 +35,11 @@ class _Group(click.Group):
 
 
 def _library_errors() -> tuple[type[Exception], ...]:
-    """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter."""
+    """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter and
+    no I/O edge."""
     from .convert import ConvertError
     from .embed_store import EmbeddingsError
+    from .manifest import ManifestError
     from .remote import RemoteSettingError
     from .sources import SourceError
 
@@ -193,6 +194,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
     (train), when validation cannot read every person of the split once in equal batches (any other split), or
     (with --resume) when someone is left out of the rest of the epoch."""
     from .plan_report import describe
+    from .remote import read_manifest
 
     if checkpoint is not None:
         _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last)

@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from .device import PACKED, BatchBuilder
-from .manifest import Manifest, read_manifest
+from .manifest import Manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE, EXACT
 from .prefetch import DevicePrefetcher
 from .reader import ShardedDataset, ShardedLoader
+from .remote import read_manifest
 
 # why an offline-MLM dataset neither takes a new CLS task nor serves predict
 _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stored after the seed's CLS task (about "

@@ -25,7 +25,8 @@ from .embed_store import (
     read_spec,
     shard_files,
 )
-from .manifest import Manifest, ManifestError, dataset_url, is_local, read_manifest
+from .manifest import Manifest, ManifestError
+from .remote import dataset_url, is_local, read_manifest
 from .shardfile import read_shard_blocks
 
 __all__ = ["merge_embeddings", "verify_embeddings"]

@@ -33,9 +33,10 @@ from .embed_store import (
     open_output,
     write_shard,
 )
-from .manifest import ShardEntry, read_manifest
+from .manifest import ShardEntry
 from .reader import ShardedDataset, default_rank_world
 from .reader.stages import SHARD_FIELD
+from .remote import read_manifest
 
 DEFAULT_SPLITS = ("train", "val")
 

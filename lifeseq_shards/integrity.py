@@ -15,8 +15,9 @@ import numpy as np
 from tqdm import tqdm
 
 from .format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
-from .manifest import Manifest, ManifestError, ShardEntry, is_local, read_manifest, write_manifest
+from .manifest import Manifest, ManifestError, ShardEntry, write_manifest
 from .outdir import LOCK
+from .remote import is_local, read_manifest
 from .shardfile import ShardFile, frame_checksum, iter_tar_members, sha256_file
 from .sources import drops
 

@@ -1,7 +1,8 @@
 """The manifest: a dataset's typed description (frozen dataclasses), parsed and validated from JSON in one place.
 
-Parsing is pure (:func:`parse_manifest`: bytes -> :class:`Manifest`); the one remote read, of ``manifest.json`` from
-a directory, an http(s) base or a ``pipe:`` command, is :func:`fetch_manifest` at the end of this module.
+Parsing is pure (:func:`parse_manifest`: bytes -> :class:`Manifest`), and this module reads nothing: a dataset's
+``manifest.json`` is read from a directory, an http(s) base or a ``pipe:`` command at the I/O edge
+(:func:`lifeseq_shards.remote.read_manifest`). :func:`write_manifest` writes a converted dataset's, atomically.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from .format import (
     schema_json,
     schema_tag,
 )
-from .remote import open_remote, stall_seconds
 from .shardfile import ShardFile
 
 MANIFEST = "manifest.json"
@@ -334,47 +334,3 @@ def _schema(items: list[Any], version: int) -> tuple[Field, ...]:
     if version >= 2 and seen.get(RUN_LENGTH) != RUNS:
         raise ValueError(f"schema: format {version} stores the stamps once per run, but has no {RUN_LENGTH!r}")
     return tuple(Field(i["name"], i["dtype"], i["kind"]) for i in items)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The I/O edge: where a dataset's files are, and the one read of the manifest.
-
-
-def is_local(url: str) -> bool:
-    """A plain path (local or shared filesystem), not a URL or a ``pipe:`` command for webdataset's gopen."""
-    return "://" not in url and not url.startswith("pipe:")
-
-
-def dataset_url(root: str, relative: str) -> str:
-    """Where a dataset file lives: ``root/relative`` for a directory or http(s) base, or, for a ``pipe:`` root, the
-    command with ``{}`` replaced (``pipe:aws s3 cp s3://bucket/ds/{} -`` streams any file of the dataset)."""
-    if root.startswith("pipe:"):
-        if "{}" not in root:
-            raise ManifestError(f"{root}: a pipe: dataset root needs a {{}} where the file name goes")
-        return root.replace("{}", relative)
-    return f"{root.rstrip('/')}/{relative}"
-
-
-def fetch_manifest(url: str) -> bytes:
-    """The bytes of the manifest at ``url`` (a path, an http(s) URL or a ``pipe:`` command); ManifestError, one
-    line, when it cannot be read."""
-    if is_local(url):
-        path = Path(url)
-        if not path.exists():
-            raise ManifestError(f"{path}: no manifest (not a converted dataset, or its conversion did not finish)")
-        return path.read_bytes()
-    stall = stall_seconds()  # a setting that cannot work is its own error, not the manifest's
-    try:
-        with open_remote(url, stall) as stream:
-            data = stream.read()
-    except OSError as e:
-        raise ManifestError(f"{url}: cannot read the manifest ({e})") from None
-    if stream.failure():
-        raise ManifestError(f"{url}: cannot read the manifest{stream.failure()}")
-    return data
-
-
-def read_manifest(root: str | os.PathLike[str]) -> Manifest:
-    """The manifest of a dataset root: a local directory, an http(s) base URL or a ``pipe:`` command."""
-    where = dataset_url(str(root), MANIFEST)
-    return parse_manifest(fetch_manifest(where), where)

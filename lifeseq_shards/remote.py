@@ -1,4 +1,6 @@
-"""Dataset files behind http(s) or a ``pipe:`` command, as streams that cannot hang a job or outlive it.
+"""Where a dataset's files are read from, at the I/O edge: a dataset root or a shard's URL (a plain path on a local
+or shared filesystem, an http(s) URL, or a ``pipe:`` command) turned into its bytes or a stream, and the one read of
+a dataset's manifest (:func:`read_manifest`; :mod:`.manifest` parses it, and reads nothing).
 
 Every remote read runs a command (curl for http(s), the user's command under ``sh`` for ``pipe:``) that reads
 with a stall limit, ``LIFESEQ_HTTP_STALL_S`` seconds without a byte (default 60): curl gives up on a stalled body
@@ -18,7 +20,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
+
+from .manifest import MANIFEST, Manifest, ManifestError, parse_manifest
 
 STALL_ENV = "LIFESEQ_HTTP_STALL_S"
 DEFAULT_STALL_S = 60
@@ -46,6 +51,60 @@ def stall_seconds() -> int:
         raise RemoteSettingError(f"{STALL_ENV}={text!r}: the seconds a remote read may go without a byte before it "
                                  f"fails must be a whole number >= 1 (default {DEFAULT_STALL_S}); there is no 'off'")
     return value
+
+
+def is_local(url: str) -> bool:
+    """A plain path (local or shared filesystem), not an http(s) URL or a ``pipe:`` command."""
+    return "://" not in url and not url.startswith("pipe:")
+
+
+def dataset_url(root: str, relative: str) -> str:
+    """Where a dataset file lives: ``root/relative`` for a directory or http(s) base, or, for a ``pipe:`` root, the
+    command with ``{}`` replaced (``pipe:aws s3 cp s3://bucket/ds/{} -`` streams any file of the dataset)."""
+    if root.startswith("pipe:"):
+        if "{}" not in root:
+            raise ManifestError(f"{root}: a pipe: dataset root needs a {{}} where the file name goes")
+        return root.replace("{}", relative)
+    return f"{root.rstrip('/')}/{relative}"
+
+
+def read_manifest(root: str | os.PathLike[str]) -> Manifest:
+    """The manifest of a dataset root: a local directory, an http(s) base URL or a ``pipe:`` command."""
+    where = dataset_url(str(root), MANIFEST)
+    return parse_manifest(fetch_manifest(where), where)
+
+
+def fetch_manifest(url: str) -> bytes:
+    """The bytes of the manifest at ``url`` (a path, an http(s) URL or a ``pipe:`` command); ManifestError, one
+    line, when it cannot be read."""
+    if is_local(url):
+        path = Path(url)
+        if not path.exists():
+            raise ManifestError(f"{path}: no manifest (not a converted dataset, or its conversion did not finish)")
+        return path.read_bytes()
+    stall = stall_seconds()  # a setting that cannot work is its own error, not the manifest's
+    try:
+        with open_remote(url, stall) as stream:
+            data = stream.read()
+    except OSError as e:
+        raise ManifestError(f"{url}: cannot read the manifest ({e})") from None
+    if stream.failure():
+        raise ManifestError(f"{url}: cannot read the manifest{stream.failure()}")
+    return data
+
+
+def open_file(url: str) -> IO[bytes] | CommandStream:
+    """A dataset file as a stream to read sequentially: a plain path opened directly (webdataset's gopen would parse
+    the URL and read its environment on every call), anything else through :func:`open_remote`. Close it with
+    :func:`close_file`."""
+    return open(url, "rb") if is_local(url) else open_remote(url)
+
+
+def close_file(stream: IO[bytes] | CommandStream) -> str:
+    """Close a stream of :func:`open_file`; for a command read to its end, say how it failed ("" when it did not, or
+    for a plain file). A command closed before its end was stopped by its reader, which had what it needed."""
+    stream.close()
+    return stream.failure() if isinstance(stream, CommandStream) else ""
 
 
 def open_remote(url: str, stall: int | None = None) -> CommandStream:

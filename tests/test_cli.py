@@ -34,6 +34,16 @@ def test_import_loads_no_heavy_module(statement: str) -> None:
     assert not {m.split(".")[0] for m in modules} & HEAVY, sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
+@pytest.mark.parametrize("statement", ["import lifeseq_shards.cli", "import lifeseq_shards.manifest"])
+def test_the_cli_and_the_manifest_load_no_io_edge(statement: str) -> None:
+    """Remote reads (curl and ``pipe:`` commands) are lifeseq_shards.remote's alone: parsing a manifest, or
+    ``shardify --help``, starts no subprocess machinery."""
+    modules = imported_by(statement)
+    assert statement.split()[1] in modules  # the listing was read
+    io_edge = modules & {"subprocess", "lifeseq_shards.remote"}
+    assert not io_edge, sorted(io_edge)
+
+
 def child_cpu_seconds(args: list[str]) -> float:
     """User + system CPU of one ``shardify ARGS`` run (the console script's own two lines)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

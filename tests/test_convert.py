@@ -15,7 +15,7 @@ from helpers import FIELDS, SeedRows, shardify
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset, shard_count
 from lifeseq_shards.format import MIN_SHARD_PERSONS, token_schema
-from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
 
 

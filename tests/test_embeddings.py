@@ -22,8 +22,8 @@ from lifeseq_shards import EmbeddingWriter, ShardedDataset, ShardedLoader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.embed_store import EmbeddingsError, read_spec, write_shard
-from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.model import EncoderConfig, LifeSeqPretrainModule
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
 
 SCRIPTS = Path(__file__).parent / "ddp_scripts"

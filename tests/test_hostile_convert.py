@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import shard_ids, shardify, wait_for
 
-from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks
 
 VOCAB = "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G,4\na,E,5\nm,B,6\ny,B,7\ng,B,8\no,B,9\n"

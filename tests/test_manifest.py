@@ -11,7 +11,8 @@ import pytest
 from helpers import to_format2
 
 from lifeseq_shards import ShardedDataset
-from lifeseq_shards.manifest import Manifest, ManifestError, parse_manifest, read_manifest, write_manifest
+from lifeseq_shards.manifest import Manifest, ManifestError, parse_manifest, write_manifest
+from lifeseq_shards.remote import read_manifest
 
 
 @pytest.mark.parametrize("name", ["mlm_dataset", "nomlm_dataset"])
@@ -73,7 +74,7 @@ def test_the_manifest_is_no_dict(mlm_dataset: Path) -> None:
         "splits" in m  # noqa: B015
 
 
-@pytest.mark.parametrize(("name", "home"), [("read_manifest", "manifest"), ("ShardFile", "shardfile"),
+@pytest.mark.parametrize(("name", "home"), [("read_manifest", "remote"), ("ShardFile", "shardfile"),
                                             ("write_shard", "shardfile"), ("MANIFEST", "manifest")])
 def test_moved_names_import_only_from_their_modules(name: str, home: str) -> None:
     import importlib

@@ -36,11 +36,11 @@ from lifeseq_shards import reader
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
-from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, read_manifest, write_manifest
+from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, write_manifest
 from lifeseq_shards.plan_slots import Segment
 from lifeseq_shards.reader import DatasetChanged, ShardedDataset, ShardedLoader, read_segment
 from lifeseq_shards.reader.transport import PIPE_BYTES
-from lifeseq_shards.remote import STALL_ENV
+from lifeseq_shards.remote import STALL_ENV, read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 
 Batch = dict[str, torch.Tensor]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import repo_first, shardify, wait_for
 
-from lifeseq_shards.manifest import ManifestError, read_manifest
+from lifeseq_shards.manifest import ManifestError
 from lifeseq_shards.reader import ShardedDataset
-from lifeseq_shards.remote import STALL_ENV, RemoteSettingError
+from lifeseq_shards.remote import STALL_ENV, RemoteSettingError, read_manifest
 
 # `pipe:` command: sends the manifest whole; of a shard, writes its pid to PIDS/<pid>, sends 50 KB (at most half of
 # it), then nothing

@@ -16,7 +16,7 @@ from lifeseq_shards.format import (
     make_schema,
     to_runs,
 )
-from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.shardfile import iter_tar_members
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from lifeseq_shards.loop import LifeSeqData
-from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.remote import read_manifest
 
 LENGTHS = (512, 1024)
 LAYOUTS = ("padded", "packed")

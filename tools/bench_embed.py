@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
 from tools.tables import write_csv
 

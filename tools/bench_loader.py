@@ -45,7 +45,7 @@ from lifeseq_shards.format import (
     make_schema,
     token_schema,
 )
-from lifeseq_shards.manifest import read_manifest
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
 from lifeseq_shards.sources.synth import synth_population
 from tools.bench_layouts import npy_members, person_arrays, write_tar

@@ -32,8 +32,8 @@ from lifeseq_shards.format import (
     to_runs,
     token_schema,
 )
-from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.reader.collate import BatchSpec, collate_packed
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks
 
 ROOT = Path(__file__).resolve().parent.parent

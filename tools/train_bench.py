@@ -35,9 +35,9 @@ from tqdm import tqdm
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.datamodule import LifeSeqDataModule
-from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
+from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
 from tools.tables import write_csv
 

@@ -18,9 +18,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan, plan_order, plan_slots
 from ..integrity import require_block_checks
-from ..manifest import MANIFEST, ManifestError, dataset_url, read_manifest
+from ..manifest import MANIFEST, ManifestError
 from ..plan import BALANCED, COMPLETE
 from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
+from ..remote import dataset_url, read_manifest
 from .collate import BatchSpec
 from .launch import default_rank_world
 from .stages import batches, load_windows, messages, slot_windows, with_shard_field

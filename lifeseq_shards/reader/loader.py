@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from .. import plan, plan_order
 from ..plan_resume import LAYOUT_KEYS, Layout, Stage
 from .dataset import ShardedDataset
-from .transport import RingSlot, RingViews, WorkerLink, make_rings, worker_context
+from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
 # Persons per worker message; the main process pays the DataLoader's per-item costs once per message. Through the
@@ -90,7 +90,7 @@ class ShardedLoader(DataLoader):
         if batches_per_message < 1:
             raise ValueError(f"batches_per_message must be >= 1, not {batches_per_message}")
         self._per_message = batches_per_message if dataset.num_workers else 1
-        self._rings: tuple[torch.Tensor, torch.Tensor] | None = None  # the workers' rings and control words
+        self._rings: RingReader | None = None  # the workers' rings, read from this side
         dataset.attach(self._link())
         kwargs.setdefault("pin_memory", torch.cuda.is_available())
         if dataset.num_workers:
@@ -117,8 +117,9 @@ class ShardedLoader(DataLoader):
 
     def _link(self) -> WorkerLink:
         """What this loader's workers need to know, as of now (this process owns them)."""
-        rings, ctl = self._rings if self._rings is not None else (None, None)
-        return WorkerLink(self._per_message, rings, ctl, os.getpid())
+        if self._rings is None:
+            return WorkerLink(self._per_message, None, None, os.getpid())
+        return WorkerLink(self._per_message, self._rings.rings, self._rings.ctl, os.getpid())
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -129,10 +130,7 @@ class ShardedLoader(DataLoader):
         ds.attach(self._link())  # before the workers start: they exit with this process
         self._epoch, self._yielded = ds.next_pass()
         self._history = ds.next_history()
-        iteration = 0
-        if rings is not None:
-            iteration = int(rings.ctl[0]) + 1
-            rings.ctl[0] = iteration  # before the DataLoader restarts the workers' passes: older passes stop waiting
+        iteration = rings.begin() if rings is not None else 0  # before the DataLoader restarts the workers' passes
         items = super().__iter__()
         self._live = this_pass = object()
         try:
@@ -145,13 +143,13 @@ class ShardedLoader(DataLoader):
         finally:
             # exhausted or abandoned: this pass's workers stop waiting for ring space (unless a newer iteration took
             # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
-            if rings is not None and int(rings.ctl[0]) == iteration:
-                rings.ctl[0] = iteration + 1
+            if rings is not None:
+                rings.end(iteration)
             if self._live is this_pass:  # a later pass may have begun before this one was closed
                 self._live = None
             del items
 
-    def _start_rings(self) -> RingViews | None:
+    def _start_rings(self) -> RingReader | None:
         """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if not self.ring_bytes:
@@ -165,30 +163,20 @@ class ShardedLoader(DataLoader):
                               "more CPU. Give the container more shared memory (docker run --shm-size).", stacklevel=3)
                 self.ring_bytes, self._rings = 0, None  # new workers get no rings: the pipes carry the batches
                 return None
-            self._rings = make_rings(ds.num_workers, self.ring_bytes)
-        data, ctl = self._rings
-        return RingViews(data.numpy(), ctl.numpy())
+            self._rings = RingReader(ds.num_workers, self.ring_bytes)
+        return self._rings
 
-    def _take_buffers(self, group: list[dict[str, Any]], rings: RingViews | None) -> None:
+    def _take_buffers(self, group: list[dict[str, Any]], rings: RingReader | None) -> None:
         """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
-        whose bytes are then released, or taken from the pipe's copy."""
-        released: dict[int, int] = {}
+        or taken from the pipe's copy."""
         for batch in group:
             packed = batch.get("packed")
             if isinstance(packed, RingSlot):
                 assert rings is not None
-                out = torch.empty(packed.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
-                # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
-                out.numpy()[:] = rings.data[packed.worker, packed.offset : packed.offset + packed.nbytes]
-                batch["packed"] = out
-                released[packed.worker] = packed.end
+                batch["packed"] = rings.take(packed, self.pin_memory)
             elif isinstance(packed, np.ndarray):
                 buf = torch.from_numpy(packed)
                 batch["packed"] = buf.pin_memory() if self.pin_memory else buf
-        if released:
-            assert rings is not None
-            for worker, end in released.items():
-                rings.ctl[1 + worker] = end
 
     # -- checkpoint state -------------------------------------------------------------------------------------
     @property

@@ -2,8 +2,8 @@
 a :class:`BatchSpec`), composed by ``ShardedDataset.__iter__`` in a ``webdataset.DataPipeline``:
 
 ``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O)
--> ``load_windows`` (stream the needed tar members over webdataset's gopen: a local or shared filesystem, http(s),
-or a ``pipe:`` command; decode only the blocks needed)
+-> ``load_windows`` (stream the needed tar members, opened at the I/O edge (:mod:`lifeseq_shards.remote`): a local or
+shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks needed)
 -> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens)
 -> ``messages`` (in DataLoader workers: a few batches per item, packed buffers moved into the worker's ring).
 """
@@ -17,11 +17,10 @@ import numpy as np
 import zstandard
 
 from ..format import SCALAR, Block, Field, concat_blocks, decode_member
-from ..manifest import is_local
 from ..plan import Partition
 from ..plan_order import Window
 from ..plan_slots import Segment
-from ..remote import open_remote
+from ..remote import close_file, open_file
 from ..shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
 from .transport import RingWriter
@@ -66,8 +65,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     first, last = segment.start // bp, (segment.stop - 1) // bp
     blocks = []
     i = 0  # the member being read
-    # a plain path opens directly: webdataset's gopen parses the URL and reads its environment on every call
-    stream = open(shard.url, "rb") if is_local(shard.url) else open_remote(shard.url)
+    stream = open_file(shard.url)
     try:
         for name, data in iter_tar_members(stream):
             shard.check_member(i, name, data)
@@ -82,18 +80,12 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which one, in one line
         raise OSError(f"{shard.url}: block {i}: {e}") from None
     finally:
-        failed = _close(stream)
+        # a read that stops at the blocks it needs closes a command before its end, by our doing: every block read
+        # is checked, and a read that lacks one fails below, naming the shard
+        failed = close_file(stream)
     if len(blocks) != last - first + 1:
         raise OSError(f"{shard.url}: ended after {first + len(blocks)} blocks, needed {last + 1}{failed}")
     return blocks
-
-
-def _close(stream: Any) -> str:
-    """Close a shard's stream; for a command read to its end, say how it failed ("" when it did not, or for a
-    plain file). A read that stops at the blocks it needs closes the command before its end, by our doing: every
-    block read is checked, and a read that lacks one fails, naming the shard."""
-    stream.close()
-    return stream.failure() if hasattr(stream, "failure") else ""
 
 
 def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[dict[str, Any]]:

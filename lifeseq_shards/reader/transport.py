@@ -1,5 +1,7 @@
-"""How batches cross from DataLoader workers to the training process: the workers' shared-memory rings, the
-forkserver context they start from (with wide result pipes), and the watch that ends a worker with its owner.
+"""How batches cross from DataLoader workers to the training process: the workers' shared-memory rings (both sides:
+:class:`RingWriter` in each worker, :class:`RingReader` in the main process, the only code that touches their control
+words), the forkserver context they start from (with wide result pipes), and the watch that ends a worker with its
+owner.
 
 :class:`WorkerLink` is the one value the loader hands the dataset (``ShardedDataset.attach``) before its workers
 start: how many batches go in a message, the rings, and the process the workers exit with.
@@ -16,7 +18,7 @@ import select
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,19 +39,6 @@ class WorkerLink:
     owner: int = 0
 
 
-def make_rings(num_workers: int, ring_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh rings of ``ring_bytes`` for ``num_workers`` workers and their control words (all zero)."""
-    return (torch.zeros((num_workers, ring_bytes), dtype=torch.uint8).share_memory_(),
-            torch.zeros(1 + num_workers, dtype=torch.int64).share_memory_())
-
-
-class RingViews(NamedTuple):
-    """The main process's numpy views of the workers' rings (one row each) and of their control words."""
-
-    data: np.ndarray
-    ctl: np.ndarray
-
-
 @dataclass(frozen=True)
 class RingSlot:
     """Where a packed batch waits in a worker's ring: bytes [offset, offset + nbytes) of row ``worker``; ``end`` is
@@ -59,6 +48,38 @@ class RingSlot:
     offset: int
     nbytes: int
     end: int
+
+
+class RingReader:
+    """The main process's side of the workers' rings (made afresh for workers about to start): it owns the control
+    words. :meth:`take` copies a batch out of its worker's ring and releases those bytes to the writer
+    (``ctl[1 + worker]``, see :class:`RingWriter`); :meth:`begin` and :meth:`end` bracket one iteration of the
+    loader (``ctl[0]``), so that the passes of older iterations stop waiting for room."""
+
+    def __init__(self, num_workers: int, ring_bytes: int) -> None:
+        self.rings = torch.zeros((num_workers, ring_bytes), dtype=torch.uint8).share_memory_()
+        self.ctl = torch.zeros(1 + num_workers, dtype=torch.int64).share_memory_()
+        self._data, self._words = self.rings.numpy(), self.ctl.numpy()
+
+    def begin(self) -> int:
+        """A new iteration, before the DataLoader restarts the workers' passes; returns its number for :meth:`end`."""
+        iteration = int(self._words[0]) + 1
+        self._words[0] = iteration
+        return iteration
+
+    def end(self, iteration: int) -> None:
+        """``iteration`` is exhausted or abandoned: its workers stop waiting for room (unless a newer one took over)."""
+        if int(self._words[0]) == iteration:
+            self._words[0] = iteration + 1
+
+    def take(self, slot: RingSlot, pin_memory: bool) -> torch.Tensor:
+        """The batch's bytes in a tensor of their own (pinned when ``pin_memory``); its ring space is then the
+        writer's again. The main process takes each worker's batches in the order they were written."""
+        out = torch.empty(slot.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+        # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
+        out.numpy()[:] = self._data[slot.worker, slot.offset : slot.offset + slot.nbytes]
+        self._words[1 + slot.worker] = slot.end
+        return out
 
 
 class RingWriter:
