@@ -110,19 +110,19 @@ class DataParts:
     def _train_loader(self) -> ShardedLoader:
         """The train split shuffled, at the front end's epoch, or at the restored position waiting for it."""
         loader = self._loader("train", BALANCED, shuffle=True, drop_last=self.drop_last)
-        # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not epoch 0
-        loader.set_epoch(self._epoch())
         if self._resume is not None:
             self._load_position(loader, self._resume)
             self._resume = None
+        else:  # a loader built again (reload_dataloaders_every_n_epochs) goes on with the trainer's epoch, not 0
+            loader.set_epoch(self._epoch())
         return loader
 
     def _load_position(self, loader: ShardedLoader | DevicePrefetcher, state: dict[str, Any]) -> None:
         """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
         (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``)."""
         loader.load_state_dict(state)
-        epoch, batches = loader.position
-        self._renumber = (epoch, int(state["batches"]), batches) if batches != int(state["batches"]) else None
+        at = loader.position
+        self._renumber = (at.epoch, int(state["batches"]), at.batches) if at.batches != int(state["batches"]) else None
 
     def _prefetching(self, device: torch.device) -> bool:
         """Whether training batches are built a step ahead: ``prefetch``, by default on CUDA."""

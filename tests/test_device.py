@@ -263,28 +263,28 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
 
 
 class _Counting:
-    """A loader that counts how many host batches were taken from it."""
+    """A loader that counts how many host batches were taken from it, and keeps the position the prefetcher reports
+    handed out (as ShardedLoader's ``positioned`` / ``handed``)."""
 
     def __init__(self, batches: list) -> None:
-        self.batches, self.taken = batches, 0
+        self.batches, self.taken, self.position = batches, 0, 0
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self):
+    def positioned(self):
         for b in self.batches:
             self.taken += 1
-            yield b
+            yield b, self.taken
 
-    @property
-    def position(self) -> tuple[int, int]:
-        return 0, self.taken
+    def handed(self, position: int) -> None:
+        self.position = position
 
-    def state_dict(self, epoch_batches: int | None = None, position: tuple[int, int] | None = None) -> dict:
-        return {"taken": (position or self.position)[1]}  # as ShardedLoader: batches returned as of `position`
+    def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict:
+        return {"taken": self.position - unfinished}  # as ShardedLoader: batches handed out
 
     def load_state_dict(self, state: dict) -> None:
-        self.taken = state["taken"]
+        self.taken = self.position = state["taken"]
 
 
 def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[list, BatchBuilder]:

@@ -237,8 +237,7 @@ class ShardedDataset(IterableDataset):
     @property
     def layout(self) -> Layout:
         """This dataset's readers, as a stage of an epoch records them."""
-        return Layout(self.world_size, self.num_workers, self.batch_size, self.drop_last, self.window,
-                      self.batches_per_message if self.num_workers else 1)
+        return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1)
 
     def rest_plan(self, epoch: int, history: tuple[Stage, ...]) -> RestPlan:
         """The rest of ``epoch`` in this layout after ``history`` (computed once per pass and kept)."""
