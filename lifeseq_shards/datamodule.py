@@ -41,7 +41,10 @@ class LifeSeqDataHooks(DataParts):
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
-    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``).
+    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``);
+    ``prefetch_thread=True`` also launches it from a background thread (opt-in until a GPU run says it pays:
+    docs/tuning.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its configuration,
+    ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -62,7 +65,7 @@ class LifeSeqDataHooks(DataParts):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if self._prefetching(device):
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
-                                           threaded=self._prefetch_in_thread())
+                                           threaded=self.prefetch_thread)
         else:
             self._train = loader
         return self._train

@@ -24,10 +24,13 @@ _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stor
                    "10% with their events reversed or shuffled)")
 
 
-def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
+def resolve_masking(masking: str | MaskingConfig | DynamicMasker | None, manifest: Manifest,
                     root: str) -> str | MaskingConfig | None:
     """The masking with the dataset's vocabulary size filled in (random replacements are drawn below it); a
-    configuration that names another size is refused, since ids past the model's embedding crash it."""
+    configuration that names another size is refused, since ids past the model's embedding crash it. A
+    :class:`DynamicMasker` stands for its configuration."""
+    if isinstance(masking, DynamicMasker):
+        masking = masking.cfg
     if masking == "offline":
         if not manifest.offline_mlm:
             raise ValueError(f"{root}: masking='offline' but the dataset has no offline MLM fields")
@@ -53,6 +56,17 @@ def resolve_masking(masking: str | MaskingConfig | None, manifest: Manifest,
     return masking
 
 
+def _masker(given: str | MaskingConfig | DynamicMasker | None,
+            resolved: str | MaskingConfig | None) -> str | DynamicMasker | None:
+    """The device's masker for ``resolved`` (the masking :func:`resolve_masking` returned for ``given``), launched as
+    a given :class:`DynamicMasker` is (compiled, CUDA-graphed or eager)."""
+    if not isinstance(resolved, MaskingConfig):
+        return resolved
+    if isinstance(given, DynamicMasker):
+        return DynamicMasker(resolved, compile=given.compile, graph=given.graph)
+    return DynamicMasker(resolved)
+
+
 class DataParts:
     """The configuration both front ends take (``LifeSeqDataModule``'s arguments; its docstring says what each
     does), the parts built from it, and this rank's loaders. A front end says where its rank and world size
@@ -63,7 +77,7 @@ class DataParts:
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
                  batches_per_message: int | None = None, layout: str = "padded",
-                 prefetch: bool | None = None) -> None:
+                 prefetch: bool | None = None, prefetch_thread: bool = False) -> None:
         super().__init__()
         self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
         self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
@@ -78,11 +92,13 @@ class DataParts:
         if self.offline_mlm and layout == PACKED and pad_to is not None:
             raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
                              "layout='padded' (it refuses only a person longer than pad_to, by name)")
-        masker = DynamicMasker(self.masking) if isinstance(self.masking, MaskingConfig) else self.masking
+        masker = _masker(masking, self.masking)
         max_len = pad_to if layout == PACKED else None
         self.builder = BatchBuilder(masker, layout, max_len)
         self.predict_builder = BatchBuilder(None, layout, max_len)  # predict embeds the sequences as they are
-        self.prefetch = prefetch
+        if prefetch_thread and prefetch is False:
+            raise ValueError("prefetch_thread=True launches the prefetched batches from a thread: it needs prefetch")
+        self.prefetch, self.prefetch_thread = prefetch, prefetch_thread
         self.vocab_size = self.manifest.vocab_size
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
@@ -127,11 +143,6 @@ class DataParts:
     def _prefetching(self, device: torch.device) -> bool:
         """Whether training batches are built a step ahead: ``prefetch``, by default on CUDA."""
         return self.prefetch if self.prefetch is not None else device.type == "cuda"
-
-    def _prefetch_in_thread(self) -> bool:
-        """Whether the prefetcher launches its batches from a background thread (``DevicePrefetcher(threaded=)``):
-        not by default until a GPU run says it pays; tools/train_bench.py's DataModule overrides it to measure."""
-        return False
 
     def _val_loader(self) -> ShardedLoader:
         # every val person once, the same batches on every rank (a sync_dist log waits for every rank), or refused

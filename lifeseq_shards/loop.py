@@ -92,9 +92,9 @@ class LifeSeqData(DataParts):
             loader = self._train_loader()
             device = self.device
             # each batch masked with its own pass's epoch, whatever the loop told set_epoch
+            ahead = self._prefetching(device)
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position.epoch),
-                                           device, threaded=self._prefetch_in_thread(),
-                                           ahead=self._prefetching(device))
+                                           device, threaded=self.prefetch_thread and ahead, ahead=ahead)
         self._next_epoch, self._pass_skip = self._loader_of(self._train).dataset.next_pass()
         self._pending = None
         return self._train  # type: ignore[return-value]

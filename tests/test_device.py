@@ -376,17 +376,12 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     hooks build from the plain loader's host batches."""
     from lifeseq_shards.datamodule import LifeSeqDataModule
 
-    class InThread(LifeSeqDataModule):
-        def _prefetch_in_thread(self) -> bool:
-            return True
-
     def batches(prefetch: bool, threaded: bool = False) -> list[dict]:
-        dm = (InThread if threaded else LifeSeqDataModule)(
-            nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
-            masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
+        dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
+                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch, prefetch_thread=threaded)
         loader = dm.train_dataloader()
         assert isinstance(loader, DevicePrefetcher) == prefetch
-        assert getattr(loader, "threaded", False) == threaded  # the DataModule's choice, through its method
+        assert getattr(loader, "threaded", False) == threaded  # the DataModule's option
         out = []
         for b, _ in zip(loader, range(3), strict=False):
             out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))
