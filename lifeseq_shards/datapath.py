@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,23 +68,54 @@ def _masker(given: str | MaskingConfig | DynamicMasker | None,
     return DynamicMasker(resolved)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How every loader of a data path reads, fixed once at construction (the settings are ``LifeSeqDataModule``'s
+    arguments of the same names). ``host_pad_to``: the length the host pads (and crops) each batch to, None when
+    the device does; ``bus_packed``: the host sends packed buffers of the real tokens only, which the device
+    unpacks (``ShardedDataset(packed=True)``)."""
+
+    data_dir: str
+    batch_size: int
+    num_workers: int
+    seed: int
+    drop_last: bool  # training's: validation and predict lose no one
+    host_pad_to: int | None
+    bus_packed: bool
+    pin_memory: bool
+    persistent_workers: bool
+    batches_per_message: int | None  # None: ShardedLoader's default
+
+    def loader(self, manifest: Manifest, split: str | tuple[str, ...], mode: str, shuffle: bool, rank: int,
+               world_size: int, drop_last: bool = False, **dataset: Any) -> ShardedLoader:
+        """A loader of ``split`` for ``rank`` of ``world_size``, over the manifest read once."""
+        ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world_size,
+                            num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
+                            drop_last=drop_last, pad_to=self.host_pad_to, packed=self.bus_packed,
+                            manifest=manifest, **dataset)
+        extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
+        return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
+                             batches_per_message=self.batches_per_message, **extra)
+
+
 class DataParts:
     """The configuration both front ends take (``LifeSeqDataModule``'s arguments; its docstring says what each
     does), the parts built from it, and this rank's loaders. A front end says where its rank and world size
     (:meth:`_rank_world`) and its epoch (:meth:`_epoch`) come from."""
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
-                 seed: int = 0, masking: str | MaskingConfig | None = None, pad_to: int | None = None,
+                 seed: int = 0, masking: str | MaskingConfig | DynamicMasker | None = None,
+                 pad_to: int | None = None,
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
                  batches_per_message: int | None = None, layout: str = "padded",
                  prefetch: bool | None = None, prefetch_thread: bool = False) -> None:
         super().__init__()
-        self.data_dir, self.batch_size, self.num_workers = str(data_dir), batch_size, num_workers
-        self.seed, self.pad_to, self.drop_last = seed, pad_to, drop_last
-        self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
-        self.batches_per_message = batches_per_message  # None: ShardedLoader's default
-        self.manifest = read_manifest(self.data_dir)
+        self.data_dir = str(data_dir)
+        self.reading = Reading(self.data_dir, batch_size, num_workers, seed, drop_last,
+                               None if layout == PACKED else pad_to, pad_to is None or layout == PACKED,
+                               pin_memory, persistent_workers, batches_per_message)
+        self.manifest = read_manifest(self.data_dir)  # once: every loader's dataset takes it
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest.splits)
         self.masking = resolve_masking(masking, self.manifest, self.data_dir)
@@ -111,21 +143,13 @@ class DataParts:
     def _epoch(self) -> int:
         raise NotImplementedError
 
-    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool,
-                drop_last: bool = False, **dataset: Any) -> ShardedLoader:
-        rank, world = self._rank_world()
-        ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world,
-                            num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=drop_last,
-                            pad_to=None if self.builder.layout == PACKED else self.pad_to,
-                            packed=self.pad_to is None or self.builder.layout == PACKED, **dataset)
-        extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
-        return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
-                             batches_per_message=self.batches_per_message, **extra)
+    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool, drop_last: bool = False,
+                **dataset: Any) -> ShardedLoader:
+        return self.reading.loader(self.manifest, split, mode, shuffle, *self._rank_world(), drop_last, **dataset)
 
     def _train_loader(self) -> ShardedLoader:
         """The train split shuffled, at the front end's epoch, or at the restored position waiting for it."""
-        loader = self._loader("train", BALANCED, shuffle=True, drop_last=self.drop_last)
+        loader = self._loader("train", BALANCED, shuffle=True, drop_last=self.reading.drop_last)
         if self._resume is not None:
             self._load_position(loader, self._resume)
             self._resume = None
