@@ -72,6 +72,7 @@ class DevicePrefetcher:
         return self.loader.position  # type: ignore[attr-defined]
 
     def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict[str, Any]:
+        """The loader's state: as of the batch handed out, since that is where the loader stands."""
         return self.loader.state_dict(epoch_batches, unfinished)  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
