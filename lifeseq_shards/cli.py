@@ -239,13 +239,13 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
             loader.load_state_dict(state)
         except (ValueError, DatasetChanged) as e:
             _fail(str(e))
-    epoch, batches = loader.position
-    if not loader.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
+    epoch, batches, history = loader.position.epoch, loader.position.batches, loader.position.history
+    if not history:  # the checkpoint's own layout, or nothing of the epoch trained yet
         click.echo(f"{state['split']} split: resumes at batch {batches} of epoch {epoch}, as an ordinary epoch "
                    "of this layout")
         sys.exit(0)
     saved = Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), int(state["batches"]))
-    report = describe_resume(ds.rest_plan(epoch, loader.history), saved, epoch, len(ds), state["split"])
+    report = describe_resume(ds.rest_plan(epoch, history), saved, epoch, len(ds), state["split"])
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
 

@@ -41,7 +41,10 @@ class LifeSeqDataHooks(DataParts):
 
     ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
-    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``).
+    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``);
+    ``prefetch_thread=True`` also launches it from a background thread (opt-in until a GPU run says it pays:
+    docs/tuning.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its configuration,
+    ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -62,7 +65,7 @@ class LifeSeqDataHooks(DataParts):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if self._prefetching(device):
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
-                                           threaded=self._prefetch_in_thread())
+                                           threaded=self.prefetch_thread)
         else:
             self._train = loader
         return self._train
@@ -89,21 +92,21 @@ class LifeSeqDataHooks(DataParts):
         n = self.trainer.num_training_batches if self.trainer is not None else math.inf
         # limit_train_batches ends an epoch early: a checkpoint at its end resumes at the next epoch's start
         return {"train": self._train.state_dict(epoch_batches=int(n) if math.isfinite(n) else None,
-                                                position=self._saved_position())}
+                                                unfinished=self._unfinished())}
 
-    def _saved_position(self) -> tuple[int, int]:
-        """The train loader's position as Lightning resumes the fit. A checkpoint saved inside a training batch
-        (Lightning's SLURM requeue handler saves on SIGUSR1 wherever the step stands) resumes by training that
-        batch again (``batch_progress.reset_on_restart``: back to the completed count), though the loader has
-        handed it out already; saved in ``on_train_batch_end`` (processed, not yet completed), after it."""
+    def _unfinished(self) -> int:
+        """The batches the train loader handed out that Lightning trains again on resume. A checkpoint saved inside
+        a training batch (Lightning's SLURM requeue handler saves on SIGUSR1 wherever the step stands) resumes by
+        training that batch again (``batch_progress.reset_on_restart``: back to the completed count), though the
+        loader has handed it out already; saved in ``on_train_batch_end`` (processed, not yet completed), after it."""
         assert self._train is not None
-        epoch, batches = self._train.position
+        at = self._train.position
         trainer = self.trainer
-        if trainer is None or self._trainer_fn() != "fit" or trainer.current_epoch != epoch:
-            return epoch, batches
+        if trainer is None or self._trainer_fn() != "fit" or trainer.current_epoch != at.epoch:
+            return 0
         p = trainer.fit_loop.epoch_loop.batch_progress.current
         on_batch_end = p.ready == p.started == p.processed == p.completed + 1  # RESTARTED_ON_TRAIN_BATCH_END
-        return epoch, min(batches, p.processed if on_batch_end else p.completed)
+        return max(0, at.batches - (p.processed if on_batch_end else p.completed))
 
     def _trainer_fn(self) -> str | None:
         """The Trainer's entry point under way ("fit", "validate", "test", "predict"; a str enum), None unknown."""
@@ -127,9 +130,10 @@ class LifeSeqDataHooks(DataParts):
         :func:`lifeseq_shards.schedule.resize_one_cycle` fits it to these (docs/ddp.md)."""
         trainer = self.trainer
         assert self._train is not None and trainer is not None, "schedule_steps() belongs in a fit (on_train_start)"
-        epoch, batches = self._train.position
+        at = self._train.position
         per_epoch = -(-int(trainer.num_training_batches) // trainer.accumulate_grad_batches)
-        return epoch * per_epoch + batches // trainer.accumulate_grad_batches, int(trainer.estimated_stepping_batches)
+        steps = at.epoch * per_epoch + at.batches // trainer.accumulate_grad_batches
+        return steps, int(trainer.estimated_stepping_batches)
 
     # -- the batch on the device -------------------------------------------------------------------------------
     def _stage_builder(self) -> BatchBuilder:
@@ -170,14 +174,13 @@ class LifeSeqDataHooks(DataParts):
             self._renumber_trainer(trainer, *self._renumber)
             self._renumber = None
         ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches before this one
-        expected = (trainer.current_epoch, ready + 1)
-        if self._train.position != expected:
-            epoch, batches = self._train.position
+        at = self._train.position
+        if (at.epoch, at.batches) != (trainer.current_epoch, ready + 1):
             raise RuntimeError(
-                f"{self.data_dir}: the train loader is at batch {batches} of epoch {epoch} but the trainer at batch "
-                f"{ready + 1} of epoch {trainer.current_epoch}: the run would replay or skip batches. The loader's "
-                "position was restored from a checkpoint in a way LifeSeqDataModule does not handle (a loader built "
-                "outside the DataModule, or a checkpoint without its state): resume with "
+                f"{self.data_dir}: the train loader is at batch {at.batches} of epoch {at.epoch} but the trainer at "
+                f"batch {ready + 1} of epoch {trainer.current_epoch}: the run would replay or skip batches. The "
+                "loader's position was restored from a checkpoint in a way LifeSeqDataModule does not handle (a loader "
+                "built outside the DataModule, or a checkpoint without its state): resume with "
                 "trainer.fit(model, datamodule=dm, ckpt_path=...)")
 
 

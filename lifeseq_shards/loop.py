@@ -92,9 +92,9 @@ class LifeSeqData(DataParts):
             loader = self._train_loader()
             device = self.device
             # each batch masked with its own pass's epoch, whatever the loop told set_epoch
-            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position[0]),
-                                           device, threaded=self._prefetch_in_thread(),
-                                           ahead=self._prefetching(device))
+            ahead = self._prefetching(device)
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position.epoch),
+                                           device, threaded=self.prefetch_thread and ahead, ahead=ahead)
         self._next_epoch, self._pass_skip = self._loader_of(self._train).dataset.next_pass()
         self._pending = None
         return self._train  # type: ignore[return-value]
@@ -127,10 +127,7 @@ class LifeSeqData(DataParts):
                 return {"train": self._resume}
             self.train()  # builds the loader (no worker starts before its first pass)
         assert self._train is not None
-        position = self._train.position
-        if self._pending is None and position[0] != self._next_epoch:  # set_epoch moved on since the last pass
-            position = (self._next_epoch, 0)
-        return {"train": self._train.state_dict(position=position)}
+        return {"train": self._train.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same

@@ -24,15 +24,20 @@ import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from . import plan, plan_order
 from .plan import BALANCED, Partition
 from .plan_order import Window, worker_batches_consumed
 from .plan_slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")
+# the Partition's fields a saved state records beside them (its shard sizes and remainder are the dataset's, which
+# the fingerprint covers)
+FIXED_KEYS = ("seed", "mode", "shuffle")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class Layout:
     def of(cls, values: Sequence[int | bool]) -> Layout:
         """The layout of ``values`` in :data:`LAYOUT_KEYS` order (a checkpoint's, or the workers' shared copy)."""
         return cls(*(bool(v) if k == "drop_last" else int(v) for k, v in zip(LAYOUT_KEYS, values, strict=True)))
+
+    @classmethod
+    def of_partition(cls, partition: Partition, batches_per_message: int) -> Layout:
+        """The readers of ``partition`` (whose fields name them), with the loader's batches per message."""
+        return cls(*(getattr(partition, k) for k in LAYOUT_KEYS[:-1]), batches_per_message)
 
     @property
     def slots(self) -> int:
@@ -71,6 +81,58 @@ class Stage:
 
     layout: Layout
     batches: int
+
+    def saved(self) -> dict[str, Any]:
+        """As a checkpoint stores it: the layout's fields and the batches."""
+        return {**dataclasses.asdict(self.layout), "batches": self.batches}
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> Stage:
+        return cls(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an epoch stands: ``batches`` of ``epoch`` taken, in this layout's numbering, after the ``history`` of
+    stages that read its start in other layouts (none for an ordinary epoch)."""
+
+    epoch: int
+    batches: int
+    history: tuple[Stage, ...] = ()
+
+    def resumed(self, epoch_batches: int) -> Position:
+        """Where the pass after this position resumes: the next epoch's start (an ordinary one) once the epoch's
+        ``epoch_batches`` are all taken."""
+        epoch, batches = plan_order.resume_point(self.epoch, self.batches, epoch_batches)
+        return Position(epoch, batches, self.history if epoch == self.epoch else ())
+
+
+def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
+    """Every setting that decides which persons a position in the epoch holds, as a checkpoint stores them: the
+    splits, the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`). The mode is stored
+    under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
+    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
+    fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
+    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
+
+
+def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
+                position: Position) -> dict[str, Any]:
+    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it (beside the
+    layout's list of splits: the format that tests/test_pinned_batches.py pins, which every checkpoint since has), its
+    :func:`saved_layout` and the position (its history only in an epoch resumed from another layout, so an ordinary
+    epoch's state stays as it always was)."""
+    state = {"fingerprint": fingerprint, "split": split, "epoch": position.epoch, "batches": position.batches,
+             "layout": layout}
+    if position.history:
+        state["history"] = [stage.saved() for stage in position.history]
+    return state
+
+
+def saved_position(state: dict[str, Any]) -> Position:
+    """The position a :func:`saved_state` records (a state saved before the history was, has none)."""
+    history = tuple(Stage.from_saved(s) for s in state.get("history", ()))
+    return Position(int(state["epoch"]), int(state["batches"]), history)
 
 
 class _Level:

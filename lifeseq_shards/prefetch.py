@@ -59,29 +59,28 @@ class DevicePrefetcher:
             raise ValueError("DevicePrefetcher(threaded=True) builds batches ahead: it needs ahead=True")
         self.loader, self.build, self.device = loader, build, torch.device(device)
         self.threaded, self.ahead = threaded, ahead
-        self._handed: tuple[int, int] | None = None  # the loader's position as of the last batch handed out
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     @property
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches) of the loader as of the batch the step has, not of those built ahead."""
-        return self._handed if self._handed is not None else self.loader.position  # type: ignore[attr-defined]
+    def position(self) -> Any:
+        """The loader's position: as of the batch handed out, not of those built ahead (the loader's
+        ``positioned()`` gives each batch its position, which becomes the loader's when it is handed out)."""
+        return self.loader.position  # type: ignore[attr-defined]
 
-    def state_dict(self, epoch_batches: int | None = None,
-                   position: tuple[int, int] | None = None) -> dict[str, Any]:
-        """The loader's state as of ``position`` (default: :attr:`position`, the batch handed out)."""
-        return self.loader.state_dict(epoch_batches,  # type: ignore[attr-defined]
-                                      position=self.position if position is None else position)
+    def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict[str, Any]:
+        """The loader's state: as of the batch handed out, since that is where the loader stands."""
+        return self.loader.state_dict(epoch_batches, unfinished)  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._handed = None
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
 
-    def _loader_position(self) -> tuple[int, int] | None:
-        """Read right after the loader returned a batch, in the thread that took it."""
-        return self.loader.position if hasattr(self.loader, "position") else None
+    def _positioned(self) -> Iterator[tuple[dict[str, Any], Any]]:
+        """The loader's batches, each with the position it leaves the loader at when handed out (None for a loader
+        without ``positioned()``, which keeps no position)."""
+        positioned = getattr(self.loader, "positioned", None)
+        return positioned() if positioned is not None else ((batch, None) for batch in self.loader)
 
     dataset = _LoaderAttribute()
     sampler = _LoaderAttribute()
@@ -92,7 +91,7 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.ahead else None
         if not self.ahead:
-            started = (((self.build(host), None), self._loader_position()) for host in self.loader)
+            started = (((self.build(host), None), position) for host, position in self._positioned())
         else:
             started = self._started_in_thread(side) if self.threaded else self._started(side)
         for (batch, ready), position in started:
@@ -102,17 +101,23 @@ class DevicePrefetcher:
                 for value in batch.values():
                     if isinstance(value, torch.Tensor) and value.device.type == "cuda":
                         value.record_stream(current)
-            self._handed = position
+            if position is not None:
+                self.loader.handed(position)  # type: ignore[attr-defined]
             yield batch
 
     def _started(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
         """(batch, its ready event) and the loader's position after it, each started before the previous one is
         handed out: batch i+1's preparation is queued before step i."""
-        host = iter(self.loader)
-        ahead = self._start(next(host, None), side), self._loader_position()
+        host = self._positioned()
+        ahead = self._start_next(host, side)
         while ahead[0] is not None:
-            current, ahead = ahead, (self._start(next(host, None), side), self._loader_position())
+            current, ahead = ahead, self._start_next(host, side)
             yield current
+
+    def _start_next(self, host: Iterator[tuple[dict[str, Any], Any]],
+                    side: torch.cuda.Stream | None) -> tuple[tuple[dict[str, Any], Any] | None, Any]:
+        batch, position = next(host, (None, None))
+        return self._start(batch, side), position
 
     def _started_in_thread(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
         """As :meth:`_started`, from a background thread (a daemon); stopping the iteration (the end of
@@ -128,13 +133,13 @@ class DevicePrefetcher:
                     return True
             return False
 
-        host = iter(self.loader)  # started here: a loader's workers are started from the training thread
+        host = self._positioned()  # a plain loader's workers start here, from the training thread
 
         def produce() -> None:
             try:
                 with torch.cuda.device(self.device) if side is not None else contextlib.nullcontext():
-                    for batch in host:  # the CUDA device is per thread: this one's is set above
-                        if not put((self._start(batch, side), self._loader_position())):
+                    for batch, position in host:  # the CUDA device is per thread: this one's is set above
+                        if not put((self._start(batch, side), position)):
                             return
                 put(done)
             except BaseException as error:  # handed to the training thread, which raises it

@@ -68,6 +68,35 @@ def test_vocab_size_comes_from_the_manifest(vocab_dataset: Path, nomlm_dataset: 
     assert module(nomlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS)).builder.masking is not None
 
 
+def test_the_manifest_is_read_once(vocab_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DataModule reads the manifest; each loader's dataset takes that one instead of reading it again."""
+    from lifeseq_shards.reader import dataset as reader_dataset
+
+    dm = module(vocab_dataset, fake_trainer())
+
+    def again(root: str) -> None:
+        raise AssertionError(f"{root}: the manifest was read again")
+
+    monkeypatch.setattr(reader_dataset, "read_manifest", again)
+    for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.predict_dataloader()):
+        assert loader.dataset.manifest is dm.manifest
+
+
+def test_a_dynamic_masker_is_launched_as_given(vocab_dataset: Path) -> None:
+    """masking=DynamicMasker(cfg, graph=True): the configuration checked against the manifest as any, the masker
+    launched as given (a public option, not a swapped builder), the same masks as the eager one."""
+    cfg = MaskingConfig(vocab_size=SAMPLE_IDS, seed=2)
+    graphed = module(vocab_dataset, masking=DynamicMasker(cfg, graph=True))
+    assert graphed.masking == cfg
+    assert isinstance(graphed.builder.masking, DynamicMasker) and graphed.builder.masking.graph
+    with pytest.raises(ValueError, match=f"vocab_size=2971.*has {SAMPLE_IDS} ids"):
+        module(vocab_dataset, masking=DynamicMasker(MaskingConfig(vocab_size=SAMPLE_IDS + 1)))
+    eager = module(vocab_dataset, masking=cfg)
+    host = next(iter(eager.train_dataloader()))
+    got, want = graphed.builder(dict(host), "cpu", 0), eager.builder(dict(host), "cpu", 0)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_readme_example_runs(vocab_dataset: Path) -> None:
     """The README's Python example, on the sample converted with its vocabulary."""
     block = re.search(r"```python\n(.*?)```", README.read_text(), re.S)

@@ -249,28 +249,28 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
 
 
 class _Counting:
-    """A loader that counts how many host batches were taken from it."""
+    """A loader that counts how many host batches were taken from it, and keeps the position the prefetcher reports
+    handed out (as ShardedLoader's ``positioned`` / ``handed``)."""
 
     def __init__(self, batches: list) -> None:
-        self.batches, self.taken = batches, 0
+        self.batches, self.taken, self.position = batches, 0, 0
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self):
+    def positioned(self):
         for b in self.batches:
             self.taken += 1
-            yield b
+            yield b, self.taken
 
-    @property
-    def position(self) -> tuple[int, int]:
-        return 0, self.taken
+    def handed(self, position: int) -> None:
+        self.position = position
 
-    def state_dict(self, epoch_batches: int | None = None, position: tuple[int, int] | None = None) -> dict:
-        return {"taken": (position or self.position)[1]}  # as ShardedLoader: batches returned as of `position`
+    def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict:
+        return {"taken": self.position - unfinished}  # as ShardedLoader: batches handed out
 
     def load_state_dict(self, state: dict) -> None:
-        self.taken = state["taken"]
+        self.taken = self.position = state["taken"]
 
 
 def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[list, BatchBuilder]:
@@ -363,17 +363,12 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     hooks build from the plain loader's host batches."""
     from lifeseq_shards.datamodule import LifeSeqDataModule
 
-    class InThread(LifeSeqDataModule):
-        def _prefetch_in_thread(self) -> bool:
-            return True
-
     def batches(prefetch: bool, threaded: bool = False) -> list[dict]:
-        dm = (InThread if threaded else LifeSeqDataModule)(
-            nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
-            masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
+        dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
+                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch, prefetch_thread=threaded)
         loader = dm.train_dataloader()
         assert isinstance(loader, DevicePrefetcher) == prefetch
-        assert getattr(loader, "threaded", False) == threaded  # the DataModule's choice, through its method
+        assert getattr(loader, "threaded", False) == threaded  # the DataModule's option
         out = []
         for b, _ in zip(loader, range(3), strict=False):
             out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))

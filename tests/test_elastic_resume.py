@@ -94,7 +94,7 @@ def test_the_rest_of_the_epoch_in_another_layout_reads_everyone_else_once(
     assert len(counts) == 1 and counts.pop() > 0, f"batches per rank {[len(b) for b in per_rank]}"
     # the epoch still ends where this layout's epoch ends: the rest starts at len() - its batches
     for ld, batches in zip(loaders, per_rank, strict=True):
-        assert ld.position == (0, len(ld))
+        assert (ld.position.epoch, ld.position.batches) == (0, len(ld))
         assert sum(b["person_id"].numel() for b in batches) == len(rest) // world
     # and the next pass is this layout's ordinary epoch 1
     fresh = make(nomlm_dataset, world, 0, workers, batch, batches_per_message=per_message)
@@ -120,7 +120,7 @@ def test_a_rest_stopped_again_resumes_exactly_in_its_layout_and_in_a_third(nomlm
             trained |= set(got)
             second = second or pickle.loads(pickle.dumps(ld.state_dict()))
             del it
-    assert len(second["history"]) == 1 and second["batches"] == loaders[0].position[1]
+    assert len(second["history"]) == 1 and second["batches"] == loaders[0].position.batches
     again, _, said = resume(nomlm_dataset, second, 3, 2)
     assert not said, "the same layout resumes without a word"
     assert [ids(b) for b in again] == [ids(b[4:]) for b in full]
@@ -180,7 +180,7 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     assert f"trained on before: {len(trained)} persons" in out
     per_rank_read, loaders, _ = resume(nomlm_dataset, state, gpus, workers, batch, drop_last=drop_last)
     assert [len(b) for b in per_rank_read] == [per_rank] * gpus
-    assert [ld.position for ld in loaders] == [(0, end)] * gpus and first == end - per_rank
+    assert [(ld.position.epoch, ld.position.batches) for ld in loaders] == [(0, end)] * gpus and first == end - per_rank
     epoch = old_epoch(nomlm_dataset)
     left = len(epoch - trained - {i for b in per_rank_read for i in ids(b)})
     said = re.search(r"NOT EXACT: (\d+) persons of the rest", out)

@@ -14,6 +14,7 @@ import torch
 from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule
 from lifeseq_shards.device import host_sync_guard
 from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.plan_resume import Position
 from lifeseq_shards.prefetch import DevicePrefetcher
 
 BATCH = 64
@@ -182,3 +183,20 @@ def test_on_cuda_the_batches_are_the_cpus_and_adding_a_metric_never_syncs(vocab_
         on_gpu.append({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
     assert_same_batches(on_gpu, on_cpu)
     assert metrics.compute()["tokens"] == sum(int(b["padding_mask"].sum()) for b in on_cpu) / len(on_cpu)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_loader_itself_stands_at_the_batch_handed_out(vocab_dataset: Path, threaded: bool) -> None:
+    """One position, the loader's: a prefetcher that built batches ahead leaves it at the batch it handed out, and
+    set_epoch moves it to the epoch's start."""
+    run = data(vocab_dataset, prefetch=True)
+    train = run.train()
+    assert isinstance(train, DevicePrefetcher)
+    train.threaded = threaded
+    loader = train.loader
+    for i, _batch in enumerate(train, start=1):
+        assert loader.position == Position(0, i)  # not i + 1 (built ahead), nor i + 2 (the thread's)
+        if i == 3:
+            break
+    run.set_epoch(4)
+    assert loader.position == Position(4, 0) and run.state_dict()["train"]["epoch"] == 4

@@ -21,6 +21,7 @@ from lifeseq_shards import ShardedDataset, ShardedLoader, compat
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.plan_resume import Layout, Position, Stage
 from lifeseq_shards.sources.synth import synth_population
 
 # torch < 2.3 has no unsigned 16-64 bit tensors: a field stored so crosses as its signed view (the same bytes),
@@ -124,3 +125,49 @@ def test_a_saved_checkpoint_resumes_where_it_stopped(synth_dataset: Path) -> Non
     resumed = make()
     resumed.load_state_dict(SAVED_STATE)
     assert digest(first(resumed, 3)) == digest(want)
+
+
+# The loader states the code of 7975264 (main before the position became one value) saved on this dataset: 3 batches
+# into epoch 1 on rank 1 of 2, and 4 batches further into the rest of that epoch resumed on rank 2 of 3 at batch 16
+# (its history records the first layout). A checkpoint of that code resumes exactly, and this code saves the same.
+TODAY_STATE = {"fingerprint": "22b3c1834b3b4748beb9644e359aac84", "split": "train", "epoch": 1, "batches": 3,
+               "layout": {"split": ["train"], "world_size": 2, "num_workers": 0, "batch_size": 32, "seed": 3,
+                          "mode": "train", "shuffle": True, "drop_last": False, "window": 4096,
+                          "batches_per_message": 1}}
+TODAY_REST_STATE = {"fingerprint": "22b3c1834b3b4748beb9644e359aac84", "split": "train", "epoch": 1, "batches": 8,
+                    "history": [{"world_size": 2, "num_workers": 0, "batch_size": 32, "drop_last": False,
+                                 "window": 4096, "batches_per_message": 1, "batches": 3}],
+                    "layout": {"split": ["train"], "world_size": 3, "num_workers": 0, "batch_size": 16, "seed": 3,
+                               "mode": "train", "shuffle": True, "drop_last": False, "window": 4096,
+                               "batches_per_message": 1}}
+
+
+def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> None:
+    def make(world: int, rank: int, batch_size: int) -> ShardedLoader:
+        ds = ShardedDataset(synth_dataset, "train", batch_size=batch_size, rank=rank, world_size=world, seed=3)
+        return ShardedLoader(ds)
+
+    whole = make(2, 1, 32)
+    whole.set_epoch(1)
+    batches = iter(whole)
+    first(batches, 3)
+    assert whole.state_dict() == TODAY_STATE
+    want = first(batches, 4)
+    resumed = make(2, 1, 32)
+    resumed.load_state_dict(TODAY_STATE)
+    assert resumed.position == Position(1, 3)
+    assert digest(first(resumed, 4)) == digest(want)
+
+    rest = make(3, 2, 16)
+    with pytest.warns(UserWarning, match="epoch 1 resumes in another layout"):
+        rest.load_state_dict(TODAY_STATE)
+    stage = Stage(Layout(2, 0, 32, False, 4096, 1), 3)
+    assert rest.position == Position(1, 4, (stage,))  # the rest of the epoch starts at batch 4 of this layout's
+    batches = iter(rest)
+    first(batches, 4)
+    assert rest.state_dict() == TODAY_REST_STATE
+    want = first(batches, 3)
+    again = make(3, 2, 16)
+    again.load_state_dict(TODAY_REST_STATE)
+    assert again.position == Position(1, 8, (stage,))
+    assert digest(first(again, 3)) == digest(want)

@@ -14,7 +14,6 @@ Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads th
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
 import json
 import math
@@ -324,31 +323,17 @@ def skip_reason(p: Point, device: torch.device) -> str | None:
     return None
 
 
-class BenchDataModule(LifeSeqDataModule):
-    """The DataModule with issue 13's opt-in host-cost levers, which are not DataModule options until a GPU run
-    says they pay: the compiled or graphed masker and the prefetch's background thread."""
-
-    def __init__(self, *args: Any, masker: str = "eager", prefetch_thread: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if masker != "eager":
-            launch = {"compile": True} if masker == "compiled" else {"graph": True}
-            self.builder = dataclasses.replace(self.builder, masking=DynamicMasker(self.masking, **launch))
-        self.prefetch_thread = prefetch_thread
-
-    def _prefetch_in_thread(self) -> bool:
-        return self.prefetch_thread
-
-
 def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int, seed: int,
               device: torch.device, ceilings: dict[str, float]) -> dict[str, Any]:
     """One short fit; returns the measured row (or raises, for the caller to record as a skip)."""
     torch.set_float32_matmul_precision("high" if p.precision == "tf32" else "highest")
-    dm = BenchDataModule(
+    masking = MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed)
+    dm = LifeSeqDataModule(
         data_dir, p.batch_size, num_workers=p.workers, seed=seed, pad_to=p.max_len,
-        masking=MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed),
+        masking=DynamicMasker(masking, compile=p.masker == "compiled", graph=p.masker == "graphed"),
         pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
         layout="packed" if p.attention == "varlen" else "padded", prefetch=p.prefetch,
-        masker=p.masker, prefetch_thread=p.prefetch_thread,
+        prefetch_thread=p.prefetch_thread,
     )
     module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
     meter = StepMeter(warmup)

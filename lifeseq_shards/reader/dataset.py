@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .. import plan, plan_order, plan_slots
 from ..integrity import require_block_checks
-from ..manifest import MANIFEST, ManifestError
+from ..manifest import MANIFEST, Manifest, ManifestError
 from ..plan import BALANCED, COMPLETE
 from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from ..remote import dataset_url, read_manifest
@@ -89,6 +89,10 @@ class ShardedDataset(IterableDataset):
     person's shard as its position among the manifest's (``Manifest.entries()``). The old names ``"train"`` /
     ``"inference"`` still work, with a DeprecationWarning.
 
+    ``manifest``: the dataset's manifest when the caller has read it already (``LifeSeqDataModule`` reads it once
+    for all its loaders); read from ``path`` otherwise. The plan's settings (``world_size``, ``num_workers``,
+    ``batch_size``, ``drop_last``, ``mode``, ``seed``, ``shuffle``, ``window``) are read from :attr:`partition`.
+
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
     """
@@ -98,7 +102,8 @@ class ShardedDataset(IterableDataset):
                  mode: str = BALANCED, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
                  pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
                  window_persons: int = 4096,
-                 packed: bool = False, skip_files: Collection[str] = (), shard_field: bool = False) -> None:
+                 packed: bool = False, skip_files: Collection[str] = (), shard_field: bool = False,
+                 manifest: Manifest | None = None) -> None:
         super().__init__()
         mode = plan.mode_name(mode)
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
@@ -109,9 +114,9 @@ class ShardedDataset(IterableDataset):
         if rank is None or world_size is None:
             d_rank, d_world = default_rank_world()
             rank, world_size = d_rank if rank is None else rank, d_world if world_size is None else world_size
-        self.rank, self.world_size = rank, world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        self.rank = rank
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
         if not 0 <= num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
         # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
@@ -124,13 +129,12 @@ class ShardedDataset(IterableDataset):
             raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
         if packed and pad_to is not None:
             raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
-        self.split, self.batch_size, self.mode, self.seed = split, batch_size, mode, seed
-        self.shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
-        self.num_workers, self.drop_last = num_workers, drop_last
+        self.split = split
+        shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
         self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed
 
-        # -- the manifest: schema, fingerprint, the shards this mode reads ----------------------------------------
-        self.manifest = read_manifest(self.root)
+        # -- the manifest (read here unless the caller has): schema, fingerprint, the shards this mode reads -------
+        self.manifest = read_manifest(self.root) if manifest is None else manifest
         missing = [s for s in splits if s not in self.manifest.splits]
         if missing or not splits:
             raise ValueError(f"{self.root}: no split {missing or splits!r} (has {', '.join(self.manifest.splits)})")
@@ -155,9 +159,9 @@ class ShardedDataset(IterableDataset):
             self.sizes, remainder = [e.samples for e in entries], 0
 
         # the shuffle window: a few shards, and never so few persons that the shuffle stays local
-        self.window = max(window_persons, window_shards * max(self.sizes, default=1))
-        self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, self.shuffle,
-                                        batch_size, drop_last, self.window, remainder)
+        window = max(window_persons, window_shards * max(self.sizes, default=1))
+        self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, shuffle,
+                                        batch_size, drop_last, window, remainder)
         try:  # exact mode refuses a layout here, not in a worker
             len(self)
         except ValueError as e:
@@ -171,7 +175,40 @@ class ShardedDataset(IterableDataset):
         self._rest: tuple[tuple[int, tuple[Stage, ...]], RestPlan] | None = None  # the last rest of an epoch planned
         self._warn_static_balance(remainder)
 
-    # -- the plan ---------------------------------------------------------------------------------------------
+    # -- the plan: its settings are the partition's, stored there only -------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.partition.world_size
+
+    @property
+    def num_workers(self) -> int:
+        return self.partition.num_workers
+
+    @property
+    def batch_size(self) -> int:
+        return self.partition.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self.partition.drop_last
+
+    @property
+    def mode(self) -> str:
+        return self.partition.mode
+
+    @property
+    def seed(self) -> int:
+        return self.partition.seed
+
+    @property
+    def shuffle(self) -> bool:
+        return self.partition.shuffle
+
+    @property
+    def window(self) -> int:
+        """Persons loaded and shuffled together: max(window_persons, window_shards x the largest shard's)."""
+        return self.partition.window
+
     def _check_one_size(self, split: str) -> None:
         """Balanced mode deals shards of one size: a manifest count that differs from the others (edited, or not
         this package's) is refused naming the manifest and the shard, before the plan refuses it naming neither.
@@ -238,8 +275,7 @@ class ShardedDataset(IterableDataset):
     @property
     def layout(self) -> Layout:
         """This dataset's readers, as a stage of an epoch records them."""
-        return Layout(self.world_size, self.num_workers, self.batch_size, self.drop_last, self.window,
-                      self.batches_per_message if self.num_workers else 1)
+        return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1)
 
     def rest_plan(self, epoch: int, history: tuple[Stage, ...]) -> RestPlan:
         """The rest of ``epoch`` in this layout after ``history`` (computed once per pass and kept)."""

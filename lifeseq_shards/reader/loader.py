@@ -4,7 +4,6 @@ its position (its checkpoint state)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sys
@@ -16,8 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .. import plan, plan_order
-from ..plan_resume import LAYOUT_KEYS, Layout, Stage
+from .. import plan
+from ..plan_resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
 from .dataset import ShardedDataset
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
@@ -109,9 +108,7 @@ class ShardedLoader(DataLoader):
             in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
             ring_bytes = in_flight * self._per_message * dataset.batch_size * RING_PERSON_BYTES
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
-        self._epoch = 0
-        self._yielded = 0
-        self._history: tuple[Stage, ...] = ()  # the stages that read the start of the current pass's epoch
+        self._position = Position(*dataset.next_pass(), dataset.next_history())
         _quiet_lightning_len_warning()
         self._live: object | None = None  # the pass under way (begun, not finished): its position cannot move
 
@@ -122,14 +119,25 @@ class ShardedLoader(DataLoader):
         return WorkerLink(self._per_message, self._rings.rings, self._rings.ctl, os.getpid())
 
     def set_epoch(self, epoch: int) -> None:
+        """The next pass is epoch ``epoch`` from its start (the one after it ``epoch + 1``, ...)."""
         self.dataset.set_epoch(epoch)
+        self._position = Position(epoch, 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for batch, position in self.positioned():
+            self.handed(position)
+            yield batch
+
+    def positioned(self) -> Iterator[tuple[dict[str, Any], Position]]:
+        """This pass's batches, each with where the epoch stands once it is handed out: for a consumer that takes
+        batches ahead of handing them out (:class:`~lifeseq_shards.prefetch.DevicePrefetcher`), which reports each
+        one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
-        self._epoch, self._yielded = ds.next_pass()
-        self._history = ds.next_history()
+        epoch, batches = ds.next_pass()  # as the workers will compute it
+        start = Position(epoch, batches, ds.next_history())
+        self._position = start
         iteration = rings.begin() if rings is not None else 0  # before the DataLoader restarts the workers' passes
         items = super().__iter__()
         self._live = this_pass = object()
@@ -138,8 +146,8 @@ class ShardedLoader(DataLoader):
                 group = item if isinstance(item, list) else [item]
                 self._take_buffers(group, rings)
                 for batch in group:
-                    self._yielded += 1
-                    yield batch
+                    batches += 1
+                    yield batch, Position(epoch, batches, start.history)
         finally:
             # exhausted or abandoned: this pass's workers stop waiting for ring space (unless a newer iteration took
             # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
@@ -148,6 +156,10 @@ class ShardedLoader(DataLoader):
             if self._live is this_pass:  # a later pass may have begun before this one was closed
                 self._live = None
             del items
+
+    def handed(self, position: Position) -> None:
+        """A batch of :meth:`positioned` was handed out: the epoch now stands at its ``position``."""
+        self._position = position
 
     def _start_rings(self) -> RingReader | None:
         """The workers' rings, made afresh for workers about to start (persistent workers keep theirs)."""
@@ -180,31 +192,24 @@ class ShardedLoader(DataLoader):
 
     # -- checkpoint state -------------------------------------------------------------------------------------
     @property
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches of it returned so far) of the current or last pass."""
-        return self._epoch, self._yielded
+    def position(self) -> Position:
+        """Where the epoch stands: as of the last batch handed out of the current or last pass, or where the next
+        pass starts once :meth:`set_epoch` or :meth:`load_state_dict` set it. Its ``history`` (only in an epoch
+        resumed from another layout) holds the layouts that read the epoch's start, with the batches each took."""
+        return self._position
 
-    @property
-    def history(self) -> tuple[Stage, ...]:
-        """The layouts that read the start of the current (or next) pass's epoch, with the batches each took: none
-        for an ordinary epoch, one more for each resume in another layout."""
-        return self._history
-
-    def state_dict(self, epoch_batches: int | None = None,
-                   position: tuple[int, int] | None = None) -> dict[str, Any]:
+    def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
-        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``position``: (epoch, batches) as of the
-        batch the consumer uses now, when it has taken more (a prefetcher's batches built ahead, which the resumed
-        pass returns again); default :attr:`position`. ``history`` (only in an epoch resumed from another
-        layout): the layouts that read its start, with the batches taken in each."""
+        early (Lightning's ``limit_train_batches``); default ``len(self)``. ``unfinished``: the last batches handed
+        out that the consumer has not trained on (a checkpoint saved inside a step that is trained again on
+        resume), which the resumed pass returns again."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        at, consumed = self.position if position is None else position
-        epoch, batches = plan_order.resume_point(at, consumed, len(ds) if epoch_batches is None else epoch_batches)
-        state = {"fingerprint": ds.fingerprint, "split": ds.split, "epoch": epoch, "batches": batches,
-                 "layout": self._layout()}
-        if self._history and epoch == at == self._epoch:  # an ordinary epoch's state stays as it always was
-            state["history"] = [_stage_dict(s) for s in self._history]
-        return state
+        at = self._position
+        if not 0 <= unfinished <= at.batches:
+            raise ValueError(f"unfinished={unfinished}: the epoch stands at batch {at.batches}")
+        resume = Position(at.epoch, at.batches - unfinished, at.history)
+        return saved_state(ds.fingerprint, ds.split, self._layout(),
+                           resume.resumed(len(ds) if epoch_batches is None else epoch_batches))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next pass where ``state`` says. Refused once a pass has begun (its workers already read on).
@@ -214,9 +219,9 @@ class ShardedLoader(DataLoader):
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if self._live is not None:
             raise RuntimeError(
-                f"{ds.root}: load_state_dict() after this loader began a pass ({self._yielded} batches into epoch "
-                f"{self._epoch}): resuming now would replay or skip batches. Load the state before iterating "
-                "(LifeSeqDataModule does, whenever Lightning builds the loader)")
+                f"{ds.root}: load_state_dict() after this loader began a pass ({self._position.batches} batches into "
+                f"epoch {self._position.epoch}): resuming now would replay or skip batches. Load the state before "
+                "iterating (LifeSeqDataModule does, whenever Lightning builds the loader)")
         if state["fingerprint"] != ds.fingerprint:
             raise DatasetChanged(
                 f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
@@ -233,8 +238,8 @@ class ShardedLoader(DataLoader):
             raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                              "split, or another order of its persons); resume with the checkpoint's settings, or "
                              "without the loader's state to start this epoch over")
-        epoch, batches = int(state["epoch"]), int(state["batches"])
-        history = tuple(_stage(s) for s in state.get("history", ()))
+        saved = saved_position(state)
+        epoch, batches, history = saved.epoch, saved.batches, saved.history
         changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
         if changed and ds.mode != plan.BALANCED:
             raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
@@ -252,22 +257,10 @@ class ShardedLoader(DataLoader):
         elif changed:
             history = ()  # nothing of the epoch was trained on: this layout's own epoch
         ds.resume_at(epoch, batches, history)
-        self._epoch, self._yielded, self._history = epoch, batches, history
+        self._position = Position(epoch, batches, history)
 
     def _layout(self) -> dict[str, Any]:
-        """Every setting that decides which persons a position in the epoch holds (``window`` =
-        max(window_persons, window_shards x the largest shard's persons)). The mode is stored under its old name
-        (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
+        """This loader's :func:`~lifeseq_shards.plan_resume.saved_layout` (``window`` = max(window_persons,
+        window_shards x the largest shard's persons))."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        return {"split": [ds.split] if isinstance(ds.split, str) else list(ds.split), "world_size": ds.world_size,
-                "num_workers": ds.num_workers, "batch_size": ds.batch_size, "seed": ds.seed,
-                "mode": plan.STORED_MODE[ds.mode], "shuffle": ds.shuffle, "drop_last": ds.drop_last,
-                "window": ds.window, "batches_per_message": self._per_message}
-
-
-def _stage_dict(stage: Stage) -> dict[str, Any]:
-    return {**dataclasses.asdict(stage.layout), "batches": stage.batches}
-
-
-def _stage(saved: dict[str, Any]) -> Stage:
-    return Stage(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))
+        return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)
