@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .. import plan
+from ..batch import HostBatch, PackedBatch
 from ..plan_resume import LAYOUT_KEYS, Layout, Stage
 from .dataset import ShardedDataset
 from .transport import RingSlot, RingViews, WorkerLink, make_rings, worker_context
@@ -123,7 +124,7 @@ class ShardedLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[HostBatch]:
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
@@ -169,22 +170,24 @@ class ShardedLoader(DataLoader):
         data, ctl = self._rings
         return RingViews(data.numpy(), ctl.numpy())
 
-    def _take_buffers(self, group: list[dict[str, Any]], rings: RingViews | None) -> None:
+    def _take_buffers(self, group: list[HostBatch], rings: RingViews | None) -> None:
         """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
         whose bytes are then released, or taken from the pipe's copy."""
         released: dict[int, int] = {}
-        for batch in group:
-            packed = batch.get("packed")
+        for i, batch in enumerate(group):
+            if not isinstance(batch, PackedBatch):
+                continue
+            packed = batch.buffer
             if isinstance(packed, RingSlot):
                 assert rings is not None
                 out = torch.empty(packed.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
                 # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
                 out.numpy()[:] = rings.data[packed.worker, packed.offset : packed.offset + packed.nbytes]
-                batch["packed"] = out
+                group[i] = batch.with_buffer(out)
                 released[packed.worker] = packed.end
             elif isinstance(packed, np.ndarray):
                 buf = torch.from_numpy(packed)
-                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
+                group[i] = batch.with_buffer(buf.pin_memory() if self.pin_memory else buf)
         if released:
             assert rings is not None
             for worker, end in released.items():
