@@ -27,7 +27,6 @@ from lifeseq_shards.format import RAGGED, SCALAR, TARGETS
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.prefetch import DevicePrefetcher
 
-
 # the kinds of the fields a host batch may hold, by name (a padded host batch's per-token fields are all ragged)
 _KINDS = {"person_id": SCALAR, "lengths": SCALAR, "n_targets": SCALAR, "target_cls": SCALAR, "target_pos": TARGETS,
           "target_tokens": TARGETS}

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.manifest import read_manifest
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.model import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.reader import ShardedDataset
 from tools.tables import write_csv
 
