@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import compat
-from .format import RUN_LENGTH, RUNS, SCALAR, STAMPS, TARGETS
+from .format import RUN_LENGTH, RUNS, SCALAR, STAMPS, TARGETS, Field
 
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
 # the fields the device turns into the model batch (their batch names: a schema's "length" is "lengths");
@@ -87,6 +87,11 @@ class PackedBatch:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slots)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes that cross the bus."""
+        return int(self.buffer.nbytes)
+
     def with_buffer(self, buffer: Any) -> PackedBatch:
         """The same batch with its bytes somewhere else (a ring slot, a pinned tensor, the device)."""
         return PackedBatch(buffer, self.slots, self.width, self.targets_width, self.n_tokens, self.planned_for)
@@ -125,6 +130,11 @@ class PaddedBatch:
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes that cross the bus."""
+        return sum(t.nbytes for t in self.tensors.values())
+
     def _with(self, tensors: dict[str, torch.Tensor]) -> PaddedBatch:
         return PaddedBatch(tensors, tuple(c for c in self.columns if c.name in tensors))
 
@@ -155,15 +165,27 @@ def kinds(batch: HostBatch) -> dict[str, str]:
 def check_fields(batch: HostBatch) -> list[str]:
     """The per-person fields of ``batch`` the model batch carries as they are (those the device does not build
     from); refuses, in one line naming it, a per-token field it would otherwise have to drop."""
+    return extra_fields(kinds(batch).items())
+
+
+def check_schema(schema: Iterable[Field], where: str = "") -> list[str]:
+    """:func:`check_fields` for a dataset's schema (at ``where``, for the message), before any batch is read."""
+    return extra_fields(((batch_name(f.name), f.kind) for f in schema), where)
+
+
+def extra_fields(fields: Iterable[tuple[str, str]], where: str = "") -> list[str]:
+    """Of ``fields`` ((batch name, kind), ...), those the model batch carries as they are; a per-token one it does
+    not know is refused."""
     extra = []
-    for name, kind in kinds(batch).items():
+    for name, kind in fields:
         if name in MODEL_FIELDS:
             continue
         if kind != SCALAR:
             per = "run of tokens" if kind == RUNS else "target" if kind == TARGETS else "token"
-            raise ValueError(f"the dataset's field {name!r} has a value per {per}, and lifeseq_shards builds the "
-                             "model batch only from the fields it knows (lifeseq_shards.batch.MODEL_FIELDS): "
-                             f"convert without {name!r}, or store it one value per person")
+            raise ValueError(f"{where}{': ' if where else ''}the dataset's field {name!r} has a value per {per}, "
+                             "and lifeseq_shards builds the model batch only from the fields it knows "
+                             f"(lifeseq_shards.batch.MODEL_FIELDS): convert without {name!r}, or store it one value "
+                             "per person")
         extra.append(name)
     return extra
 

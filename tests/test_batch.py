@@ -61,6 +61,18 @@ def test_an_extra_per_token_field_is_refused_by_name() -> None:
         assert "\n" not in str(e.value)
 
 
+def test_a_schema_with_an_unknown_per_token_field_is_refused_before_any_batch() -> None:
+    """What the DataModule and the plain loop check when they open a dataset: the same refusal, naming the
+    dataset; per-person extras are what the model batch will carry."""
+    from lifeseq_shards.batch import check_schema
+    from lifeseq_shards.reader.stages import SHARD_FIELD
+
+    assert check_schema([*make_schema("uint16", offline_mlm=True), SHARD_FIELD, Field("income", "int32", SCALAR)],
+                        "data/x") == ["shard", "income"]
+    with pytest.raises(ValueError, match=r"^data/x: the dataset's field 'visits' has a value per token"):
+        check_schema([*make_schema("uint16"), Field("visits", "uint8", RAGGED)], "data/x")
+
+
 @pytest.fixture(scope="module")
 def model_batches(nomlm_dataset: Path) -> dict[str, object]:
     from lifeseq_shards import ShardedDataset

@@ -24,7 +24,7 @@ def main(root: str, batches: int = 3) -> None:
         model = model_batch(to_device(batch, "cpu"), masker, epoch=0)
         wide = sum(t.nbytes for t in model.values())
         print(f"batch {i}: persons {len(fields['person_id'])}, real tokens {int(fields['lengths'].sum())}, padded "
-              f"on the device to {batch['width']}; crosses the bus as one {batch['packed'].nbytes / 1024:.0f} KiB "
+              f"on the device to {batch.width}; crosses the bus as one {batch.nbytes / 1024:.0f} KiB "
               f"buffer ({', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in fields.items())})")
         print(f"   model batch on device {wide / 1024:.0f} KiB: "
               + ", ".join(f"{k}{tuple(v.shape)}" for k, v in model.items() if isinstance(v, torch.Tensor)))
