@@ -68,8 +68,10 @@ def _pinned(tensor: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class PackedBatch:
     """A batch of persons in ONE uint8 ``buffer``: the fields' values (ragged ones concatenated, only real tokens)
-    8-byte aligned, laid out by ``slots``; ``width`` is the padded width the device pads the ragged fields to,
-    ``targets_width`` the targets' (None without offline MLM targets).
+    8-byte aligned, ``counts`` values of each of ``columns`` from byte ``offsets`` (:attr:`slots` has the three
+    together); ``width`` is the padded width the device pads the ragged fields to, ``targets_width`` the targets'
+    (None without offline MLM targets). A dataset's batches share one ``columns`` tuple, so a worker's message of
+    several batches pickles it once.
 
     The buffer is a numpy array in a DataLoader worker (cheaper to move into the worker's ring or pipe than a
     tensor), a ``reader.transport.RingSlot`` on its way through the ring, a (pinned) tensor once the loader has it
@@ -77,15 +79,25 @@ class PackedBatch:
     the host by ``device.plan_tokens`` for the model's packed layout."""
 
     buffer: Any
-    slots: tuple[Slot, ...]
+    columns: tuple[Column, ...]
+    offsets: tuple[int, ...]
+    counts: tuple[int, ...]
     width: int
     targets_width: int | None = None
     n_tokens: int | None = None
     planned_for: int | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:  # the arguments as they are: cheaper than the dataclass's state dict
+        return PackedBatch, (self.buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
+                             self.n_tokens, self.planned_for)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return tuple(Slot(*c, o, n) for c, o, n in zip(self.columns, self.offsets, self.counts, strict=True))
+
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.slots)
+        return tuple(c.name for c in self.columns)
 
     @property
     def nbytes(self) -> int:
@@ -94,10 +106,12 @@ class PackedBatch:
 
     def with_buffer(self, buffer: Any) -> PackedBatch:
         """The same batch with its bytes somewhere else (a ring slot, a pinned tensor, the device)."""
-        return PackedBatch(buffer, self.slots, self.width, self.targets_width, self.n_tokens, self.planned_for)
+        return PackedBatch(buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
+                           self.n_tokens, self.planned_for)
 
     def planned(self, n_tokens: int, max_len: int | None) -> PackedBatch:
-        return PackedBatch(self.buffer, self.slots, self.width, self.targets_width, n_tokens, max_len)
+        return PackedBatch(self.buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
+                           n_tokens, max_len)
 
     def pin_memory(self) -> PackedBatch:
         """torch's pin-memory hook (a DataLoader's ``pin_memory=True``): a buffer still in numpy or in a ring is
@@ -113,9 +127,11 @@ class PackedBatch:
     def without(self, names: Iterable[str]) -> PackedBatch:
         """The batch without the fields ``names`` (the buffer as is: only its layout shrinks)."""
         drop = set(names)
-        slots = tuple(s for s in self.slots if s.name not in drop)
-        targets = self.targets_width if any(s.kind == TARGETS for s in slots) else None
-        return PackedBatch(self.buffer, slots, self.width, targets, self.n_tokens, self.planned_for)
+        kept = [s for s in self.slots if s.name not in drop]
+        targets = self.targets_width if any(s.kind == TARGETS for s in kept) else None
+        return PackedBatch(self.buffer, tuple(Column(s.name, s.dtype, s.kind) for s in kept),
+                           tuple(s.offset for s in kept), tuple(s.count for s in kept), self.width, targets,
+                           self.n_tokens, self.planned_for)
 
 
 @dataclass(frozen=True)
@@ -159,7 +175,7 @@ HostBatch = PackedBatch | PaddedBatch
 
 def kinds(batch: HostBatch) -> dict[str, str]:
     """Each field's kind, by batch name."""
-    return {s.name: s.kind for s in (batch.slots if isinstance(batch, PackedBatch) else batch.columns)}
+    return {c.name: c.kind for c in batch.columns}
 
 
 def check_fields(batch: HostBatch) -> list[str]:

@@ -5,13 +5,13 @@ functions run without a dataset (tools/bench_stamps.py times them alone)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .. import compat
-from ..batch import Column, PackedBatch, PaddedBatch, Slot, batch_name
+from ..batch import Column, PackedBatch, PaddedBatch, batch_name
 from ..format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged_counts, token_schema
 
 
@@ -29,6 +29,9 @@ class BatchSpec:
     pad_to: int | None = None
     offline_mlm: bool = False
     source: str = ""
+    # the packed batches' columns by the block's dtypes: one tuple for all of a dataset's batches
+    _columns: dict[tuple[np.dtype, ...], tuple[Column, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                    compare=False)
 
 
 def collate(block: Block, spec: BatchSpec, index: np.ndarray | None = None) -> PackedBatch | PaddedBatch:
@@ -50,20 +53,26 @@ def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> PackedBa
     c = block.columns
     flat = {k: block.gather_index(index, k) for k in ragged_counts(schema)}
     sources = [(f, index if f.kind == SCALAR else flat[COUNT_OF[f.kind]]) for f in schema]
-    slots, offset = [], 0
-    for f, idx in sources:
-        dtype = c[f.name].dtype
-        slots.append(Slot(batch_name(f.name), dtype.str, f.kind, offset, len(idx)))
+    dtypes = tuple(c[f.name].dtype for f in schema)
+    columns = spec._columns.get(dtypes)
+    if columns is None:
+        columns = spec._columns[dtypes] = tuple(Column(batch_name(f.name), d.str, f.kind)
+                                                for f, d in zip(schema, dtypes, strict=True))
+    offsets, counts, offset = [], [], 0
+    for (_, idx), dtype in zip(sources, dtypes, strict=True):
+        offsets.append(offset)
+        counts.append(len(idx))
         offset += -(-len(idx) * dtype.itemsize // 8) * 8
     buf = np.empty(offset, dtype=np.uint8)
-    columns = {}
-    for slot, (f, idx) in zip(slots, sources, strict=True):
-        end = slot.offset + slot.count * c[f.name].dtype.itemsize
+    values = {}
+    for (f, idx), dtype, col, off in zip(sources, dtypes, columns, offsets, strict=True):
+        end = off + len(idx) * dtype.itemsize
         buf[end : end + (-end) % 8] = 0  # the alignment gap: the same persons always pack into the same bytes
         # mode="wrap": the indices are in range by construction, and "raise" would copy through a buffer
-        columns[slot.name] = np.take(c[f.name], idx, out=buf[slot.offset : end].view(slot.dtype), mode="wrap")
-    targets_width = int(columns["n_targets"].max(initial=0)) if "n_targets" in columns else None
-    return PackedBatch(buf, tuple(slots), _padded_width(columns["lengths"], spec.pad_multiple), targets_width)
+        values[col.name] = np.take(c[f.name], idx, out=buf[off:end].view(dtype), mode="wrap")
+    targets_width = int(values["n_targets"].max(initial=0)) if "n_targets" in values else None
+    return PackedBatch(buf, columns, tuple(offsets), tuple(counts), _padded_width(values["lengths"], spec.pad_multiple),
+                       targets_width)
 
 
 def collate_padded(block: Block, spec: BatchSpec) -> PaddedBatch:
