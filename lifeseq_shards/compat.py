@@ -88,18 +88,6 @@ def unsigned(view: torch.Tensor) -> torch.Tensor:
     return view.to(wider) & ((1 << (8 * view.element_size())) - 1)
 
 
-SIGNED_VIEWS = "signed_views"  # a padded host batch's names of the fields that hold signed views (torch < 2.3 only)
-
-
-def widen_views(batch: dict[str, Any]) -> dict[str, Any]:
-    """``batch`` with the fields its ``signed_views`` names read back as unsigned (:func:`unsigned`), where it
-    lives; a batch without any comes back as is."""
-    if SIGNED_VIEWS not in batch:
-        return batch
-    names = batch[SIGNED_VIEWS]
-    return {k: unsigned(v) if k in names else v for k, v in batch.items() if k != SIGNED_VIEWS}
-
-
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's variable-length kernel, torch >= 2.10), or None;
     :func:`lifeseq_shards.model.varlen_backend` names the fallback when it would have been used."""

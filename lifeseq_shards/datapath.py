@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .batch import check_schema
 from .device import PACKED, BatchBuilder
 from .manifest import Manifest
 from .masking import DynamicMasker, MaskingConfig
@@ -120,6 +121,7 @@ class DataParts:
         # predict embeds every person by default: train and val together, remainders included
         self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest.splits)
         self.masking = resolve_masking(masking, self.manifest, self.data_dir)
+        check_schema(self.manifest.schema, self.data_dir)  # a field the model batch cannot hold: refused now
         self.offline_mlm = self.manifest.offline_mlm
         # the packed layout crops on the device, where no person can be named
         if self.offline_mlm and layout == PACKED and pad_to is not None:

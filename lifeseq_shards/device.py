@@ -18,45 +18,41 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 from unittest import mock
 
-import numpy as np
 import torch
 
 from lifeseq_shards import compat
-from lifeseq_shards.format import RUN_LENGTH, STAMPS
+from lifeseq_shards.batch import (
+    OFFLINE_MLM_FIELDS,
+    HostBatch,
+    ModelBatch,
+    PackedBatch,
+    PackedModelBatch,
+    PaddedBatch,
+    PaddedModelBatch,
+    check_fields,
+    widen_unsigned,
+)
+from lifeseq_shards.format import RAGGED, RUN_LENGTH, RUNS, TARGETS
 from lifeseq_shards.layout import packed_slots, padded_rows, starts
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
 
-OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
+
+def to_device(batch: HostBatch, device: torch.device | str, non_blocking: bool = True) -> HostBatch:
+    """The host batch's tensors moved as they are (same dtype), asynchronously when the source is pinned (the
+    DataLoader's pin_memory); a packed batch's layout and widths stay on the host, where the shapes are decided."""
+    return batch.to(device, non_blocking=non_blocking)
 
 
-def to_device(batch: dict[str, Any], device: torch.device | str, non_blocking: bool = True) -> dict[str, Any]:
-    """Every tensor moved as is (same dtype), asynchronously when the source is pinned (the DataLoader's
-    pin_memory); what is not a tensor (a packed batch's layout and widths) stays on the host, where the shapes are
-    decided."""
-    out: dict[str, Any] = {}
-    views = []
-    for name, value in batch.items():
-        if isinstance(value, np.ndarray):
-            if compat.is_view(value.dtype):
-                views.append(name)
-            value = compat.to_tensor(value)
-        out[name] = value.to(device, non_blocking=non_blocking) if isinstance(value, torch.Tensor) else value
-    if views:  # torch < 2.3: read back as unsigned by padded_fields (compat.widen_views)
-        out[compat.SIGNED_VIEWS] = (*out.get(compat.SIGNED_VIEWS, ()), *views)
-    return out
-
-
-def packed_views(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+def packed_views(batch: PackedBatch) -> dict[str, torch.Tensor]:
     """Named flat tensors out of a packed batch's single buffer: views, no copy, no sync (stamps still once per
     run; :func:`padded_fields` gives them per token, padded). Before torch 2.3 an unsigned field is read out of its
     signed view, widened where the buffer lives."""
-    buf = batch["packed"]
-    buf = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+    buf = batch.buffer
+    buf = compat.to_tensor(buf) if not isinstance(buf, torch.Tensor) else buf
     out = {}
-    for name, dtype, offset, count in batch["fields"]:
+    for name, dtype, _, offset, count in batch.slots:
         dt = compat.torch_dtype(dtype)
         view = buf[offset : offset + count * dt.itemsize].view(dt)
         out[name] = compat.unsigned(view) if compat.is_view(dtype) else view
@@ -64,33 +60,35 @@ def packed_views(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def padded_fields(batch: dict[str, Any], width: int | None = None) -> dict[str, torch.Tensor]:
-    """A packed batch (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated, stamps once per
-    run) as named tensors padded to the batch width, or to ``width`` (cropping longer persons, ``lengths`` clamped:
-    the reader's ``pad_to`` for packed batches), built where the buffer lives.
+def padded_fields(batch: HostBatch, width: int | None = None) -> dict[str, torch.Tensor]:
+    """The host batch's fields as named tensors, padded, built where the batch lives. A packed batch
+    (``ShardedDataset(packed=True)``: one buffer, ragged fields concatenated, stamps once per run) is padded by each
+    field's kind: per-token fields to the batch width, or to ``width`` (cropping longer persons, ``lengths``
+    clamped: the reader's ``pad_to`` for packed batches), targets to the targets' width, stamps first repeated over
+    their run. A padded batch comes as it is, its signed views (torch < 2.3) read back as unsigned.
 
     The widths come from the host as ints, so the padded shapes are known without reading a device value: the
     padding is one gather per field, no boolean indexing (which would sync to learn its size).
     """
-    if "packed" not in batch:
-        return compat.widen_views(batch)
+    if isinstance(batch, PaddedBatch):
+        return batch.widened()
     out = packed_views(batch)
+    kind = {s.name: s.kind for s in batch.slots}
     if RUN_LENGTH in out:  # stamps once per run (format 2): repeat them over their tokens, output size known
         reps = out.pop(RUN_LENGTH).long()
         del out["n_runs"]
         run_of = torch.repeat_interleave(torch.arange(reps.shape[0], device=reps.device), reps,
                                          output_size=out["tokens"].shape[0])
-        for name in STAMPS:
-            out[name] = _take(out[name], run_of)
-    counts = {"width": out["lengths"]}
-    if "targets_width" in batch:
-        counts["targets_width"] = out["n_targets"]
-    widths = {"width": batch["width"] if width is None else width, "targets_width": batch.get("targets_width")}
-    for width_key, count in counts.items():
-        index, valid = padded_rows(count.long(), int(widths[width_key]))
-        for name in RAGGED_FIELDS if width_key == "width" else TARGET_FIELDS:
-            if name in out:
-                flat = out[name]
+        for name in out:
+            if kind[name] == RUNS:
+                out[name] = _take(out[name], run_of)
+    padded = [(out["lengths"], batch.width if width is None else width, (RAGGED, RUNS))]
+    if batch.targets_width is not None:
+        padded.append((out["n_targets"], batch.targets_width, (TARGETS,)))
+    for count, to_width, kinds in padded:
+        index, valid = padded_rows(count.long(), int(to_width))
+        for name, flat in out.items():
+            if kind[name] in kinds:
                 gathered = _take(flat, index.clamp(max=max(flat.shape[0] - 1, 0))) if flat.shape[0] else (
                     flat.new_zeros(index.shape))
                 out[name] = _zero_where_invalid(gathered, valid)
@@ -121,34 +119,31 @@ def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tens
     return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 
-RAGGED_FIELDS = ("tokens", "abspos", "age", "segment", "masked_tokens")
-TARGET_FIELDS = ("target_pos", "target_tokens")
-
-
 PADDED, PACKED = "padded", "packed"
 
 
-def plan_tokens(batch: dict[str, Any], max_len: int | None = None) -> dict[str, Any]:
+def plan_tokens(batch: HostBatch, max_len: int | None = None) -> HostBatch:
     """On the host, before the copy: a packed batch gets ``n_tokens``, how many tokens its persons keep when cropped
     to ``max_len`` (read from the host buffer: no sync), so that the device can size the packed layout without asking
     for it. A padded batch, or one already planned, comes back as is."""
-    if "packed" not in batch or "n_tokens" in batch:
+    if not isinstance(batch, PackedBatch) or batch.n_tokens is not None:
         return batch
     lengths = packed_views(batch)["lengths"]
     kept = lengths if max_len is None else lengths.clamp(max=max_len)
-    return {**batch, "n_tokens": int(kept.sum()), "n_tokens_max_len": max_len}
+    return batch.planned(int(kept.sum()), max_len)
 
 
 def model_batch(
-    batch: dict[str, torch.Tensor], masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
+    batch: HostBatch, masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
     max_len: int | None = None,
-) -> dict[str, torch.Tensor]:
+) -> ModelBatch:
     """The model's batch (the seed code's layout, docs/masking.md), built where ``batch`` lives, without a host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
     no targets. A packed batch is padded first (:func:`padded_fields`; to ``max_len`` when given, cropping longer
-    persons).
+    persons). Every per-person field the model batch is not built from (the predict data's ``shard``, a field the
+    dataset adds) is carried as it is; a per-token one it does not know is refused (:func:`batch.check_fields`).
 
     ``layout="packed"`` (a packed batch, planned by :func:`plan_tokens`) then keeps only the real tokens, for the
     encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
@@ -157,37 +152,41 @@ def model_batch(
     """
     if layout not in (PADDED, PACKED):
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
-    if layout == PACKED and "n_tokens" not in batch:
-        raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
-    if layout == PACKED and batch.get("n_tokens_max_len", max_len) != max_len:
-        # the token count sizes the gathers: for another crop they would read or write the wrong rows (CUDA checks
-        # no size, to stay free of syncs)
-        raise ValueError(f"the packed batch was planned for max_len={batch['n_tokens_max_len']} "
-                         f"(device.plan_tokens) but model_batch got max_len={max_len}: plan with the same max_len")
-    n_tokens = batch.get("n_tokens")
-    batch = padded_fields(batch, max_len)
-    tokens = batch["tokens"].long()
-    stamps = [batch[k].long() for k in ("abspos", "age", "segment")]
-    lengths = batch["lengths"].long()
+    n_tokens = batch.n_tokens if isinstance(batch, PackedBatch) else None
+    if layout == PACKED:
+        if not isinstance(batch, PackedBatch) or n_tokens is None:
+            raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
+        if batch.planned_for != max_len:
+            # the token count sizes the gathers: for another crop they would read or write the wrong rows (CUDA
+            # checks no size, to stay free of syncs)
+            raise ValueError(f"the packed batch was planned for max_len={batch.planned_for} (device.plan_tokens) "
+                             f"but model_batch got max_len={max_len}: plan with the same max_len")
+    extra = check_fields(batch)
+    fields = padded_fields(batch, max_len)
+    tokens = fields["tokens"].long()
+    stamps = [fields[k].long() for k in ("abspos", "age", "segment")]
+    lengths = fields["lengths"].long()
     L = tokens.shape[1]
-    # per person, as read; "shard" only where the dataset was asked for it (shard_field=True, for predict)
-    out = {k: batch[k] for k in ("person_id", "lengths", "shard") if k in batch}
+    # per person, as read: the ids and lengths, then the fields the model batch is not built from, as they are
+    out = {"person_id": fields["person_id"], "lengths": fields["lengths"]}
+    out.update((k, widen_unsigned(fields[k])) for k in extra)
     shown = tokens
     if masker is not None:
-        m = masker(tokens, *stamps, lengths, batch["person_id"], epoch)
+        m = masker(tokens, *stamps, lengths, fields["person_id"], epoch)
         shown, tokens, stamps = m["masked_tokens"], m["original"], [m["abspos"], m["age"], m["segment"]]
         out.update(target_pos=m["target_pos"], target_tokens=m["target_tokens"], target_cls=m["target_cls"])
-    elif all(k in batch for k in OFFLINE_MLM_FIELDS):
-        shown = batch["masked_tokens"].long()
-        pos, tok = batch["target_pos"].long(), batch["target_tokens"].long()
+    elif all(k in fields for k in OFFLINE_MLM_FIELDS):
+        shown = fields["masked_tokens"].long()
+        pos, tok = fields["target_pos"].long(), fields["target_tokens"].long()
         slots = max(math.floor(DEFAULT_RATIO * L), pos.shape[1])
-        target_pos, target_tokens = fill_target_slots(pos, tok, batch["n_targets"].long(), L, slots)
-        out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=batch["target_cls"].long())
+        target_pos, target_tokens = fill_target_slots(pos, tok, fields["n_targets"].long(), L, slots)
+        out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=fields["target_cls"].long())
     if layout == PADDED:
         out["padding_mask"] = (torch.arange(L, device=tokens.device) < lengths[:, None]).long()
         out["input_ids"] = torch.stack([shown, *stamps], 1)
         out["original_sequence"] = tokens
-        return out
+        return PaddedModelBatch(out)
+    assert n_tokens is not None
     flat = packed_slots(lengths, L, n_tokens)  # each real token's padded slot
     out["input_ids"] = torch.stack([shown, *stamps], 0).flatten(1)[:, flat]
     out["original_sequence"] = tokens.flatten()[flat]
@@ -195,22 +194,13 @@ def model_batch(
     out["max_len"] = L
     if "target_pos" in out:
         out["target_index"] = (starts(lengths)[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
-    return out
+    return PackedModelBatch(out)
 
 
-def without_offline_masks(batch: dict[str, Any]) -> dict[str, Any]:
-    """``batch`` without its offline MLM fields: keys of a padded batch, entries of a packed batch's ``fields`` (the
-    buffer is left as is: only its description shrinks), so :func:`model_batch` finds no offline masks to use."""
-    out = {k: v for k, v in batch.items() if k not in OFFLINE_MLM_FIELDS}
-    if "fields" in out:
-        out["fields"] = tuple(f for f in out["fields"] if f[0] not in OFFLINE_MLM_FIELDS)
-        out.pop("targets_width", None)
-    return out
-
-
-def is_model_batch(batch: Any) -> bool:
-    """A batch :func:`model_batch` already built (a host batch has no ``input_ids``)."""
-    return isinstance(batch, dict) and "input_ids" in batch
+def without_offline_masks(batch: HostBatch) -> HostBatch:
+    """``batch`` without its offline MLM fields (a packed batch's buffer is left as is: only its layout shrinks),
+    so :func:`model_batch` finds no offline masks to use."""
+    return batch.without(OFFLINE_MLM_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -219,27 +209,28 @@ class BatchBuilder:
 
     ``masking``: None (no targets: offline fields dropped), ``"offline"`` or a :class:`DynamicMasker`. The two halves
     are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
-    batch built ahead by :class:`DevicePrefetcher` passes through both unchanged.
+    :class:`~lifeseq_shards.batch.ModelBatch` (one :class:`DevicePrefetcher` built ahead) passes through both as it
+    is.
     """
 
     masking: DynamicMasker | str | None = None
     layout: str = PADDED
     max_len: int | None = None
 
-    def transfer(self, batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
-        if is_model_batch(batch):
+    def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
+        if isinstance(batch, ModelBatch):
             return batch
         return to_device(plan_tokens(batch, self.max_len) if self.layout == PACKED else batch, device)
 
-    def widen(self, batch: dict[str, Any], epoch: int) -> dict[str, Any]:
-        if is_model_batch(batch):
+    def widen(self, batch: HostBatch | ModelBatch, epoch: int) -> ModelBatch:
+        if isinstance(batch, ModelBatch):
             return batch
         if self.masking is None:
             batch = without_offline_masks(batch)
         masker = self.masking if isinstance(self.masking, DynamicMasker) else None
         return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
 
-    def __call__(self, batch: dict[str, Any], device: torch.device | str, epoch: int) -> dict[str, Any]:
+    def __call__(self, batch: HostBatch, device: torch.device | str, epoch: int) -> ModelBatch:
         return self.widen(self.transfer(batch, device), epoch)
 
 

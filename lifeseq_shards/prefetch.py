@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -53,7 +53,7 @@ class DevicePrefetcher:
     positions without the prefetch (a plain loop's ``prefetch=False``, as the DataModule's hooks build them).
     """
 
-    def __init__(self, loader: Iterable[dict[str, Any]], build: Callable[[dict[str, Any]], dict[str, Any]],
+    def __init__(self, loader: Iterable[Any], build: Callable[[Any], Mapping[str, Any]],
                  device: torch.device | str, threaded: bool = False, ahead: bool = True) -> None:
         if threaded and not ahead:
             raise ValueError("DevicePrefetcher(threaded=True) builds batches ahead: it needs ahead=True")
@@ -88,7 +88,7 @@ class DevicePrefetcher:
     worker_init_fn = _LoaderAttribute()
     _iterator = _LoaderAttribute()
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.ahead else None
         if not self.ahead:
             started = (((self.build(host), None), position) for host, position in self._positioned())
@@ -105,7 +105,7 @@ class DevicePrefetcher:
                 self.loader.handed(position)  # type: ignore[attr-defined]
             yield batch
 
-    def _started(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
+    def _started(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[Mapping[str, Any], Any], Any]]:
         """(batch, its ready event) and the loader's position after it, each started before the previous one is
         handed out: batch i+1's preparation is queued before step i."""
         host = self._positioned()
@@ -114,12 +114,12 @@ class DevicePrefetcher:
             current, ahead = ahead, self._start_next(host, side)
             yield current
 
-    def _start_next(self, host: Iterator[tuple[dict[str, Any], Any]],
-                    side: torch.cuda.Stream | None) -> tuple[tuple[dict[str, Any], Any] | None, Any]:
+    def _start_next(self, host: Iterator[tuple[Mapping[str, Any], Any]],
+                    side: torch.cuda.Stream | None) -> tuple[tuple[Mapping[str, Any], Any] | None, Any]:
         batch, position = next(host, (None, None))
         return self._start(batch, side), position
 
-    def _started_in_thread(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[dict[str, Any], Any], Any]]:
+    def _started_in_thread(self, side: torch.cuda.Stream | None) -> Iterator[tuple[tuple[Mapping[str, Any], Any], Any]]:
         """As :meth:`_started`, from a background thread (a daemon); stopping the iteration (the end of
         ``max_steps``) stops the thread within one poll of its full queue, and an error in it is raised here."""
         handed: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -156,8 +156,8 @@ class DevicePrefetcher:
             stop.set()
             thread.join(timeout=10)  # it polls `stop` every 50 ms; a loader stuck in its `next` is left behind
 
-    def _start(self, host: dict[str, Any] | None,
-               side: torch.cuda.Stream | None) -> tuple[dict[str, Any], torch.cuda.Event | None] | None:
+    def _start(self, host: Any,
+               side: torch.cuda.Stream | None) -> tuple[Mapping[str, Any], torch.cuda.Event | None] | None:
         if host is None:
             return None
         if side is None:

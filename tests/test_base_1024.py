@@ -15,8 +15,9 @@ import torch
 from helpers import shardify
 
 from lifeseq_shards import LifeSeqData
+from lifeseq_shards.encoder import EncoderLayer
 from lifeseq_shards.masking import MaskingConfig
-from lifeseq_shards.model import SIZES, EncoderLayer, LifeSeqEncoder, pretrain_losses
+from lifeseq_shards.model import SIZES, LifeSeqEncoder, pretrain_losses
 
 L = 1024
 SLOTS = math.floor(0.3 * L)  # 307

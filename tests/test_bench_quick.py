@@ -15,6 +15,7 @@ import torch
 from helpers import U16, SeedRows, trained_ids
 
 from lifeseq_shards import compat
+from lifeseq_shards.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.device import padded_fields
 from lifeseq_shards.sources.parquet import read_vocab
 from tools import bench_loader
@@ -39,7 +40,8 @@ def seed_view(batches: list[dict[str, torch.Tensor]]) -> dict[int, tuple[torch.T
     """Any contender's batches as the seed batch per person: (input_ids (4,512) int64, padding_mask (512,) int64)."""
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for b in batches:
-        b = padded_fields(b)  # our reader ships packed batches; the device pads them
+        if isinstance(b, PackedBatch | PaddedBatch):  # our reader's host batches; the device pads packed ones
+            b = padded_fields(b)
         if "input_ids" in b:
             assert b["input_ids"].dtype == torch.int64 and b["input_ids"].shape[1:] == (4, SEQ)
             assert torch.equal(b["original_sequence"], b["input_ids"][:, 0])

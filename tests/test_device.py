@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lifeseq_shards import compat
+from lifeseq_shards.batch import Column, PackedBatch, PackedModelBatch, PaddedBatch
 from lifeseq_shards.device import (
     PACKED,
     BatchBuilder,
@@ -22,8 +23,19 @@ from lifeseq_shards.device import (
     plan_tokens,
     to_device,
 )
+from lifeseq_shards.format import RAGGED, SCALAR, TARGETS
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.prefetch import DevicePrefetcher
+
+# the kinds of the fields a host batch may hold, by name (a padded host batch's per-token fields are all ragged)
+_KINDS = {"person_id": SCALAR, "lengths": SCALAR, "n_targets": SCALAR, "target_cls": SCALAR, "target_pos": TARGETS,
+          "target_tokens": TARGETS}
+
+
+def _host(arrays: dict[str, np.ndarray]) -> PaddedBatch:
+    """A padded host batch of ``arrays``, as the reader's collate_padded makes it (through compat.to_tensor)."""
+    return PaddedBatch({k: compat.to_tensor(np.ascontiguousarray(v)) for k, v in arrays.items()},
+                       tuple(Column(k, v.dtype.str, _KINDS.get(k, RAGGED)) for k, v in arrays.items()))
 
 
 def _tiny_batch() -> dict[str, np.ndarray]:
@@ -41,14 +53,15 @@ def _tiny_batch() -> dict[str, np.ndarray]:
 
 def test_to_device_keeps_the_narrow_dtypes() -> None:
     host = _tiny_batch()
-    moved = to_device(host, "cpu")
-    views = () if compat.unsigned_tensors() else ("tokens",)  # torch < 2.3: uint16 crosses as its int16 view
-    assert moved.pop(compat.SIGNED_VIEWS, ()) == views
-    assert set(moved) == set(host)
+    moved = to_device(_host(host), "cpu")
+    views = set() if compat.unsigned_tensors() else {"tokens"}  # torch < 2.3: uint16 crosses as its int16 view
+    assert isinstance(moved, PaddedBatch) and {c.name for c in moved.columns if compat.is_view(c.dtype)} == views
+    assert set(moved.tensors) == set(host)
     for k, v in host.items():
-        assert moved[k].dtype == compat.torch_dtype(v.dtype) and moved[k].numpy().tobytes() == v.tobytes(), k
+        t = moved.tensors[k]
+        assert t.dtype == compat.torch_dtype(v.dtype) and t.numpy().tobytes() == v.tobytes(), k
     again = to_device(moved, torch.device("cpu"), non_blocking=False)  # tensors in, too
-    assert all(torch.equal(again[k], moved[k]) for k in moved)
+    assert again.columns == moved.columns and all(torch.equal(again.tensors[k], moved.tensors[k]) for k in host)
 
 
 @pytest.mark.parametrize("old", ["seed_batch", "split_packed", "unpack", "DevicePrefetcher"])
@@ -65,7 +78,7 @@ def test_old_names_are_gone(old: str) -> None:
 
 def test_seed_batch_widens_without_losing_values() -> None:
     host = _tiny_batch()
-    out = model_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(_host(host), "cpu"))
     assert set(out) == {"person_id", "lengths", "padding_mask", "input_ids", "original_sequence"}  # no targets
     assert out["input_ids"].dtype == out["padding_mask"].dtype == out["original_sequence"].dtype == torch.int64
     assert out["input_ids"].shape == (2, 4, 8)
@@ -108,7 +121,7 @@ def test_offline_fields_rebuild_the_seed_batch(sample: Path) -> None:
     host, h5 = _offline_batch(sample, 200)
     L = host["tokens"].shape[1]
     with host_sync_guard():
-        out = model_batch(to_device(host, "cpu"))
+        out = model_batch(to_device(_host(host), "cpu"))
     assert torch.equal(out["input_ids"], torch.from_numpy(h5["input_ids"][:, :, :L]))
     assert torch.equal(out["padding_mask"], torch.from_numpy(h5["padding_mask"][:, :L]))
     assert torch.equal(out["original_sequence"], torch.from_numpy(h5["original_sequence"][:, :L]))
@@ -131,13 +144,11 @@ def test_offline_targets_beyond_the_default_share_are_kept() -> None:
         "n_targets": np.array([2, 3], dtype=np.uint16),
         "target_cls": np.array([0, 2], dtype=np.uint8),
     }
-    out = model_batch(to_device(host, "cpu"))
+    out = model_batch(to_device(_host(host), "cpu"))
     assert out["target_pos"].tolist() == [[1, 3, 7], [3, 4, 6]]
     cropped = model_batch(
-        {
-            k: (v[:, :5] if k in ("tokens", "abspos", "age", "segment", "masked_tokens") else v)
-            for k, v in to_device(host, "cpu").items()
-        }
+        _host({k: (v[:, :5] if k in ("tokens", "abspos", "age", "segment", "masked_tokens") else v)
+               for k, v in host.items()})
     )  # pad_to=5 cut person 1 after 5 tokens
     assert cropped["target_pos"].tolist() == [[1, 3, 4], [3, 4, 4]]  # position 6 is gone: slot unused, not kept
     assert cropped["target_tokens"].tolist() == [[65535, 70, 0], [7, 8, 0]]
@@ -148,11 +159,12 @@ def test_offline_targets_beyond_the_default_share_are_kept() -> None:
 @pytest.mark.parametrize("kind", ["random", "event"])
 def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None:
     host, _ = _offline_batch(sample, 64)
-    batch = to_device(host, "cpu")
+    batch = to_device(_host(host), "cpu")
     masker = DynamicMasker(MaskingConfig(vocab_size=2970, kind=kind, p_reverse=0.2, p_shuffle=0.2))
     with host_sync_guard():
         out = model_batch(batch, masker, epoch=1)
-    direct = masker(*(batch[k] for k in ("tokens", "abspos", "age", "segment", "lengths", "person_id")), 1)
+    fields = batch.widened()
+    direct = masker(*(fields[k] for k in ("tokens", "abspos", "age", "segment", "lengths", "person_id")), 1)
     L = host["tokens"].shape[1]
     assert out["input_ids"].shape == (64, 4, L) and out["target_pos"].shape == (64, math.floor(0.3 * L))
     assert torch.equal(out["input_ids"][:, 0], direct["masked_tokens"])
@@ -160,14 +172,15 @@ def test_dynamic_masks_replace_the_offline_ones(sample: Path, kind: str) -> None
         assert torch.equal(out["input_ids"][:, r], direct[k])
     assert torch.equal(out["original_sequence"], direct["original"])
     assert all(torch.equal(out[k], direct[k]) for k in ("target_pos", "target_tokens", "target_cls"))
-    assert not torch.equal(out["input_ids"][:, 0], batch["masked_tokens"].long())  # the offline masks were not used
+    assert not torch.equal(out["input_ids"][:, 0], fields["masked_tokens"].long())  # the offline masks were not used
 
 
 @pytest.mark.cuda
 def test_cuda_transfer_and_widening() -> None:
-    host = {k: torch.from_numpy(v).pin_memory() for k, v in _tiny_batch().items()}
+    host = _host(_tiny_batch()).pin_memory()
+    assert all(t.is_pinned() for t in host.tensors.values())
     moved = to_device(host, "cuda")
-    assert all(moved[k].is_cuda and moved[k].dtype == host[k].dtype for k in host)
+    assert all(moved.tensors[k].is_cuda and moved.tensors[k].dtype == t.dtype for k, t in host.tensors.items())
     masker = DynamicMasker(MaskingConfig(vocab_size=2**16))
     with host_sync_guard():
         gpu = model_batch(moved, masker, epoch=2)
@@ -185,10 +198,10 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
     packed = ShardedDataset(root, "train", batch_size=48, seed=5, packed=True)
     n = 0
     for host, compact in zip(padded, packed, strict=True):
-        buffers = [v for v in compact.values() if isinstance(v, (np.ndarray, torch.Tensor))]
-        host_bytes = sum(v.nbytes for v in host.values() if isinstance(v, torch.Tensor))
-        assert len(buffers) == 1 and buffers[0].nbytes < host_bytes
-        assert packed_views(compact)["tokens"].shape == (int(host["lengths"].sum()),)
+        assert isinstance(compact, PackedBatch) and isinstance(host, PaddedBatch)
+        host_bytes = sum(v.nbytes for v in host.tensors.values())
+        assert isinstance(compact.buffer, np.ndarray) and compact.buffer.nbytes < host_bytes  # one buffer, smaller
+        assert packed_views(compact)["tokens"].shape == (int(host.tensors["lengths"].sum()),)
         moved = to_device(compact, "cpu")
         with host_sync_guard():
             wide = padded_fields(moved)
@@ -207,7 +220,7 @@ def _person(batch: dict[str, torch.Tensor], i: int) -> dict[str, list]:
     """Person ``i`` of a model batch of either layout, as plain lists: its tokens and stamps as the model sees them,
     its MLM targets (position in the person, token) in slot order, and its CLS target."""
     n = int(batch["lengths"][i])
-    if "cu_seqlens" in batch:
+    if isinstance(batch, PackedModelBatch):
         start = int(batch["cu_seqlens"][i])
         assert int(batch["cu_seqlens"][i + 1]) - start == n
         ids, orig = batch["input_ids"][:, start : start + n], batch["original_sequence"][start : start + n]
@@ -278,7 +291,7 @@ def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[lis
 
     hosts = list(ShardedDataset(dataset, "train", batch_size=40, seed=4, packed=True))[:4]
     if device == "cuda":
-        hosts = [{**h, "packed": torch.from_numpy(h["packed"]).pin_memory()} for h in hosts]
+        hosts = [h.with_buffer(torch.from_numpy(h.buffer)).pin_memory() for h in hosts]
     return hosts, _prefetch_builder(graph)
 
 
@@ -377,7 +390,7 @@ def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
     plain, ahead, in_thread = batches(False), batches(True), batches(True, threaded=True)
     assert len(plain) == len(ahead) == len(in_thread) == 3
     for a, b, c in zip(plain, ahead, in_thread, strict=True):
-        assert "cu_seqlens" in a and a.keys() == b.keys() == c.keys()
+        assert isinstance(a, PackedModelBatch) and a.keys() == b.keys() == c.keys()
         assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
         assert all(torch.equal(a[k], c[k]) if isinstance(a[k], torch.Tensor) else a[k] == c[k] for k in a)
 
@@ -441,4 +454,4 @@ def test_packed_layout_refuses_a_plan_for_another_max_len(nomlm_dataset: Path) -
         with pytest.raises(ValueError, match=f"planned for max_len={planned_for}.*max_len={asked}"):
             model_batch(batch, layout=PACKED, max_len=asked)
         model_batch(batch, layout=PACKED, max_len=planned_for)  # as planned: fine
-    assert plan_tokens(plan_tokens(host, 32), 48)["n_tokens_max_len"] == 32  # a planned batch comes back as is
+    assert plan_tokens(plan_tokens(host, 32), 48).planned_for == 32  # a planned batch comes back as is

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lifeseq_shards import ShardedDataset, ShardedLoader, compat
+from lifeseq_shards.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
@@ -25,12 +26,14 @@ from lifeseq_shards.plan_resume import Layout, Position, Stage
 from lifeseq_shards.sources.synth import synth_population
 
 # torch < 2.3 has no unsigned 16-64 bit tensors: a field stored so crosses as its signed view (the same bytes),
-# named in the batch's compat.SIGNED_VIEWS; the digest names it by the dtype it stands for, as newer torch holds it
+# which its column's dtype says; the digest names it by the dtype it stands for, as newer torch holds it
 STANDS_FOR = {torch.int16: "torch.uint16", torch.int32: "torch.uint32", torch.int64: "torch.uint64"}
 
 
 def digest(batches: Iterable[Any]) -> str:
-    """sha256 over every batch's keys, dtypes, shapes and bytes (tensors and arrays) or repr (anything else)."""
+    """sha256 over every batch's keys, dtypes, shapes and bytes (tensors and arrays) or repr (anything else). A host
+    batch is taken as the dict it was when the digests were recorded: a packed one as its buffer, its fields'
+    (name, dtype, offset, count) and its widths; a padded one as its tensors by name."""
     h = hashlib.sha256()
 
     def add(value: Any, signed_view: bool = False) -> None:
@@ -41,12 +44,21 @@ def digest(batches: Iterable[Any]) -> str:
         elif isinstance(value, np.ndarray):
             h.update(f"{value.dtype.str}{value.shape}".encode())
             h.update(np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, dict):
-            views = value.get(compat.SIGNED_VIEWS, ())
+        elif isinstance(value, PackedBatch):
+            widths = {"width": value.width}
+            if value.targets_width is not None:
+                widths["targets_width"] = value.targets_width
+            add({"packed": value.buffer, "fields": tuple((s.name, s.dtype, s.offset, s.count) for s in value.slots),
+                 **widths})
+        elif isinstance(value, PaddedBatch):
+            views = {c.name for c in value.columns if compat.is_view(c.dtype)}
+            for k in sorted(value.tensors):
+                h.update(k.encode())
+                add(value.tensors[k], k in views)
+        elif isinstance(value, Mapping):
             for k in sorted(value):
-                if k != compat.SIGNED_VIEWS:
-                    h.update(k.encode())
-                    add(value[k], k in views)
+                h.update(k.encode())
+                add(value[k])
         else:
             h.update(repr(value).encode())
 

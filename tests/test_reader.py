@@ -33,6 +33,7 @@ from helpers import SMALL_SHARDS, U16, SeedRows, repo_first, serve_directory, sh
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
+from lifeseq_shards.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
@@ -43,7 +44,7 @@ from lifeseq_shards.reader.transport import PIPE_BYTES
 from lifeseq_shards.remote import STALL_ENV, read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks, write_shard
 
-Batch = dict[str, torch.Tensor]
+Batch = PaddedBatch | PackedBatch
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
 SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target slots
 
@@ -59,7 +60,7 @@ def other_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 # -- reading helpers ----------------------------------------------------------------------------------------------
 def ids_of(batches: Iterable[Batch]) -> np.ndarray:
-    return np.concatenate([b["person_id"].numpy() for b in batches])
+    return np.concatenate([b.tensors["person_id"].numpy() for b in batches])
 
 
 def rank_pass(root: Path | str, world: int, rank: int, workers: int, epoch: int = 0, split: str = "train",
@@ -86,12 +87,24 @@ def loader(root: Path | str, **kw: Any) -> ShardedLoader:
     return ShardedLoader(ShardedDataset(root, **kw))
 
 
-def assert_same_batches(got: list[Batch], want: list[Batch]) -> None:
+def values_of(batch: Batch | dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A batch's values by name: a padded host batch's tensors and columns, a packed one's buffer, layout and
+    widths, or the named tensors of ``padded_fields``."""
+    if isinstance(batch, PaddedBatch):
+        return {**batch.tensors, "columns": batch.columns}
+    if isinstance(batch, PackedBatch):
+        return {"packed": batch.buffer, "slots": batch.slots, "width": batch.width,
+                "targets_width": batch.targets_width}
+    return batch
+
+
+def assert_same_batches(got: list, want: list) -> None:
     assert len(got) == len(want), f"{len(got)} batches, expected {len(want)}"
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        a, b = values_of(a), values_of(b)
         assert a.keys() == b.keys(), i
         for k in a:
-            if not isinstance(a[k], torch.Tensor):  # compat.SIGNED_VIEWS (torch < 2.3): names
+            if not isinstance(a[k], torch.Tensor):  # the layout: columns, slots, widths
                 assert a[k] == b[k], f"batch {i} {k}: {a[k]} != {b[k]}"
                 continue
             assert a[k].dtype == b[k].dtype, f"batch {i} field {k}: {a[k].dtype} != {b[k].dtype}"
@@ -219,7 +232,7 @@ def test_inference_reads_everyone_once_in_file_order(mlm_dataset: Path, per_mess
                                shuffle=shuffle, batches_per_message=per_message)
             assert len(got) == n == len(want)
             for g, w in zip(got, want, strict=True):
-                np.testing.assert_array_equal(g["person_id"].numpy(), w)
+                np.testing.assert_array_equal(g.tensors["person_id"].numpy(), w)
         everyone.append(ids_of(got))
     got_all = np.concatenate(everyone)
     assert len(got_all) == TRAIN_READ + len(rem) == len(np.unique(got_all))
@@ -328,35 +341,36 @@ def test_a_message_size_below_one_is_refused(nomlm_dataset: Path) -> None:
 # -- 5. batch contents --------------------------------------------------------------------------------------------
 def check_batch(b: Batch, seed: SeedRows, width: int | None = None) -> np.ndarray:
     """Compare a batch with the seed's rows of the same persons; returns those rows."""
-    rows = seed.rows(b["person_id"])
+    rows = seed.rows(b.tensors["person_id"])
     length = seed.length[rows]
     want_width = width or -(-int(length.max()) // 8) * 8
-    assert b["tokens"].shape == (len(rows), want_width)
-    np.testing.assert_array_equal(b["lengths"].numpy(), np.minimum(length, want_width))
+    assert b.tensors["tokens"].shape == (len(rows), want_width)
+    np.testing.assert_array_equal(b.tensors["lengths"].numpy(), np.minimum(length, want_width))
     c = seed.cols
-    np.testing.assert_array_equal(b["tokens"].numpy(), c["original_sequence"][rows, :want_width])
+    np.testing.assert_array_equal(b.tensors["tokens"].numpy(), c["original_sequence"][rows, :want_width])
     for j, name in enumerate(("abspos", "age", "segment"), start=1):
-        np.testing.assert_array_equal(b[name].numpy(), c["input_ids"][rows, j, :want_width], err_msg=name)
-    assert b["person_id"].dtype == torch.int64 and b["lengths"].dtype in (torch.int32, torch.int64)
-    assert (b["tokens"].dtype, b["abspos"].dtype, b["age"].dtype, b["segment"].dtype) == (
+        np.testing.assert_array_equal(b.tensors[name].numpy(), c["input_ids"][rows, j, :want_width], err_msg=name)
+    assert b.tensors["person_id"].dtype == torch.int64 and b.tensors["lengths"].dtype in (torch.int32, torch.int64)
+    assert tuple(b.tensors[k].dtype for k in ("tokens", "abspos", "age", "segment")) == (
         U16, torch.int16, torch.uint8, torch.uint8)
     return rows
 
 
 def test_batches_hold_the_seed_rows_padded_to_multiples_of_8(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
     batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1))
-    assert {b["tokens"].shape[1] % 8 for b in batches} == {0}
-    assert len({b["tokens"].shape[1] for b in batches}) > 1, "every batch has the same width: not padded per batch"
+    assert {b.tensors["tokens"].shape[1] % 8 for b in batches} == {0}
+    widths = {b.tensors["tokens"].shape[1] for b in batches}
+    assert len(widths) > 1, "every batch has the same width: not padded per batch"
     for b in batches:
         check_batch(b, nomlm_rows)
-        assert "masked_tokens" not in b
+        assert "masked_tokens" not in b.tensors
 
 
 def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
     batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1, pad_to=128))
     for b in batches:
         check_batch(b, nomlm_rows, width=128)
-    assert (nomlm_rows.length[nomlm_rows.rows(torch.cat([b["person_id"] for b in batches]))] > 128).any()
+    assert (nomlm_rows.length[nomlm_rows.rows(torch.cat([b.tensors["person_id"] for b in batches]))] > 128).any()
 
 
 def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
@@ -364,16 +378,16 @@ def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
     ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1)
     for b in ds:
         rows = check_batch(b, mlm_rows)
-        width = b["tokens"].shape[1]
-        np.testing.assert_array_equal(b["masked_tokens"].numpy(), c["input_ids"][rows, 0, :width])
+        width = b.tensors["tokens"].shape[1]
+        np.testing.assert_array_equal(b.tensors["masked_tokens"].numpy(), c["input_ids"][rows, 0, :width])
         n = (c["target_pos"][rows, :SEED_SLOTS] != SEED_WIDTH - 1).sum(axis=1)  # the seed fills unused slots with 511
-        np.testing.assert_array_equal(b["n_targets"].numpy(), n)
-        assert b["target_pos"].shape == b["target_tokens"].shape == (len(rows), n.max())
+        np.testing.assert_array_equal(b.tensors["n_targets"].numpy(), n)
+        assert b.tensors["target_pos"].shape == b.tensors["target_tokens"].shape == (len(rows), n.max())
         used = np.arange(n.max())[None, :] < n[:, None]
         for name in ("target_pos", "target_tokens"):
-            np.testing.assert_array_equal(b[name].numpy(), np.where(used, c[name][rows, : n.max()], 0), name)
-        np.testing.assert_array_equal(b["target_cls"].numpy(), c["target_cls"][rows])
-        assert (b["target_pos"].dtype, b["target_tokens"].dtype, b["target_cls"].dtype) == (
+            np.testing.assert_array_equal(b.tensors[name].numpy(), np.where(used, c[name][rows, : n.max()], 0), name)
+        np.testing.assert_array_equal(b.tensors["target_cls"].numpy(), c["target_cls"][rows])
+        assert (b.tensors["target_pos"].dtype, b.tensors["target_tokens"].dtype, b.tensors["target_cls"].dtype) == (
             U16, U16, torch.uint8)
 
 
@@ -382,7 +396,7 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
     slots: unused ones position 511 and token 0)."""
     c = mlm_rows.cols
     for b in ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=SEED_WIDTH):
-        out, rows = model_batch(b), mlm_rows.rows(b["person_id"])
+        out, rows = model_batch(b), mlm_rows.rows(b.tensors["person_id"])
         assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
         for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
                            ("original_sequence", c["original_sequence"][rows]),
@@ -411,7 +425,7 @@ def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows
         ranks = all_ranks(other_dataset, world, 0, batch_size=100)
     for b in (b for r in ranks for b in r):
         check_batch(b, nomlm_rows)
-        got.append(b["person_id"].numpy())
+        got.append(b.tensors["person_id"].numpy())
     ids = np.concatenate(got)
     everyone, left = trained_ids(other_dataset, world, 0, 0)
     assert len(ids) == len(np.unique(ids)) == len(everyone) - len(left) > TRAIN_READ
@@ -568,7 +582,7 @@ def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path
     assert per_message > 1 and loader.prefetch_factor * per_message * ds.batch_size >= ds.window
     it = iter(loader)
     message = [next(it) for _ in range(per_message)]
-    message_bytes = sum(b["packed"].nbytes for b in message)
+    message_bytes = sum(b.buffer.nbytes for b in message)
     results = loader._iterator._worker_result_queue  # type: ignore[union-attr]  # the persistent workers' queue
     assert fcntl.fcntl(results._reader.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE_BYTES > message_bytes
     del it, loader
@@ -581,10 +595,10 @@ def ring_passes(root: Path, ring_bytes: int | None, pause: float = 0.0) -> tuple
     ds = ShardedDataset(root, batch_size=32, num_workers=2, packed=True)
     ld = ShardedLoader(ds, ring_bytes=ring_bytes, batches_per_message=2)
     it = iter(ld)
-    got = [next(it)["packed"].numpy().tobytes() for _ in range(3)]
+    got = [next(it).buffer.numpy().tobytes() for _ in range(3)]
     for _ in range(2):
         for b in ld:
-            got.append(b["packed"].numpy().tobytes())
+            got.append(b.buffer.numpy().tobytes())
             time.sleep(pause)
     return got, ld
 
@@ -614,7 +628,7 @@ def test_abandoned_iterator_frees_workers_waiting_on_their_rings(nomlm_dataset: 
     each): the workers, blocked on full rings, must be told to stop waiting before that, not after."""
     ds = ShardedDataset(nomlm_dataset, batch_size=32, num_workers=2, packed=True)
     probe = list(ShardedLoader(ds, ring_bytes=0, batches_per_message=2, persistent_workers=False))
-    message = max(b["packed"].nbytes for b in probe) * 2
+    message = max(b.buffer.nbytes for b in probe) * 2
     ld = ShardedLoader(ds, ring_bytes=int(2.5 * message), batches_per_message=2, persistent_workers=False)
     for _ in range(2):
         it = iter(ld)

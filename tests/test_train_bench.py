@@ -13,10 +13,10 @@ import torch
 
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.encoder import EncoderLayer
 from lifeseq_shards.model import (
     SIZES,
     EncoderConfig,
-    EncoderLayer,
     LifeSeqEncoder,
     LifeSeqPretrainModule,
     model_flops_per_token,

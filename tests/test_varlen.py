@@ -9,23 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lifeseq_shards import model as model_mod
+from lifeseq_shards import encoder as encoder_mod
+from lifeseq_shards.batch import PackedModelBatch, PaddedModelBatch
 from lifeseq_shards.device import host_sync_guard, model_batch, plan_tokens, to_device
+from lifeseq_shards.encoder import EncoderConfig, LifeSeqEncoder, Packed, varlen_attention
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.model import (
-    EncoderConfig,
-    LifeSeqEncoder,
-    Packed,
-    model_inputs,
-    pretrain_losses,
-    varlen_attention,
-)
+from lifeseq_shards.model import model_inputs, pretrain_losses
 from lifeseq_shards.reader import ShardedDataset
 
 VOCAB = 40
 
 
-def _padded_and_packed(b: int = 5, n: int = 16, t: int = 4, seed: int = 0) -> tuple[dict, dict]:
+def _padded_and_packed(b: int = 5, n: int = 16, t: int = 4, seed: int = 0
+                       ) -> tuple[PaddedModelBatch, PackedModelBatch]:
     """One padded batch (persons of different lengths, padding zeros) and the same persons packed, built
     independently of lifeseq_shards.device (plain loops)."""
     g = torch.Generator().manual_seed(seed)
@@ -38,12 +34,13 @@ def _padded_and_packed(b: int = 5, n: int = 16, t: int = 4, seed: int = 0) -> tu
     pos = torch.stack([torch.randint(0, int(m), (t,), generator=g) for m in lengths])
     tokens = ids[:, 0].gather(1, pos)
     tokens[3, 1:] = 0  # unused slots (token 0): ignored by the loss in both layouts
-    padded = {"input_ids": ids, "padding_mask": real, "target_pos": pos, "target_tokens": tokens,
-              "target_cls": torch.randint(0, 3, (b,), generator=g)}
+    padded = PaddedModelBatch({"input_ids": ids, "padding_mask": real, "target_pos": pos, "target_tokens": tokens,
+                               "target_cls": torch.randint(0, 3, (b,), generator=g)})
     starts = torch.cumsum(lengths, 0) - lengths
-    packed = {"input_ids": torch.cat([ids[i, :, :m] for i, m in enumerate(lengths.tolist())], 1),
-              "cu_seqlens": F.pad(torch.cumsum(lengths, 0), (1, 0)).int(), "max_len": n,
-              "target_index": starts[:, None] + pos, "target_tokens": tokens, "target_cls": padded["target_cls"]}
+    packed = PackedModelBatch({"input_ids": torch.cat([ids[i, :, :m] for i, m in enumerate(lengths.tolist())], 1),
+                               "cu_seqlens": F.pad(torch.cumsum(lengths, 0), (1, 0)).int(), "max_len": n,
+                               "target_index": starts[:, None] + pos, "target_tokens": tokens,
+                               "target_cls": padded["target_cls"]})
     return padded, packed
 
 
@@ -78,8 +75,8 @@ def test_padded_index_is_built_once_per_forward(monkeypatch: pytest.MonkeyPatch)
     model = LifeSeqEncoder(EncoderConfig(32, 48, 3, 4), VOCAB, dropout=0.0)
     padded, packed = _padded_and_packed()
     calls = []
-    built = model_mod.padded_index
-    monkeypatch.setattr(model_mod, "padded_index", lambda *a: calls.append(a) or built(*a))
+    built = encoder_mod.padded_index
+    monkeypatch.setattr(encoder_mod, "padded_index", lambda *a: calls.append(a) or built(*a))
     layout = Packed(packed["cu_seqlens"], packed["max_len"])
     x_packed = model.encode(packed["input_ids"], layout)
     assert len(calls) == 1
@@ -120,8 +117,8 @@ def test_flash_path_pads_head_dims_and_keeps_the_scale(head_dim: int, monkeypatc
     q, k, v = torch.randn(3, int(lengths.sum()), 2, head_dim, generator=torch.Generator().manual_seed(1))
     packed = Packed(cu, 12)
     want = varlen_attention(q, k, v, packed)
-    monkeypatch.setattr(model_mod, "_VARLEN_ATTN", _reference_kernel)
-    monkeypatch.setattr(model_mod, "varlen_backend", lambda _q: "flash-varlen")
+    monkeypatch.setattr(encoder_mod, "_VARLEN_ATTN", _reference_kernel)
+    monkeypatch.setattr(encoder_mod, "varlen_backend", lambda _q: "flash-varlen")
     got = varlen_attention(q, k, v, packed)
     assert got.shape == q.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -129,8 +126,8 @@ def test_flash_path_pads_head_dims_and_keeps_the_scale(head_dim: int, monkeypatc
 
 def test_backend_choice_is_explicit() -> None:
     q = torch.zeros(4, 2, 64)
-    assert model_mod.varlen_backend(q) == "padded-sdpa"  # CPU
-    assert model_mod.varlen_backend(q.bfloat16()) == "padded-sdpa"
+    assert encoder_mod.varlen_backend(q) == "padded-sdpa"  # CPU
+    assert encoder_mod.varlen_backend(q.bfloat16()) == "padded-sdpa"
 
 
 @pytest.mark.cuda
@@ -145,7 +142,7 @@ def test_cuda_flash_varlen_equals_the_padded_model_in_bf16(heads: int) -> None:
         x_pad = model.encode(padded["input_ids"], padded["padding_mask"])
         x_packed = model.encode(packed["input_ids"], Packed(packed["cu_seqlens"], packed["max_len"]))
         q = torch.zeros(2, 2, 64, device="cuda", dtype=torch.bfloat16)
-        assert model_mod.varlen_backend(q) == ("flash-varlen" if model_mod._VARLEN_ATTN else "padded-sdpa")
+        assert encoder_mod.varlen_backend(q) == ("flash-varlen" if encoder_mod._VARLEN_ATTN else "padded-sdpa")
         loss_pad, grads_pad = _losses_and_grads(model, padded)
         loss_packed, grads_packed = _losses_and_grads(model, packed)
     real = padded["padding_mask"].bool()
@@ -161,7 +158,7 @@ def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
     sync debug mode "error" and the Python-level pulls, device.host_sync_guard). Only the host-side plan (the token
     count, read from the pinned buffer before the copy) runs outside the guard."""
     host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=64, seed=0, packed=True)))
-    planned = plan_tokens({**host, "packed": torch.from_numpy(host["packed"]).pin_memory()}, 128)
+    planned = plan_tokens(host.with_buffer(torch.from_numpy(host.buffer)).pin_memory(), 128)
     model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), 2970, dropout=0.1).cuda()
     masker = DynamicMasker(MaskingConfig(vocab_size=2970))
     with host_sync_guard(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -177,9 +174,8 @@ def test_a_batch_without_mlm_targets_has_a_zero_mlm_loss() -> None:
     optimizer step. With targets, it is still their mean."""
     torch.manual_seed(0)
     model = LifeSeqEncoder(EncoderConfig(32, 48, 2, 4), VOCAB, dropout=0.0)
-    padded, packed = _padded_and_packed()
-    for batch in (padded, packed):
-        batch["target_tokens"] = torch.zeros_like(batch["target_tokens"])  # every slot unused
+    padded, packed = (b.replace(target_tokens=torch.zeros_like(b["target_tokens"]))  # every slot unused
+                      for b in _padded_and_packed())
     loss_pad, grads_pad = _losses_and_grads(model, padded)
     loss_packed, grads_packed = _losses_and_grads(model, packed)
     assert loss_pad[0] == loss_packed[0] == 0 and torch.isfinite(loss_pad).all()

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 import click
-import numpy as np
 import torch
 
+from lifeseq_shards.batch import ModelBatch
 from lifeseq_shards.loop import LifeSeqData
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.remote import read_manifest
@@ -27,8 +27,11 @@ LAYOUTS = ("padded", "packed")
 ROUNDS = 3
 
 
-def nbytes(batch: dict[str, Any]) -> int:
-    return sum(v.nbytes for v in batch.values() if isinstance(v, (torch.Tensor, np.ndarray)))
+def nbytes(batch: Any) -> int:
+    """The bytes of a host batch (what crosses the bus) or of a model batch (its tensors)."""
+    if isinstance(batch, ModelBatch):
+        return sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+    return batch.nbytes
 
 
 def measure(root: str, length: int, layout: str, batch_size: int, batches: int) -> dict[str, float]:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lifeseq_shards.batch import PaddedModelBatch
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
@@ -132,8 +133,8 @@ def run_theirs(root: str, out: str, width: int) -> dict[str, float]:
     persons = 0
     with torch.no_grad():
         for batch in DataLoader(InMemory(root, width), batch_size=BATCH):
-            model_batch = {"input_ids": batch["input_ids"], "padding_mask": batch["padding_mask"],
-                           "lengths": batch["padding_mask"].sum(1), "person_id": batch["sequence_id"]}
+            model_batch = PaddedModelBatch({"input_ids": batch["input_ids"], "padding_mask": batch["padding_mask"],
+                                            "lengths": batch["padding_mask"].sum(1), "person_id": batch["sequence_id"]})
             emb = model.predict_step(model_batch, 0)
             append_h5(out, {"sequence_id": batch["sequence_id"].numpy(), "cls_emb": emb["cls"].numpy(),
                             "mean_emb": emb["mean"].numpy()})

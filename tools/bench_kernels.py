@@ -24,9 +24,10 @@ import click
 import torch
 import torch.nn.functional as F
 
+from lifeseq_shards.batch import PackedBatch
 from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.model import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.reader import ShardedDataset
 from lifeseq_shards.remote import read_manifest
 from tools.tables import write_csv
@@ -72,12 +73,12 @@ class Rows:
         write_csv(self.path, self.rows)
 
 
-def host_batches(data: Path, batch_size: int, n: int, pin: bool) -> list[dict[str, Any]]:
+def host_batches(data: Path, batch_size: int, n: int, pin: bool) -> list[PackedBatch]:
     ds = ShardedDataset(data, "train", batch_size, seed=0, packed=True)
     out = []
     for batch in ds:
-        batch["packed"] = torch.from_numpy(batch["packed"])
-        out.append({**batch, "packed": batch["packed"].pin_memory() if pin else batch["packed"]})
+        batch = batch.with_buffer(torch.from_numpy(batch.buffer))
+        out.append(batch.pin_memory() if pin else batch)
         if len(out) == n:
             break
     return out

@@ -348,11 +348,12 @@ def batch_stats(batch: Any) -> tuple[int, int, int | None]:
     """(persons, real tokens, bytes shipped to the device) of one batch, whatever its layout."""
     if isinstance(batch, tuple):
         return batch[0], batch[1], None
-    if "packed" in batch:
-        from lifeseq_shards.device import packed_views
+    from lifeseq_shards.batch import PackedBatch, PaddedBatch
+    from lifeseq_shards.device import packed_views
 
-        fields = packed_views(batch)
-        return len(fields["person_id"]), int(fields["lengths"].sum()), batch["packed"].nbytes
+    if isinstance(batch, PackedBatch | PaddedBatch):
+        fields = packed_views(batch) if isinstance(batch, PackedBatch) else batch.tensors
+        return len(fields["person_id"]), int(fields["lengths"].sum()), batch.nbytes
     nbytes = sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
     if "padding_mask" in batch:
         return len(batch["sequence_id"]), int(batch["padding_mask"].sum()), nbytes

@@ -5,13 +5,13 @@ functions run without a dataset (tools/bench_stamps.py times them alone)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .. import compat
+from ..batch import Column, PackedBatch, PaddedBatch, batch_name
 from ..format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged_counts, token_schema
 
 
@@ -29,50 +29,53 @@ class BatchSpec:
     pad_to: int | None = None
     offline_mlm: bool = False
     source: str = ""
+    # the packed batches' columns by the block's dtypes: one tuple for all of a dataset's batches
+    _columns: dict[tuple[np.dtype, ...], tuple[Column, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                    compare=False)
 
 
-def collate(block: Block, spec: BatchSpec, index: np.ndarray | None = None) -> dict[str, Any]:
+def collate(block: Block, spec: BatchSpec, index: np.ndarray | None = None) -> PackedBatch | PaddedBatch:
     """Persons ``index`` of ``block`` (all of it when None) as a batch: packed when ``spec.packed``, else padded."""
     if spec.packed:
         return collate_packed(block, spec, np.arange(block.n) if index is None else index)
     return collate_padded(block if index is None else block.take(index, spec.schema), spec)
 
 
-def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> dict[str, Any]:
-    """The whole batch in ONE uint8 array: each field's values (ragged ones concatenated: only real tokens cross
-    the bus) 8-byte aligned, described by ``fields`` = ((name, dtype, offset, count), ...), plus the padded widths
-    as ints. Values are gathered straight from the window's block into the buffer (one copy). A numpy array, not a
-    tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled through its pipe)
-    where a tensor would go through a fresh shared-memory segment, which costs more than making the batch.
-    :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.padded_fields`` into named, padded
-    tensors on the device."""
+def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> PackedBatch:
+    """The whole batch in ONE uint8 array (a :class:`~lifeseq_shards.batch.PackedBatch`): each field's values
+    (ragged ones concatenated: only real tokens cross the bus) 8-byte aligned, laid out by its slots, plus the
+    padded widths as ints. Values are gathered straight from the window's block into the buffer (one copy). A
+    numpy array, not a tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled
+    through its pipe) where a tensor would go through a fresh shared-memory segment, which costs more than making
+    the batch. :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.padded_fields`` into
+    named, padded tensors on the device."""
     schema = spec.schema
     c = block.columns
     flat = {k: block.gather_index(index, k) for k in ragged_counts(schema)}
     sources = [(f, index if f.kind == SCALAR else flat[COUNT_OF[f.kind]]) for f in schema]
-    fields, offset = [], 0
-    for f, idx in sources:
-        dtype = c[f.name].dtype
-        fields.append((f.name if f.name != "length" else "lengths", dtype.str, offset, len(idx)))
+    dtypes = tuple(c[f.name].dtype for f in schema)
+    columns = spec._columns.get(dtypes)
+    if columns is None:
+        columns = spec._columns[dtypes] = tuple(Column(batch_name(f.name), d.str, f.kind)
+                                                for f, d in zip(schema, dtypes, strict=True))
+    offsets, counts, offset = [], [], 0
+    for (_, idx), dtype in zip(sources, dtypes, strict=True):
+        offsets.append(offset)
+        counts.append(len(idx))
         offset += -(-len(idx) * dtype.itemsize // 8) * 8
     buf = np.empty(offset, dtype=np.uint8)
-    columns = {}
-    for (name, dtype, off, count), (f, idx) in zip(fields, sources, strict=True):
-        end = off + count * np.dtype(dtype).itemsize
+    values = {}
+    for (f, idx), dtype, col, off in zip(sources, dtypes, columns, offsets, strict=True):
+        end = off + len(idx) * dtype.itemsize
         buf[end : end + (-end) % 8] = 0  # the alignment gap: the same persons always pack into the same bytes
         # mode="wrap": the indices are in range by construction, and "raise" would copy through a buffer
-        columns[name] = np.take(c[f.name], idx, out=buf[off:end].view(dtype), mode="wrap")
-    out: dict[str, Any] = {
-        "packed": buf,
-        "fields": tuple(fields),
-        "width": _padded_width(columns["lengths"], spec.pad_multiple),
-    }
-    if "n_targets" in columns:
-        out["targets_width"] = int(columns["n_targets"].max(initial=0))
-    return out
+        values[col.name] = np.take(c[f.name], idx, out=buf[off:end].view(dtype), mode="wrap")
+    targets_width = int(values["n_targets"].max(initial=0)) if "n_targets" in values else None
+    return PackedBatch(buf, columns, tuple(offsets), tuple(counts), _padded_width(values["lengths"], spec.pad_multiple),
+                       targets_width)
 
 
-def collate_padded(block: Block, spec: BatchSpec) -> dict[str, Any]:
+def collate_padded(block: Block, spec: BatchSpec) -> PaddedBatch:
     """Pad the ragged fields to the batch's longest (a multiple of pad_multiple) or to pad_to, keep narrow dtypes;
     stamps stored once per run are repeated over their tokens first."""
     schema = spec.schema
@@ -89,8 +92,9 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, Any]:
     else:
         width = _padded_width(lengths, spec.pad_multiple)
         keep = lengths
-    out: dict[str, Any] = {"person_id": torch.from_numpy(np.ascontiguousarray(c["person_id"])),
-                           "lengths": torch.from_numpy(keep.astype(np.int32))}
+    ids, kept = np.ascontiguousarray(c["person_id"]), keep.astype(np.int32)
+    out = {"person_id": torch.from_numpy(ids), "lengths": torch.from_numpy(kept)}
+    columns = [Column("person_id", ids.dtype.str, SCALAR), Column("lengths", kept.dtype.str, SCALAR)]
     masks = {"length": _prefix_mask(keep, width)}
     src_masks = {"length": _prefix_mask(lengths, int(lengths.max(initial=0)))} if spec.pad_to is not None else None
     if "n_targets" in c:
@@ -100,6 +104,7 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, Any]:
         if f.name in ("person_id", "length"):
             continue
         col = c[f.name]
+        columns.append(Column(f.name, col.dtype.str, f.kind))
         if f.kind == SCALAR:
             out[f.name] = compat.to_tensor(np.ascontiguousarray(col))
             continue
@@ -112,10 +117,7 @@ def collate_padded(block: Block, spec: BatchSpec) -> dict[str, Any]:
         else:
             arr[m] = col
         out[f.name] = compat.to_tensor(arr)
-    views = tuple(f.name for f in schema if f.name in out and compat.is_view(f.dtype))
-    if views:  # torch < 2.3: the device reads them back as unsigned (compat.widen_views)
-        out[compat.SIGNED_VIEWS] = views
-    return out
+    return PaddedBatch(out, tuple(columns))
 
 
 def _padded_width(lengths: np.ndarray, multiple: int) -> int:

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .. import plan
+from ..batch import HostBatch, PackedBatch
 from ..plan_resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
 from .dataset import ShardedDataset
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
@@ -123,12 +124,12 @@ class ShardedLoader(DataLoader):
         self.dataset.set_epoch(epoch)
         self._position = Position(epoch, 0)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[HostBatch]:
         for batch, position in self.positioned():
             self.handed(position)
             yield batch
 
-    def positioned(self) -> Iterator[tuple[dict[str, Any], Position]]:
+    def positioned(self) -> Iterator[tuple[HostBatch, Position]]:
         """This pass's batches, each with where the epoch stands once it is handed out: for a consumer that takes
         batches ahead of handing them out (:class:`~lifeseq_shards.prefetch.DevicePrefetcher`), which reports each
         one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
@@ -178,17 +179,19 @@ class ShardedLoader(DataLoader):
             self._rings = RingReader(ds.num_workers, self.ring_bytes)
         return self._rings
 
-    def _take_buffers(self, group: list[dict[str, Any]], rings: RingReader | None) -> None:
+    def _take_buffers(self, group: list[HostBatch], rings: RingReader | None) -> None:
         """Each packed buffer as a tensor of its own (pinned when ``pin_memory``): copied out of its worker's ring,
         or taken from the pipe's copy."""
-        for batch in group:
-            packed = batch.get("packed")
+        for i, batch in enumerate(group):
+            if not isinstance(batch, PackedBatch):
+                continue
+            packed = batch.buffer
             if isinstance(packed, RingSlot):
                 assert rings is not None
-                batch["packed"] = rings.take(packed, self.pin_memory)
+                group[i] = batch.with_buffer(rings.take(packed, self.pin_memory))
             elif isinstance(packed, np.ndarray):
                 buf = torch.from_numpy(packed)
-                batch["packed"] = buf.pin_memory() if self.pin_memory else buf
+                group[i] = batch.with_buffer(buf.pin_memory() if self.pin_memory else buf)
 
     # -- checkpoint state -------------------------------------------------------------------------------------
     @property

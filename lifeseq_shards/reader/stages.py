@@ -11,11 +11,11 @@ shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks neede
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import zstandard
 
+from ..batch import HostBatch, PackedBatch
 from ..format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..plan import Partition
 from ..plan_order import Window
@@ -88,7 +88,7 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     return blocks
 
 
-def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[dict[str, Any]]:
+def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[HostBatch]:
     """Stage 3: cut the permuted stream into batches and collate them: one gather per batch from its window (a
     batch that spans two windows joins its two parts), so the cost is linear in the persons read."""
     size, schema = spec.batch_size, spec.schema
@@ -113,20 +113,20 @@ def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, sk
         yield collate(carry, spec)
 
 
-def messages(src: Iterator[dict[str, Any]], per_message: int, first: int,
-             writer: RingWriter | None = None) -> Iterator[list[dict[str, Any]]]:
+def messages(src: Iterator[HostBatch], per_message: int, first: int,
+             writer: RingWriter | None = None) -> Iterator[list[HostBatch]]:
     """Stage 4 (DataLoader workers): lists of ``per_message`` batches, cut at multiples of it in the worker's own
     batch numbering (batch ``first`` is the first one read), so that a resumed pass sends the same messages as an
     uninterrupted one from its first whole message on. With a ``writer``, a complete message's packed buffers go
     into the worker's ring and RingSlots take their place: the pipe then carries a few hundred bytes per batch.
     A message too large for the ring keeps its buffers and travels through the pipe."""
-    def send(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if writer is not None and writer.fits(sum(b["packed"].nbytes for b in group)):
-            for batch in group:
-                batch["packed"] = writer.put(batch["packed"])
+    def send(group: list[HostBatch]) -> list[HostBatch]:
+        packed = [b for b in group if isinstance(b, PackedBatch)] if writer is not None else []
+        if writer is not None and len(packed) == len(group) and writer.fits(sum(b.buffer.nbytes for b in packed)):
+            return [b.with_buffer(writer.put(b.buffer)) for b in packed]
         return group
 
-    group: list[dict[str, Any]] = []
+    group: list[HostBatch] = []
     for b, batch in enumerate(src, start=first):
         group.append(batch)
         if (b + 1) % per_message == 0:
