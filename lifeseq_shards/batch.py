@@ -166,8 +166,23 @@ class PaddedBatch:
 
     def widened(self) -> dict[str, torch.Tensor]:
         """The tensors by name, each signed view read back as its unsigned values (bit-exact, one dtype wider)."""
-        views = {c.name for c in self.columns if compat.is_view(c.dtype)}
-        return {k: compat.unsigned(v) if k in views else v for k, v in self.tensors.items()}
+        return {k: self[k] for k in self.tensors}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """One field's values as :meth:`widened` gives them: ``batch["person_id"]`` reads as it did when a padded
+        host batch was a dict, and a signed view (torch < 2.3) never leaks out as negative token ids."""
+        value = self.tensors[name]
+        return compat.unsigned(value) if compat.is_view(self._dtypes[name]) else value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def keys(self) -> Iterable[str]:
+        return self.tensors.keys()
+
+    @property
+    def _dtypes(self) -> dict[str, str]:
+        return {c.name: c.dtype for c in self.columns}
 
 
 HostBatch = PackedBatch | PaddedBatch
@@ -221,7 +236,8 @@ def widen_unsigned(values: torch.Tensor) -> torch.Tensor:
 
 class ModelBatch(Mapping[str, Any]):
     """The model's batch: a read-only mapping of name -> tensor (``max_len``, in the packed layout, a host int), in
-    the names and layout the researchers' code reads (docs/masking.md). ``batch["input_ids"]``, ``"target_pos" in
+    the names and layout the researchers' code reads (docs/reference/masking.md). ``batch["input_ids"]``,
+    ``"target_pos" in
     batch``, ``batch.keys()``, ``dict(batch)`` and ``batch.input_ids`` all work; assignment does not (use
     :meth:`replace`). Built from any mapping (``type(batch)(mapping)``), as Lightning's and torch's collection
     helpers rebuild a mapping they convert."""

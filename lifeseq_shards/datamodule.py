@@ -26,7 +26,7 @@ from .reader import ShardedLoader, default_rank_world
 
 
 class LifeSeqDataHooks(DataParts):
-    """What ``LifeSeqDataModule`` does, for either Lightning package (docs/ddp.md has the seed's diff).
+    """What ``LifeSeqDataModule`` does, for either Lightning package (docs/reference/ddp.md has the seed's diff).
 
     ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
     bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
@@ -43,7 +43,8 @@ class LifeSeqDataHooks(DataParts):
     padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
     training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``);
     ``prefetch_thread=True`` also launches it from a background thread (opt-in until a GPU run says it pays:
-    docs/tuning.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its configuration,
+    docs/results/training-gpu.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its
+    configuration,
     ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
@@ -127,7 +128,7 @@ class LifeSeqDataHooks(DataParts):
         """(optimizer steps taken, optimizer steps in the fit) as this layout counts them: Lightning's
         ``estimated_stepping_batches``, and the steps before the train loader's position. A fit resumed in another
         layout (ranks, workers, batch size) has other steps left than the checkpoint's schedule was sized for:
-        :func:`lifeseq_shards.schedule.resize_one_cycle` fits it to these (docs/ddp.md)."""
+        :func:`lifeseq_shards.schedule.resize_one_cycle` fits it to these (docs/reference/ddp.md)."""
         trainer = self.trainer
         assert self._train is not None and trainer is not None, "schedule_steps() belongs in a fit (on_train_start)"
         at = self._train.position

@@ -2,7 +2,7 @@
 
 Narrow dtypes (uint16 tokens, int16 abspos, uint8 age/segment) cross the bus, the stamps once per run of tokens that
 share them (format 2); the repetition over tokens, the int64 widening, the padding mask and the MLM targets are built
-on the device, so the bus carries a few bytes a real token instead of the padded int64 batch (docs/performance.md).
+on the device, so the bus carries a few bytes a real token instead of the padded int64 batch (docs/results/reader.md).
 uint16 travels as is: torch copies and casts it on CPU and CUDA (before torch 2.3, which has no uint16 tensors, as its
 int16 view, read back as unsigned here: lifeseq_shards.compat).
 
@@ -97,7 +97,7 @@ def padded_fields(batch: HostBatch, width: int | None = None) -> dict[str, torch
     return out
 
 
-# Some torch builds lack `where` or indexing for the unsigned dtypes (docs/performance.md); a signed view of the same
+# Some torch builds lack `where` or indexing for the unsigned dtypes (docs/results/reader.md); a signed view of the same
 # width has the same bits. Torch < 2.3 has no such dtypes at all.
 _SIGNED_VIEW = {getattr(torch, f"uint{bits}"): signed for bits, signed in ((16, torch.int16), (32, torch.int32),
                                                                            (64, torch.int64))
@@ -137,7 +137,8 @@ def model_batch(
     batch: HostBatch, masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
     max_len: int | None = None,
 ) -> ModelBatch:
-    """The model's batch (the seed code's layout, docs/masking.md), built where ``batch`` lives, without a host sync.
+    """The model's batch (the seed code's layout, docs/reference/masking.md), built where ``batch`` lives, without a
+    host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are

@@ -1,7 +1,7 @@
 """The data path for a plain PyTorch training loop (no Lightning): :class:`LifeSeqData` hands this rank the model's
 batches on the device, numbers the epochs and saves / restores its position inside the loop's own
 ``torch.save({...})``; :class:`DeviceMetrics` sums the losses on the device, so a loop logs them without a host sync
-per step. docs/plain-loop.md shows a whole loop.
+per step. docs/guides/train-plain-loop.md shows a whole loop.
 
 ``LifeSeqData`` is built from the same parts as ``LifeSeqDataModule`` (:class:`~lifeseq_shards.datapath.DataParts`):
 the same loaders, masks, layouts and prefetch; only its rank, epoch and device come from the process instead of a

@@ -8,7 +8,8 @@ no host sync: everything is a few elementwise kernels, a scatter, a cumsum, a so
 
 The hash works on 32-bit words held in int64 tensors, with every product split into 16-bit halves so no intermediate
 ever exceeds 2**49: signed overflow (undefined in C++, whatever torch happens to do) and arithmetic right shifts of
-negative numbers never occur. docs/masking.md gives the rules and what was checked against the seed's own files.
+negative numbers never occur. docs/reference/masking.md gives the rules and what was checked against the seed's own
+files.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _sort_sizes(order: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, 
     ``size`` in [0, width).
 
     The column and the size ride in the low bits of one sort key instead of being gathered after the sort: a cumsum
-    follows, and inductor has failed to generate a split scan whose input is a gather (docs/performance.md); a
+    follows, and inductor has failed to generate a split scan whose input is a gather (docs/results/reader.md); a
     sort's values are a plain load.
     """
     width = order.shape[1]
@@ -179,7 +180,8 @@ def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
 class DynamicMasker:
     """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
 
-    Two opt-in ways to launch fewer kernels, for a host-bound step (docs/tuning.md), each the same masks bit for bit
+    Two opt-in ways to launch fewer kernels, for a host-bound step (docs/results/training-gpu.md), each the same masks
+    bit for bit
     and each opt-in until a GPU run says it pays:
 
     - ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on

@@ -147,11 +147,12 @@ class PretrainSteps:
 
         `estimated_stepping_batches` counts the optimizer steps *this rank* takes (per-rank loader length x epochs /
         accumulation, or max_steps): sizing OneCycleLR from the unsplit dataset's length would give a schedule
-        `world_size` times too long, so a DDP run would end in its warm-up phase (docs/tuning.md).
+        `world_size` times too long, so a DDP run would end in its warm-up phase (docs/results/training-gpu.md).
         """
         decay = [p for p in self.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.ndim < 2]
-        # fused on CUDA: one kernel per parameter group instead of a dozen foreach launches each (docs/tuning.md)
+        # fused on CUDA: one kernel per parameter group instead of a dozen foreach launches each
+        # (docs/results/training-gpu.md)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.hparams.lr, fused=all(p.is_cuda for p in self.parameters()) or None,
@@ -165,7 +166,8 @@ class PretrainSteps:
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """A fit resumed in another layout (ranks, workers, batch size; docs/ddp.md) has other steps left than the
+        """A fit resumed in another layout (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
+        than the
         checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "schedule_steps"):

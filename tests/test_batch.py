@@ -51,6 +51,18 @@ def test_an_extra_per_person_field_reaches_the_model_batch(dtype: str, want: tor
         assert batch["person_id"].tolist() == [7, 8, 9], name
 
 
+def test_a_padded_host_batch_reads_its_fields_by_name_unsigned() -> None:
+    """``host["tokens"]`` as the dict batches were read: a uint16 token id at 65535 reads 65535 on every torch
+    (before torch 2.3 it crosses as an int16 view, which must not leak out as -1)."""
+    block, schema = _block(Field("income", "int32", SCALAR), np.zeros(3, dtype=np.int32))
+    block.columns["tokens"][0] = 65535
+    host = collate(block, BatchSpec(schema, batch_size=3))
+    assert host["tokens"][0, 0].item() == 65535 and host["person_id"].tolist() == [7, 8, 9]
+    assert "lengths" in host and "no such field" not in host and set(host.keys()) == set(host.tensors)
+    with pytest.raises(KeyError):
+        host["no such field"]
+
+
 def test_an_extra_per_token_field_is_refused_by_name() -> None:
     """A per-token field the model batch has no place for is refused in one line naming it, never dropped."""
     block, schema = _block(Field("visits", "uint8", RAGGED), np.arange(int(LENGTHS.sum()), dtype=np.uint8))

@@ -93,7 +93,7 @@ def test_a_dynamic_masker_is_launched_as_given(vocab_dataset: Path) -> None:
         module(vocab_dataset, masking=DynamicMasker(MaskingConfig(vocab_size=SAMPLE_IDS + 1)))
     eager = module(vocab_dataset, masking=cfg)
     host = next(iter(eager.train_dataloader()))
-    got, want = graphed.builder(dict(host), "cpu", 0), eager.builder(dict(host), "cpu", 0)
+    got, want = graphed.builder(host, "cpu", 0), eager.builder(host, "cpu", 0)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 

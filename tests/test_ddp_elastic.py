@@ -1,7 +1,7 @@
 """A 2-rank x 2-worker run (gloo, real processes) stopped mid-epoch and resumed on another layout: 1 worker, 1 rank,
 3 ranks, another batch size. Through a plain loop under torchrun (ShardedLoader.state_dict / load_state_dict) and
 through ``trainer.fit(ckpt_path=...)`` with the seed-style module (OneCycleLR over estimated_stepping_batches,
-fitted to the new layout's steps in on_train_start as docs/ddp.md recommends).
+fitted to the new layout's steps in on_train_start as docs/reference/ddp.md recommends).
 
 The rest of the epoch must be every person not yet trained on once, in equal batches on every new rank, fewer than
 the new readers left out; the next epoch the new layout's ordinary one. The truth is the shard files and the

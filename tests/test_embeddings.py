@@ -47,7 +47,7 @@ def model_for(root: Path) -> LifeSeqPretrainModule:
 
 
 def embed_in_process(root: Path, out: Path, dtype: str = "float32", batch_size: int = 64) -> EmbeddingWriter:
-    """The plain loop of docs/ddp.md: one process, no Trainer."""
+    """The plain loop of docs/reference/ddp.md: one process, no Trainer."""
     model = model_for(root)
     writer = EmbeddingWriter(out, dtype=dtype)
     dataset = writer.dataset(root, batch_size=batch_size, model=model, rank=0, world_size=1)
@@ -141,7 +141,7 @@ def test_a_plain_loop_writes_each_shard_sorted_and_a_second_run_skips_them(ds: P
     assert table.schema.field("cls").type == pa.list_(pa.float16(), 16)
     all_ids = merged(tmp_path / "emb").column("person_id").to_numpy()
     assert all_ids.tolist() == every_person(ds).tolist()
-    as_one = pyarrow.dataset.dataset(tmp_path / "emb").to_table()  # as docs/ddp.md says: no merge needed
+    as_one = pyarrow.dataset.dataset(tmp_path / "emb").to_table()  # as docs/reference/ddp.md says: no merge needed
     assert sorted(as_one.column("person_id").to_pylist()) == all_ids.tolist()
     assert embed_in_process(ds, tmp_path / "emb", dtype="float16").written == []
 

@@ -508,7 +508,7 @@ def test_plan_numbers_are_what_the_reader_yields(nomlm_dataset: Path, gpus: int,
                                 drop_last=True)
             got = list(ShardedLoader(ds, persistent_workers=False)) if workers else list(ds)
         assert len(got) == per_rank
-        yielded += [b["person_id"] for b in got]
+        yielded += [b.tensors["person_id"] for b in got]
     ids = np.concatenate(yielded) if yielded else np.zeros(0, dtype=np.int64)
     assert len(np.unique(ids)) == len(ids) == total - left - (int(dropped.group(1)) if dropped else 0)
     assert code == (0 if per_rank else 1)

@@ -1,7 +1,7 @@
 """SIGTERM, what `scancel`, a Slurm time limit and a preemption send first (to every process of the job step),
 to a real 2-rank Lightning fit with 2 DataLoader workers per rank, mid-epoch: the fit ends within a bound, no
 process of it is left, and none of the /dev/shm files (the loaders' semaphores) its processes had mapped stays.
-docs/ddp.md says what SLURM users should set."""
+docs/reference/ddp.md says what SLURM users should set."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stamps once per token (format 1) or once per run of tokens that share them (format 2), on the same persons.
 
 The tokens of one event share abspos / age / segment, so format 2 stores each run of equal stamps once, with its
-length (docs/performance.md, change 11). This script re-encodes the train blocks of a converted dataset both ways
+length (docs/results/reader.md, change 11). This script re-encodes the train blocks of a converted dataset both ways
 (columnar, zstd at the dataset's level) and times, in one process,
 
 - decompression of every block (best of 3), the reader's largest cost;

@@ -8,7 +8,7 @@
 #   results.csv, results.md   tools/train_bench.py --preset varlen (padded vs varlen, prefetch, compiled, seed sizes)
 #   attn.csv, prep.csv        tools/bench_kernels.py (attention per head layout; batch prep, masker eager/graphed/
 #                             compiled)
-#   tables.md    tools/varlen_tables.py: the docs/tuning.md tables from the two above, ready to paste
+#   tables.md    tools/varlen_tables.py: the docs/results/training-gpu.md tables from the two above, ready to paste
 #
 #   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python),
 #   the sample into .devshared/lifeseq-sample and the bench's 20,000 synthetic persons into .devshared/bench-data

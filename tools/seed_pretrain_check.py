@@ -14,7 +14,7 @@ Steps: ``apply`` (git apply), ``data`` (convert), ``fit`` (uninterrupted; every 
 step), ``kill`` (the same run, SIGKILLed after a checkpoint in the last epoch), ``resume`` twice (from the newest
 ``every_n_train_steps`` checkpoint, saved at a batch's end, and from the newest of their own ``ModelCheckpoint``'s,
 saved after a mid-epoch validation: the steps after it read the same persons, with the same losses, learning rates
-and final weights, as the uninterrupted run's), ``predict`` (docs/ddp.md's lines: everyone embedded once,
+and final weights, as the uninterrupted run's), ``predict`` (docs/reference/ddp.md's lines: everyone embedded once,
 ``shardify embeddings verify`` clean); with ``--against`` another stack's WORK, ``against`` (the uninterrupted runs
 read the same persons with the same learning rates at every step). What the run adds to theirs, and why:
 tools/seed_pretrain_rank.py.

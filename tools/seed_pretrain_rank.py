@@ -1,5 +1,6 @@
 """One rank of tools/seed_pretrain_check.py: the researchers' own ``pretrain.py`` (patched by docs/seed-pretrain.diff)
-run as their ``__main__``, or the predict lines of docs/ddp.md with their ``TransformerEncoder``. Launched by torchrun
+run as their ``__main__``, or the predict lines of docs/reference/ddp.md with their ``TransformerEncoder``. Launched by
+torchrun
 with their repository and its dependencies on PYTHONPATH; not for use on its own.
 
     fit CONFIG RECORDS EVERY -- THEIR_ARGS...   their pretrain.py with THEIR_ARGS (its argparse), plus two callbacks
@@ -74,7 +75,8 @@ def fit(config: str, records: str, every: int, their_args: list[str]) -> None:
 
 
 def predict(config: str, checkpoint: str, emb: str, data: str) -> None:
-    """docs/ddp.md's predict lines ("predict (models.py)"), with accelerator="cpu" and torchrun's rank count."""
+    """docs/reference/ddp.md's predict lines ("predict (models.py)"), with accelerator="cpu" and torchrun's rank
+    count."""
     from pop2vec.llm.src.new_code.utils import read_hparams, read_json
     from pop2vec.llm.src.transformer.models import TransformerEncoder
 

@@ -5,7 +5,7 @@ lifeseq_shards.model on the real LifeSeqDataModule.
 Per point: real (non-padding) tokens/s, samples/s, step time, the share of the step the host spends blocked on the
 loader and the device's gap between steps, the host's time inside the step by phase (forward, backward, optimizer),
 peak memory, and MFU on real tokens and on computed slots against a matmul ceiling measured on this device first.
-Writes results.csv, results.md and PNG plots into --out; docs/tuning.md reads them.
+Writes results.csv, results.md and PNG plots into --out; docs/results/training-gpu.md reads them.
 
     python -m tools.train_bench --preset cpu --out docs/results/cpu-DATE
     python -m tools.train_bench --preset gpu --out results-gpu    # one H200: about 9 minutes, see PRESETS
@@ -158,7 +158,8 @@ PRESETS: dict[str, Preset] = {
               for length in (1024, 512) for attn in ("padded", "varlen")),
         steps=20, warmup=5, people=20000, budget_s=240, max_seq_len=1024,
     ),
-    # training speed as a function of batch size: the small models' step is launch-bound at 256 (docs/tuning.md),
+    # training speed as a function of batch size: the small models' step is launch-bound at 256
+    # (docs/results/training-gpu.md),
     # so the batch is the first lever; up to what memory allows (an OOM point is a row with its reason). bf16, L=512,
     # the padding-free step with prefetch, then padded; the seed's shapes and the -tc twins. On 20,000 persons the
     # largest batches cross epoch boundaries inside the measured steps (their restarts show in data_wait_frac).
@@ -205,7 +206,7 @@ class StepMeter(Callback):
 
     The host's time inside a step is split the same way, by Lightning's hooks: forward (the training step and its
     logging, up to the backward), backward, and optimizer (the optimizer and scheduler steps): what a host-bound
-    step spends launching each part (docs/tuning.md).
+    step spends launching each part (docs/results/training-gpu.md).
     """
 
     def __init__(self, warmup: int) -> None:

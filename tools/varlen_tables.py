@@ -1,4 +1,5 @@
-"""docs/tuning.md's padding-free tables from one tools/device_check.sh run: issue 13's bars (met or not), the sweep's
+"""docs/results/training-gpu.md's padding-free tables from one tools/device_check.sh run: issue 13's bars (met or not),
+the sweep's
 points, attention per head layout and the batch preparation, as markdown on stdout.
 
 Usage: python -m tools.varlen_tables DIR   (DIR holds results.csv and, when measured, attn.csv and prep.csv)

@@ -1,4 +1,5 @@
-"""Embed a dataset with the reference model through ``trainer.predict`` and an EmbeddingWriter, as docs/ddp.md shows.
+"""Embed a dataset with the reference model through ``trainer.predict`` and an EmbeddingWriter, as
+docs/reference/ddp.md shows.
 
 ``--flavour pytorch_lightning`` takes everything from ``pytorch_lightning`` and ``lifeseq_shards.pl``; the default
 ``lightning``. ``--devices 2`` runs Lightning's ``ddp`` on CPU (gloo; this script is re-launched per rank).

@@ -1,7 +1,8 @@
 """The LightningModule of lightning_fit.py, written the way the researchers write theirs (their
 ``TransformerEncoder``): a ``transformer`` that turns ``input_ids`` and ``padding_mask`` into token states, a loss on
 ``target_tokens`` / ``target_cls`` when the batch has them, ``val_loss_track`` logged with ``sync_dist=True``, AdamW
-+ OneCycleLR over ``self.trainer.estimated_stepping_batches``, and the ``predict_step`` docs/ddp.md shows (CLS and
++ OneCycleLR over ``self.trainer.estimated_stepping_batches``, and the ``predict_step`` docs/reference/ddp.md shows
+(CLS and
 mean embeddings, as their ``infer_embedding.py`` computes them). Tiny, and it records which persons each step saw.
 
 It imports ``pytorch_lightning as pl`` as the researchers do when LIFESEQ_FLAVOUR=pytorch_lightning, else
@@ -84,7 +85,7 @@ class Tiny(pl.LightningModule):
         self.log("val_loss_track", self._loss(batch), sync_dist=True)  # a collective per step: unequal counts hang
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
-        # docs/ddp.md's predict_step for the seed's model, line for line
+        # docs/reference/ddp.md's predict_step for the seed's model, line for line
         outputs = self.transformer(x=batch["input_ids"].long(), padding_mask=batch["padding_mask"].long())
         padding_mask = batch["padding_mask"].bool().unsqueeze(-1)
         mean_emb = (outputs * padding_mask).sum(dim=1) / padding_mask.sum(dim=1).clamp(min=1)
@@ -97,7 +98,7 @@ class Tiny(pl.LightningModule):
         gather_to_json({"rank": self.trainer.global_rank, "predict": self.predicted}, self.out)
 
     def on_train_start(self) -> None:
-        # docs/ddp.md: a fit resumed in another layout has other steps left than the checkpoint's schedule
+        # docs/reference/ddp.md: a fit resumed in another layout has other steps left than the checkpoint's schedule
         done, total = self.trainer.datamodule.schedule_steps()
         resize_one_cycle(self.lr_schedulers(), done, total)
 
@@ -112,7 +113,8 @@ class Tiny(pl.LightningModule):
                         "model_batch": self.model_batch}, self.out)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        # the seed's schedule, sized as docs/ddp.md says: asking for estimated_stepping_batches builds the train
+        # the seed's schedule, sized as docs/reference/ddp.md says: asking for estimated_stepping_batches builds the
+        # train
         # loader before Lightning restores a checkpoint's state into it
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
