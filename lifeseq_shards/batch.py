@@ -166,13 +166,14 @@ class PaddedBatch:
 
     def widened(self) -> dict[str, torch.Tensor]:
         """The tensors by name, each signed view read back as its unsigned values (bit-exact, one dtype wider)."""
-        return {k: self[k] for k in self.tensors}
+        views = self._views()
+        return {k: compat.unsigned(v) if k in views else v for k, v in self.tensors.items()}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """One field's values as :meth:`widened` gives them: ``batch["person_id"]`` reads as it did when a padded
         host batch was a dict, and a signed view (torch < 2.3) never leaks out as negative token ids."""
         value = self.tensors[name]
-        return compat.unsigned(value) if compat.is_view(self._dtypes[name]) else value
+        return compat.unsigned(value) if name in self._views() else value
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
@@ -180,9 +181,9 @@ class PaddedBatch:
     def keys(self) -> Iterable[str]:
         return self.tensors.keys()
 
-    @property
-    def _dtypes(self) -> dict[str, str]:
-        return {c.name: c.dtype for c in self.columns}
+    def _views(self) -> set[str]:
+        """The fields that cross as the signed view of their unsigned dtype (torch < 2.3)."""
+        return {c.name for c in self.columns if compat.is_view(c.dtype)}
 
 
 HostBatch = PackedBatch | PaddedBatch
