@@ -22,7 +22,7 @@ from .datapath import DataParts
 from .device import BatchBuilder
 from .embed_writer import EmbeddingWriterHooks
 from .prefetch import DevicePrefetcher
-from .reader import ShardedLoader, default_rank_world
+from .reader import ShardedLoader, World
 
 
 class LifeSeqDataHooks(DataParts):
@@ -55,11 +55,11 @@ class LifeSeqDataHooks(DataParts):
 
     trainer: Any  # Lightning's Trainer once attached (either package's)
 
-    def _rank_world(self) -> tuple[int, int]:
+    def _world(self) -> World:
         trainer = self.trainer
         if trainer is None:  # a loop of its own: the launcher's variables, as a ShardedDataset takes them
-            return default_rank_world()
-        return trainer.global_rank, trainer.world_size
+            return World.current()
+        return World(trainer.global_rank, trainer.world_size)
 
     def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
         loader = self._train_loader()
@@ -80,7 +80,7 @@ class LifeSeqDataHooks(DataParts):
             return self._predict_loader()
         # an EmbeddingWriter: only the shards it has not written, each person with its shard
         self._check_predictable()  # before the writer opens its directory
-        done = writers[0].open(self.data_dir, self.predict_split, self.trainer.lightning_module, *self._rank_world())
+        done = writers[0].open(self.data_dir, self.predict_split, self.trainer.lightning_module, self._world())
         return self._predict_loader(skip_files=done, shard_field=True)
 
     def _epoch(self) -> int:

@@ -19,7 +19,7 @@ from .manifest import Manifest
 from .masking import DynamicMasker, MaskingConfig
 from .plan import BALANCED, COMPLETE, EXACT
 from .prefetch import DevicePrefetcher
-from .reader import ShardedDataset, ShardedLoader
+from .reader import ShardedDataset, ShardedLoader, World
 from .remote import read_manifest
 
 # why an offline-MLM dataset neither takes a new CLS task nor serves predict
@@ -88,10 +88,10 @@ class Reading:
     persistent_workers: bool
     batches_per_message: int | None  # None: ShardedLoader's default
 
-    def loader(self, manifest: Manifest, split: str | tuple[str, ...], mode: str, shuffle: bool, rank: int,
-               world_size: int, drop_last: bool = False, **dataset: Any) -> ShardedLoader:
-        """A loader of ``split`` for ``rank`` of ``world_size``, over the manifest read once."""
-        ds = ShardedDataset(self.data_dir, split, self.batch_size, rank=rank, world_size=world_size,
+    def loader(self, manifest: Manifest, split: str | tuple[str, ...], mode: str, shuffle: bool, world: World,
+               drop_last: bool = False, **dataset: Any) -> ShardedLoader:
+        """A loader of ``split`` for ``world``'s rank, over the manifest read once."""
+        ds = ShardedDataset(self.data_dir, split, self.batch_size, world=world,
                             num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
                             drop_last=drop_last, pad_to=self.host_pad_to, packed=self.bus_packed,
                             manifest=manifest, **dataset)
@@ -102,8 +102,8 @@ class Reading:
 
 class DataParts:
     """The configuration both front ends take (``LifeSeqDataModule``'s arguments; its docstring says what each
-    does), the parts built from it, and this rank's loaders. A front end says where its rank and world size
-    (:meth:`_rank_world`) and its epoch (:meth:`_epoch`) come from."""
+    does), the parts built from it, and this rank's loaders. A front end says where its :class:`World`
+    (:meth:`_world`) and its epoch (:meth:`_epoch`) come from."""
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
                  seed: int = 0, masking: str | MaskingConfig | DynamicMasker | None = None,
@@ -140,7 +140,7 @@ class DataParts:
         # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
         self._renumber: tuple[int, int, int] | None = None
 
-    def _rank_world(self) -> tuple[int, int]:
+    def _world(self) -> World:
         raise NotImplementedError
 
     def _epoch(self) -> int:
@@ -148,7 +148,7 @@ class DataParts:
 
     def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool, drop_last: bool = False,
                 **dataset: Any) -> ShardedLoader:
-        return self.reading.loader(self.manifest, split, mode, shuffle, *self._rank_world(), drop_last, **dataset)
+        return self.reading.loader(self.manifest, split, mode, shuffle, self._world(), drop_last, **dataset)
 
     def _train_loader(self) -> ShardedLoader:
         """The train split shuffled, at the front end's epoch, or at the restored position waiting for it."""

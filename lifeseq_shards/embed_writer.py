@@ -34,7 +34,7 @@ from .embed_store import (
     write_shard,
 )
 from .manifest import ShardEntry
-from .reader import ShardedDataset, default_rank_world
+from .reader import ShardedDataset, World
 from .reader.stages import SHARD_FIELD
 from .remote import read_manifest
 
@@ -93,7 +93,7 @@ class EmbeddingWriterHooks:
 
     # -- opening: every rank agrees on what is left --------------------------------------------------------------
     def open(self, data: str | os.PathLike[str], splits: Sequence[str] | str | None = None,
-             model: nn.Module | None = None, rank: int | None = None, world_size: int | None = None) -> list[str]:
+             model: nn.Module | None = None, world: World | None = None) -> list[str]:
         """Check (or make) the output directory for ``data``'s ``splits`` (default train and val) and ``model``,
         and return the input shards already embedded (manifest paths), for ``ShardedDataset(skip_files=...)``.
         Rank 0 looks and tells the others (torch.distributed must be initialised when there are several), so that
@@ -111,8 +111,7 @@ class EmbeddingWriterHooks:
                                       "per person besides its id), or a model with embedding_fields()")
             fields = dict(model.embedding_fields())
             check_fields(fields)
-        if rank is None or world_size is None:
-            rank, world_size = default_rank_world()
+        world = World.current() if world is None else world
 
         def look() -> tuple[EmbeddingSpec, list[str]]:
             if self.model_name is None and model is None:
@@ -122,7 +121,7 @@ class EmbeddingWriterHooks:
             spec = EmbeddingSpec(manifest.fingerprint, names, name, tuple(fields.items()), self.dtype)
             return spec, open_output(self.out_dir, spec, manifest)
 
-        self.spec, done = _on_rank_zero(look, rank, world_size)
+        self.spec, done = _on_rank_zero(look, world)
         finished = set(done)
         self._entries = {i: e for i, e in expected_shards(manifest, names) if e.file not in finished}
         self._open = {}
@@ -131,9 +130,8 @@ class EmbeddingWriterHooks:
     def dataset(self, data: str | os.PathLike[str], split: Sequence[str] | str | None = None, *,
                 model: nn.Module | None = None, **kwargs: Any) -> ShardedDataset:
         """:meth:`open`, then the :class:`ShardedDataset` of the persons left to embed (complete mode, each
-        person's shard in its batch); ``kwargs`` go to ``ShardedDataset`` (batch_size, num_workers, rank, ...)."""
-        rank, world = kwargs.get("rank"), kwargs.get("world_size")
-        done = self.open(data, split, model, rank, world)
+        person's shard in its batch); ``kwargs`` go to ``ShardedDataset`` (batch_size, num_workers, world, ...)."""
+        done = self.open(data, split, model, kwargs.get("world"))
         assert self.spec is not None
         return ShardedDataset(data, self.spec.splits, mode="complete", skip_files=done, shard_field=True, **kwargs)
 
@@ -212,16 +210,16 @@ def _numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _on_rank_zero(fn: Any, rank: int, world_size: int) -> Any:
+def _on_rank_zero(fn: Any, world: World) -> Any:
     """``fn()`` on rank 0, its result (or its error) on every rank."""
-    if world_size == 1:
+    if world.size == 1:
         return fn()
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
-        raise EmbeddingsError(f"EmbeddingWriter: {world_size} ranks but torch.distributed is not initialised: the "
+        raise EmbeddingsError(f"EmbeddingWriter: {world.size} ranks but torch.distributed is not initialised: the "
                               "ranks must agree on which shards are left (init_process_group first)")
     box: list[Any] = [None]
-    if rank == 0:
+    if world.rank == 0:
         try:
             box = [("ok", fn())]
         except Exception as e:  # noqa: BLE001 - every rank must leave the broadcast, with the same error

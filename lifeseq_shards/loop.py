@@ -4,7 +4,7 @@ batches on the device, numbers the epochs and saves / restores its position insi
 per step. docs/guides/train-plain-loop.md shows a whole loop.
 
 ``LifeSeqData`` is built from the same parts as ``LifeSeqDataModule`` (:class:`~lifeseq_shards.datapath.DataParts`):
-the same loaders, masks, layouts and prefetch; only its rank, epoch and device come from the process instead of a
+the same loaders, masks, layouts and prefetch; only its world, epoch and device come from the process instead of a
 Trainer.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from .datapath import DataParts
 from .prefetch import DevicePrefetcher
-from .reader import ShardedLoader, default_rank_world
+from .reader import ShardedLoader, World
 
 
 class LifeSeqData(DataParts):
@@ -27,63 +27,50 @@ class LifeSeqData(DataParts):
     step when ``prefetch``, by default on CUDA), each with the exact ``len()`` of this rank's batches.
 
     Takes ``LifeSeqDataModule``'s arguments (their meaning is the same), plus ``device`` (default: the current CUDA
-    device, else the CPU) and ``rank`` / ``world_size`` (default: torch.distributed once initialised, else torchrun's
-    or srun's variables). Build it after ``init_process_group``.
+    device, else the CPU) and ``world`` (a :class:`~lifeseq_shards.reader.World`; default: torch.distributed once
+    initialised, else torchrun's or srun's variables). Build it after ``init_process_group``.
 
     Epochs: ``set_epoch(e)`` before each epoch's ``train()`` (without it each pass is the next epoch); every epoch is
     a new order and new masks. Resume: ``state_dict()`` after a training step counts that step's batch as done; it
     holds no rank, so the state rank 0 saves resumes every rank. ``load_state_dict(state)`` before iterating;
     :attr:`epoch` is then the epoch to go on with, and its ``train()`` returns exactly the batches the interrupted
     run had not trained on (the rest of a mid-epoch checkpoint's epoch, or the next epoch after an end-of-epoch one).
+    The position is the train loader's (:attr:`ShardedLoader.position`); this class keeps no count of its own.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
-                 device: torch.device | str | None = None, rank: int | None = None, world_size: int | None = None,
-                 **kwargs: Any) -> None:
+                 device: torch.device | str | None = None, world: World | None = None, **kwargs: Any) -> None:
         super().__init__(data_dir, batch_size, num_workers, **kwargs)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        if (rank is None) != (world_size is None):
-            raise ValueError("LifeSeqData: pass both rank and world_size, or neither (then torch.distributed, "
-                             "torchrun or srun says)")
-        self.rank, self.world_size = (rank, world_size) if rank is not None else default_rank_world()
-        self._next_epoch = 0  # the epoch the next train() pass reads
-        self._pending: tuple[int, int] | None = None  # a loaded position whose pass has not begun
-        self._pass_skip = 0  # batches of the epoch the last train() pass leaves out (a resumed epoch's)
+        self.world = World.current() if world is None else world
         self._val: DevicePrefetcher | None = None
         self._predict: DevicePrefetcher | None = None
 
-    def _rank_world(self) -> tuple[int, int]:
-        return self.rank, self.world_size  # type: ignore[return-value]
+    def _world(self) -> World:
+        return self.world
 
     def _epoch(self) -> int:
-        return self._next_epoch
+        return self._train.position.epoch if self._train is not None else 0
 
     @property
     def epoch(self) -> int:
-        """The epoch of the pass under way, or of the next one: after ``load_state_dict``, the one to go on with."""
-        return self._next_epoch
+        """The epoch of the pass under way, or of the last one, until ``set_epoch`` or ``load_state_dict`` moves it
+        (then the epoch to go on with)."""
+        return self.train().position.epoch
 
     @property
     def resumed_batches(self) -> int:
         """How many batches of :attr:`epoch` were trained before the next (or current) ``train()`` pass: a loaded
-        mid-epoch position's, else 0. Number the steps from it (read after ``set_epoch`` or ``train()``)."""
-        return self._pending[1] if self._pending is not None else self._pass_skip
+        mid-epoch position's (in this layout's numbering), else 0. Number the steps from it (read after
+        ``set_epoch`` or ``train()``)."""
+        return self._train_loader_of().pass_start.batches
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``train()`` reads epoch ``epoch`` from its start (or from the loaded position, when that is in
         ``epoch``). Refused when a loaded position is in another epoch: the run would skip or replay batches."""
-        if self._pending is not None:
-            resumed, batches = self._pending
-            if epoch != resumed:
-                raise ValueError(f"{self.data_dir}: the loaded state goes on in epoch {resumed} after {batches} "
-                                 f"batches, but set_epoch({epoch}) would start epoch {epoch}: loop from "
-                                 "data.epoch (range(data.epoch, epochs))")
-            return
-        self._next_epoch, self._pass_skip = epoch, 0
-        if self._train is not None:
-            self._loader_of(self._train).set_epoch(epoch)
+        self._train_loader_of().set_epoch(epoch)
 
     def train(self) -> DevicePrefetcher:
         """This epoch's training batches (call it once per epoch): ``len()`` is this rank's batch count of a whole
@@ -95,14 +82,15 @@ class LifeSeqData(DataParts):
             ahead = self._prefetching(device)
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position.epoch),
                                            device, threaded=self.prefetch_thread and ahead, ahead=ahead)
-        self._next_epoch, self._pass_skip = self._loader_of(self._train).dataset.next_pass()
-        self._pending = None
         return self._train  # type: ignore[return-value]
+
+    def _train_loader_of(self) -> ShardedLoader:
+        return self.train().loader  # type: ignore[return-value]
 
     def val(self) -> DevicePrefetcher:
         """The val split (every rank the same number of batches), masked as training's epoch is."""
         if self._val is None:
-            self._val = self._built(self._val_loader(), lambda batch: self.builder(batch, self.device, self.epoch))
+            self._val = self._built(self._val_loader(), lambda batch: self.builder(batch, self.device, self._epoch()))
         return self._val
 
     def predict(self) -> DevicePrefetcher:
@@ -115,30 +103,15 @@ class LifeSeqData(DataParts):
     def _built(self, loader: ShardedLoader, build: Any) -> DevicePrefetcher:
         return DevicePrefetcher(loader, build, self.device, ahead=self._prefetching(self.device))
 
-    @staticmethod
-    def _loader_of(train: ShardedLoader | DevicePrefetcher) -> ShardedLoader:
-        return train.loader if isinstance(train, DevicePrefetcher) else train  # type: ignore[return-value]
-
     # -- the position, for the loop's own checkpoint ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where training goes on: after the last batch ``train()`` handed out (batches built ahead excluded)."""
-        if self._train is None:
-            if self._resume is not None:
-                return {"train": self._resume}
-            self.train()  # builds the loader (no worker starts before its first pass)
-        assert self._train is not None
-        return {"train": self._train.state_dict()}
+        return {"train": self.train().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same
         layout). Before the next ``train()`` pass begins; a changed dataset or setting is refused by name."""
-        train = state["train"]
-        if self._train is None:
-            self._resume = train
-        else:
-            self._train.load_state_dict(train)
-        self._next_epoch = int(train["epoch"])
-        self._pending = (int(train["epoch"]), int(train["batches"]))
+        self.train().load_state_dict(state["train"])
 
 
 class DeviceMetrics:

@@ -118,10 +118,11 @@ def saved_layout(partition: Partition, split: Sequence[str], batches_per_message
 
 def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
                 position: Position) -> dict[str, Any]:
-    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it (beside the
-    layout's list of splits: the format that tests/test_pinned_batches.py pins, which every checkpoint since has), its
-    :func:`saved_layout` and the position (its history only in an epoch resumed from another layout, so an ordinary
-    epoch's state stays as it always was)."""
+    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it, its
+    :func:`saved_layout` and the position. The layout's list of splits is the one read; the top-level ``split`` is
+    written, never read, so that the format stays the one tests/test_pinned_batches.py pins and an earlier install
+    (whose ``shardify plan --resume`` reads it) can read a newer checkpoint. The position's history is stored only
+    in an epoch resumed from another layout, so an ordinary epoch's state stays as it always was."""
     state = {"fingerprint": fingerprint, "split": split, "epoch": position.epoch, "batches": position.batches,
              "layout": layout}
     if position.history:

@@ -18,6 +18,7 @@ from lifeseq_shards import LifeSeqData
 from lifeseq_shards.encoder import EncoderLayer
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.model import SIZES, LifeSeqEncoder, pretrain_losses
+from lifeseq_shards.reader import World
 
 L = 1024
 SLOTS = math.floor(0.3 * L)  # 307
@@ -33,8 +34,8 @@ def ds1024(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def data(root: Path, layout: str, batch_size: int) -> LifeSeqData:
-    return LifeSeqData(root, batch_size, num_workers=0, masking=MaskingConfig(), pad_to=L, layout=layout, rank=0,
-                       world_size=1)
+    return LifeSeqData(root, batch_size, num_workers=0, masking=MaskingConfig(), pad_to=L, layout=layout,
+                       world=World(0, 1))
 
 
 def test_conversion_records_the_1024_cap(ds1024: Path, sample: Path, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import torch
 from helpers import REPO, convert_nomlm, repo_first, serve_directory, shardify, to_format2
 
 from lifeseq_shards.manifest import ManifestError, parse_manifest
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 from lifeseq_shards.shardfile import iter_tar_members, tar_member
 
 SHARD, BLOCK = "train/shard-000003.tar", 3  # a full block in the middle of an 8-block shard
@@ -73,7 +73,7 @@ SWAPS: dict[str, Callable[[Path, Path], bytes]] = {
 
 
 def epoch(root: Path | str, workers: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-    ds = ShardedDataset(root, batch_size=100, rank=0, world_size=1, num_workers=workers)
+    ds = ShardedDataset(root, batch_size=100, world=World(0, 1), num_workers=workers)
     return iter(ShardedLoader(ds, persistent_workers=False) if workers else ds)
 
 
@@ -147,12 +147,12 @@ def test_an_older_dataset_is_refused_with_the_command_that_upgrades_it(copy: Pat
     as before; a format-3 dataset's manifest becomes byte for byte the one the converter writes now."""
     edit(copy, older(version))
     with pytest.raises(ManifestError) as err:
-        ShardedDataset(copy, batch_size=100, rank=0, world_size=1)
+        ShardedDataset(copy, batch_size=100, world=World(0, 1))
     assert str(err.value) == (f"{copy}: a format-{version} dataset without per-block checksums (a block swapped "
                               f"inside a shard would be read without a word): run `shardify upgrade {copy}` to "
                               "verify it and add them")
     with pytest.raises(ManifestError, match=r"run `shardify upgrade DIR` where its files are to verify it"):
-        ShardedDataset(f"pipe:cat {copy}/{{}}", batch_size=100, rank=0, world_size=1)
+        ShardedDataset(f"pipe:cat {copy}/{{}}", batch_size=100, world=World(0, 1))
     blocks = sum(-(-e["samples"] // 16) for info in json.loads((copy / "manifest.json").read_text())["splits"].values()
                  for e in [*info["shards"], info["remainder"] or {"samples": 0}])
     code, out = shardify("verify", str(copy))
@@ -221,7 +221,7 @@ def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp
     from tools import bench_checks
 
     put_block(copy / SHARD, BLOCK, SWAPS["the shard's own block 0"](copy, copy))
-    ds = ShardedDataset(copy, batch_size=100, rank=0, world_size=1)
+    ds = ShardedDataset(copy, batch_size=100, world=World(0, 1))
     shard = next(s for s in ds.shards if s.url.endswith(SHARD))
     for name, make in bench_checks.VARIANTS.items():
         segment = Segment(make(shard), 0, shard.samples)

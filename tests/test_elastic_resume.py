@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import shardify, trained_ids
 
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 
 BATCH, TAKEN = 100, 3  # the old run: 2 ranks x 2 workers, batch 100, stopped after 3 batches on every rank
 
@@ -26,7 +26,7 @@ def make(root: Path, world: int, rank: int, workers: int, batch: int = BATCH, **
     per_message = kw.pop("batches_per_message", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance warning of layouts that do not divide
-        ds = ShardedDataset(root, batch_size=batch, rank=rank, world_size=world, num_workers=workers, **kw)
+        ds = ShardedDataset(root, batch_size=batch, world=World(rank, world), num_workers=workers, **kw)
     return ShardedLoader(ds, persistent_workers=False, batches_per_message=per_message)
 
 
@@ -166,14 +166,16 @@ def test_a_complete_pass_resumes_only_in_its_own_layout(nomlm_dataset: Path) -> 
 def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp_path: Path, gpus: int,
                                                         workers: int, batch: int, drop_last: bool) -> None:
     """`shardify plan --resume CKPT`: the rest's batches per rank, where it starts, who is left out, against a real
-    rest read by every new rank (from a file of state_dict() and from a Lightning-style checkpoint entry)."""
+    rest read by every new rank (from a file of state_dict(), from a Lightning-style checkpoint entry and from a
+    plain loop's checkpoint as docs/guides/train-plain-loop.md saves it)."""
     state, trained = stopped(nomlm_dataset)
     torch.save(state, tmp_path / "loader.pt")
     torch.save({"LifeSeqDataModule": {"train": state}, "global_step": 3}, tmp_path / "lightning.ckpt")
+    torch.save({"model": {"w": torch.zeros(2)}, "optimizer": {}, "data": {"train": state}}, tmp_path / "loop.ckpt")
     flags = ["--gpus", gpus, "--workers", workers, "--batch-size", batch] + (["--drop-last"] if drop_last else [])
-    outs = [shardify("plan", nomlm_dataset, *flags, "--resume", tmp_path / name) for name in ("loader.pt",
-                                                                                           "lightning.ckpt")]
-    assert outs[0] == outs[1]
+    outs = [shardify("plan", nomlm_dataset, *flags, "--resume", tmp_path / name)
+            for name in ("loader.pt", "lightning.ckpt", "loop.ckpt")]
+    assert outs[0] == outs[1] == outs[2]
     code, out = outs[0]
     per_rank, first, end = map(int, re.search(r"(\d+) batches per rank \(all equal\), batches (\d+)\.\.(\d+)",
                                               out).groups())
@@ -194,7 +196,8 @@ def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, 
     torch.save({**state, "fingerprint": "0" * 32}, tmp_path / "other.pt")
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     torch.save({"state_dict": {}}, tmp_path / "weights.ckpt")
+    torch.save({"a": {"train": state}, "b": {"train": state}}, tmp_path / "two.ckpt")
     for name, said in (("other.pt", "fingerprint"), ("junk.ckpt", "not a checkpoint torch can load"),
-                       ("weights.ckpt", "holds no loader state")):
+                       ("weights.ckpt", "holds no loader states"), ("two.ckpt", "holds 2 loader states")):
         code, out = shardify("plan", nomlm_dataset, "--batch-size", 64, "--resume", tmp_path / name)
         assert code == 2 and said in out and len(out.strip().splitlines()) == 1, out

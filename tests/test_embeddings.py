@@ -23,6 +23,7 @@ from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import BatchBuilder
 from lifeseq_shards.embed_store import EmbeddingsError, read_spec, write_shard
 from lifeseq_shards.model import EncoderConfig, LifeSeqPretrainModule
+from lifeseq_shards.reader import World
 from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
 
@@ -50,7 +51,7 @@ def embed_in_process(root: Path, out: Path, dtype: str = "float32", batch_size: 
     """The plain loop of docs/reference/ddp.md: one process, no Trainer."""
     model = model_for(root)
     writer = EmbeddingWriter(out, dtype=dtype)
-    dataset = writer.dataset(root, batch_size=batch_size, model=model, rank=0, world_size=1)
+    dataset = writer.dataset(root, batch_size=batch_size, model=model, world=World(0, 1))
     builder = BatchBuilder()
     with torch.no_grad():
         for i, batch in enumerate(ShardedLoader(dataset)):
@@ -205,9 +206,9 @@ def test_an_output_of_another_model_or_dataset_is_refused_by_name(ds: Path, done
     with torch.no_grad():
         other.encoder.norm.weight.add_(1.0)
     with pytest.raises(EmbeddingsError, match=r"holds other embeddings \(model '[0-9a-f]{32}', not '[0-9a-f]{32}'\)"):
-        EmbeddingWriter(out).open(ds, model=other, rank=0, world_size=1)
+        EmbeddingWriter(out).open(ds, model=other, world=World(0, 1))
     with pytest.raises(EmbeddingsError, match=r"holds other embeddings \(dtype 'float32', not 'float16'\)"):
-        EmbeddingWriter(out, dtype="float16").open(ds, model=model_for(ds), rank=0, world_size=1)
+        EmbeddingWriter(out, dtype="float16").open(ds, model=model_for(ds), world=World(0, 1))
     second = tmp_path / "ds2"
     shutil.copytree(ds, second)
     manifest = second / "manifest.json"
@@ -228,7 +229,7 @@ def test_a_leftover_temporary_file_never_counts_and_is_cleared(ds: Path, done: P
     final.rename(out / "train" / "remainder.parquet.tmp-0123")  # a write killed before its rename
     code, text = verify(out, ds)
     assert code == 1 and "train/remainder.parquet: missing" in text
-    done_files = EmbeddingWriter(out).open(ds, model=model_for(ds), rank=0, world_size=1)
+    done_files = EmbeddingWriter(out).open(ds, model=model_for(ds), world=World(0, 1))
     assert "train/remainder.tar" not in done_files and len(done_files) == 10
     assert not list(out.rglob("*.tmp-*"))
 
@@ -241,7 +242,7 @@ def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path,
     assert len(skip) == 2
     seen = []
     for rank in range(2):
-        dataset = ShardedDataset(ds, ("train", "val"), batch_size=40, rank=rank, world_size=2, num_workers=1,
+        dataset = ShardedDataset(ds, ("train", "val"), batch_size=40, world=World(rank, 2), num_workers=1,
                                  mode="complete", packed=packed, pad_to=None if packed else 64, skip_files=skip,
                                  shard_field=True)
         for batch in ShardedLoader(dataset):
@@ -251,7 +252,7 @@ def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path,
     assert sorted(p for p, _ in seen) == sorted(p for p, i in owner.items() if files[i] not in skip)
     assert all(owner[p] == shard for p, shard in seen)
     with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
-        ShardedDataset(ds, "train", rank=0, world_size=1, shard_field=True)
+        ShardedDataset(ds, "train", world=World(0, 1), shard_field=True)
 
 
 def test_a_full_disk_leaves_neither_a_finished_nor_a_temporary_file(ds: Path, done: Path, tmp_path: Path,

@@ -22,7 +22,7 @@ import torch
 from helpers import REPO, convert_nomlm, group_pids, repo_first, shardify, shm_files, to_format2, trained_ids, wait_for
 
 from lifeseq_shards.manifest import Manifest, ManifestError, fingerprint
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 
 SHM = Path("/dev/shm")
 ManifestJSON = dict[str, Any]
@@ -61,7 +61,7 @@ def edit(root: Path, change: Callable[[ManifestJSON], object], refit: bool = Fal
 
 
 def read_all(root: Path, split: str = "train") -> list[dict[str, torch.Tensor]]:
-    return list(ShardedDataset(root, split, batch_size=100, rank=0, world_size=1))
+    return list(ShardedDataset(root, split, batch_size=100, world=World(0, 1)))
 
 
 def assert_one_line_exit_2(args: list[str], needle: str) -> None:
@@ -195,23 +195,23 @@ def test_conversion_params_of_another_type_are_one_line(copy: Path, params: obje
 
 # -- 2. resume only into the same order --------------------------------------------------------------------------------
 def started_loader(root: Path, split: str = "train", **kw: Any) -> ShardedLoader:
-    ld = ShardedLoader(ShardedDataset(root, split, batch_size=100, rank=0, world_size=1, **kw))
+    ld = ShardedLoader(ShardedDataset(root, split, batch_size=100, world=World(0, 1), **kw))
     it = iter(ld)
     for _ in range(3):
         next(it)
     return ld
 
 
-@pytest.mark.parametrize("change", [{"window_persons": 8192}, {"window_persons": 1000}, {"window_shards": 40}])
+@pytest.mark.parametrize("change", [{"window": 8192}, {"window": 1000}, {"window": 40_000}])
 def test_resume_in_another_window_reads_the_rest_once(nomlm_dataset: Path, change: dict[str, int]) -> None:
     """Before the window was recorded: resumed with some persons twice and as many missed. Then refused; now the
     rest of the epoch, in the window it was begun in (tests/test_elastic_resume.py has the other layout changes)."""
-    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1))
+    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1)))
     it = iter(ld)
     trained = [i for _ in range(3) for i in next(it)["person_id"].tolist()]
     state = ld.state_dict()
     del it
-    again = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1, **change))
+    again = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1), **change))
     with pytest.warns(UserWarning, match=r"resumes in another layout \(window 4096 -> "):
         again.load_state_dict(state)
     rest = [i for b in again for i in b["person_id"].tolist()]
@@ -225,7 +225,7 @@ def test_resume_refuses_another_split(nomlm_dataset: Path) -> None:
     state = started_loader(nomlm_dataset).state_dict()
     with pytest.raises(ValueError, match=re.escape(f"{nomlm_dataset}: cannot resume exactly: split ['train'] -> "
                                                    "['val']") + ".*checkpoint's settings, or without the loader's"):
-        ShardedLoader(ShardedDataset(nomlm_dataset, "val", batch_size=100, rank=0, world_size=1)).load_state_dict(state)
+        ShardedLoader(ShardedDataset(nomlm_dataset, "val", batch_size=100, world=World(0, 1))).load_state_dict(state)
 
 
 def test_resume_refuses_a_state_that_predates_the_window(nomlm_dataset: Path) -> None:
@@ -233,7 +233,7 @@ def test_resume_refuses_a_state_that_predates_the_window(nomlm_dataset: Path) ->
     state = started_loader(nomlm_dataset).state_dict()
     for key in ("split", "window"):
         state["layout"].pop(key, None)
-    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1))
+    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1)))
     with pytest.raises(ValueError, match="does not record split, window"):
         ld.load_state_dict(state)
 
@@ -353,7 +353,7 @@ def test_a_pipe_read_that_stops_early_is_not_the_commands_failure(small_blocks: 
 def test_a_pipe_command_that_sends_nothing_is_one_line(nomlm_dataset: Path, command: str, status: str) -> None:
     """The shards' command fails (or succeeds) without a byte: one line naming it, with its exit status when it
     failed (the manifest was read; the shard reads go through the command)."""
-    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1))
     ds.shards = [dataclasses.replace(s, url=f"pipe:{command} # {s.url}") for s in ds.shards]
     with pytest.raises(OSError) as err:
         list(ds)
@@ -373,7 +373,7 @@ def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Call
     """Before: resuming past the epoch's end gave an empty epoch without a word (num_workers=0; workers failed
     with 'batches consumed, but the workers only produce'), a negative epoch numpy's 'expected non-negative
     integer' at the first batch; now the call refuses, naming the dataset."""
-    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1))
     with pytest.raises(ValueError, match=re.escape(str(nomlm_dataset)) + ": " + needle):
         call(ds)
     ds.resume_at(0, len(ds))  # the end of the epoch: nothing left of it
@@ -381,9 +381,9 @@ def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Call
 
 
 @pytest.mark.parametrize(("arg", "value"), [("pad_to", 0), ("pad_to", -8), ("pad_multiple", 0), ("batch_size", 0),
-                                            ("batch_size", -1), ("seed", -1)])
+                                            ("batch_size", -1), ("seed", -1), ("window", 0)])
 def test_arguments_that_cannot_be_are_refused_at_construction(nomlm_dataset: Path, arg: str, value: int) -> None:
     """Before: pad_to=0 gave batches of persons cropped to no tokens, without a word; the others failed at the first
     batch, in a worker (a ZeroDivisionError, numpy's 'expected non-negative integer') or in ShardedLoader."""
     with pytest.raises(ValueError, match=rf"^{arg} must be an integer >= [01], not {value}$"):
-        ShardedDataset(nomlm_dataset, rank=0, world_size=1, **{arg: value})
+        ShardedDataset(nomlm_dataset, world=World(0, 1), **{arg: value})

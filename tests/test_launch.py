@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import trained_ids
 
-from lifeseq_shards.reader import LaunchError, ShardedDataset, default_rank_world
+from lifeseq_shards.reader import LaunchError, ShardedDataset, World
 from lifeseq_shards.reader.launch import LAUNCHER_VARS, STEP_VARS
 
 SRUN = {"SLURM_STEP_ID": "0", "SLURM_STEPID": "0"}  # what srun sets in every task, beside SLURM_PROCID / NTASKS
@@ -29,7 +29,8 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def launched(env: pytest.MonkeyPatch, variables: dict[str, str]) -> tuple[int, int]:
     for var, value in variables.items():
         env.setenv(var, value)
-    return default_rank_world()
+    world = World.current()
+    return world.rank, world.size
 
 
 @pytest.mark.parametrize(("variables", "want"), [
@@ -112,3 +113,24 @@ def test_a_datamodule_outside_a_trainer_takes_the_launchers_rank(nomlm_dataset: 
     env.setenv("WORLD_SIZE", "2")
     ds = LifeSeqDataModule(nomlm_dataset, batch_size=64, num_workers=0).train_dataloader().dataset
     assert (ds.rank, ds.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize(("rank", "size", "message"), [
+    (2, 2, "rank 2 outside world size 2"), (-1, 2, "rank must be an integer >= 0"),
+    (0, 0, "size must be an integer >= 1"), (True, 2, "rank must be an integer"), (0, 2.0, "size must be an integer"),
+])
+def test_a_world_outside_itself_is_refused(rank: object, size: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        World(rank, size)  # type: ignore[arg-type]
+
+
+def test_a_world_is_whole_frozen_and_nothing_else_stands_for_it(tmp_path: Path) -> None:
+    """Rank and size come together (a rank without its size would read as a world of one, reading everything),
+    the value cannot change under the dataset that holds it, and a bare (rank, size) tuple is refused by name."""
+    with pytest.raises(TypeError):
+        World(1)  # type: ignore[call-arg]
+    world = World(1, 2)
+    with pytest.raises(AttributeError):
+        world.rank = 0  # type: ignore[misc]
+    with pytest.raises(TypeError, match=r"world must be a lifeseq_shards.reader.World\(rank, size\)"):
+        ShardedDataset(tmp_path, world=(1, 2))  # type: ignore[arg-type]

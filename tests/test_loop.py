@@ -11,17 +11,18 @@ from typing import Any
 import pytest
 import torch
 
-from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule
+from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule, ShardedDataset, ShardedLoader
 from lifeseq_shards.device import host_sync_guard
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.plan_resume import Position
 from lifeseq_shards.prefetch import DevicePrefetcher
+from lifeseq_shards.reader import World
 
 BATCH = 64
 
 
 def data(root: Path, **kw: Any) -> LifeSeqData:
-    kw = {"num_workers": 0, "masking": MaskingConfig(), "rank": 0, "world_size": 1, **kw}
+    kw = {"num_workers": 0, "masking": MaskingConfig(), "world": World(0, 1), **kw}
     return LifeSeqData(root, BATCH, **kw)
 
 
@@ -142,9 +143,17 @@ def test_a_state_is_refused_once_the_pass_began(vocab_dataset: Path) -> None:
         run.load_state_dict(state)
 
 
-def test_rank_without_world_size_is_refused(vocab_dataset: Path) -> None:
-    with pytest.raises(ValueError, match="both rank and world_size"):
-        LifeSeqData(vocab_dataset, BATCH, num_workers=0, rank=1)
+def test_each_rank_of_the_world_reads_its_own_share(vocab_dataset: Path) -> None:
+    """world=World(rank, size) reaches the train loader: each rank gets the reader's batches of that rank, and the
+    ranks share no person."""
+    shares = []
+    for rank in range(2):
+        world = World(rank, 2)
+        reader = ShardedLoader(ShardedDataset(vocab_dataset, "train", BATCH, world=world))
+        got = ids(data(vocab_dataset, world=world, masking=None).train())
+        assert got == [b["person_id"].tolist() for b in reader] and got
+        shares.append({p for batch in got for p in batch})
+    assert not shares[0] & shares[1]
 
 
 def test_prefetcher_ahead_false_builds_in_turn() -> None:

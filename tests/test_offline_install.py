@@ -76,8 +76,9 @@ def test_wheels_install_offline_beside_the_pins(tmp_path: Path) -> None:
     subprocess.run([shardify, "convert", "raw/sequences.parquet", "--vocab", "raw/vocab.csv", "-o", "shards"],
                    check=True, cwd=tmp_path)
     read = ("from lifeseq_shards import ShardedDataset, ShardedLoader\n"
+            "from lifeseq_shards.reader import World\n"
             "from lifeseq_shards.remote import read_manifest\n"
-            "ds = ShardedDataset('shards', 'train', batch_size=16, rank=0, world_size=1, mode='complete')\n"
+            "ds = ShardedDataset('shards', 'train', batch_size=16, world=World(0, 1), mode='complete')\n"
             "n = sum(len(b['person_id']) for b in ShardedLoader(ds))\n"
             "print(n, read_manifest('shards').splits['train'].persons)")
     got, want = map(int, subprocess.run([py, "-c", read], check=True, capture_output=True, text=True,

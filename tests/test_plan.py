@@ -41,7 +41,7 @@ from lifeseq_shards.plan_order import (
 )
 from lifeseq_shards.plan_report import describe
 from lifeseq_shards.plan_slots import Segment, num_batches, num_slots, slot_index, slot_persons
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 
 worlds = st.integers(1, 8)
 workers = st.integers(0, 8)
@@ -504,7 +504,7 @@ def test_plan_numbers_are_what_the_reader_yields(nomlm_dataset: Path, gpus: int,
     for rank in range(gpus):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ds = ShardedDataset(nomlm_dataset, batch_size=batch, rank=rank, world_size=gpus, num_workers=workers,
+            ds = ShardedDataset(nomlm_dataset, batch_size=batch, world=World(rank, gpus), num_workers=workers,
                                 drop_last=True)
             got = list(ShardedLoader(ds, persistent_workers=False)) if workers else list(ds)
         assert len(got) == per_rank

@@ -38,8 +38,9 @@ from lifeseq_shards.convert import ConvertOptions, convert_dataset
 from lifeseq_shards.device import model_batch, padded_fields
 from lifeseq_shards.format import token_schema
 from lifeseq_shards.manifest import ManifestError, ShardEntry, fingerprint, write_manifest
+from lifeseq_shards.plan_resume import Position
 from lifeseq_shards.plan_slots import Segment
-from lifeseq_shards.reader import DatasetChanged, ShardedDataset, ShardedLoader, read_segment
+from lifeseq_shards.reader import DatasetChanged, ShardedDataset, ShardedLoader, World, read_segment
 from lifeseq_shards.reader.transport import PIPE_BYTES
 from lifeseq_shards.remote import STALL_ENV, read_manifest
 from lifeseq_shards.shardfile import read_shard_blocks, write_shard
@@ -66,7 +67,7 @@ def ids_of(batches: Iterable[Batch]) -> np.ndarray:
 def rank_pass(root: Path | str, world: int, rank: int, workers: int, epoch: int = 0, split: str = "train",
               batches_per_message: int | None = None, **kw: Any) -> tuple[list[Batch], int]:
     """One epoch of one rank as a DDP rank reads it (through its own DataLoader workers when workers > 0)."""
-    ds = ShardedDataset(root, split, rank=rank, world_size=world, num_workers=workers, **kw)
+    ds = ShardedDataset(root, split, world=World(rank, world), num_workers=workers, **kw)
     ds.set_epoch(epoch)
     source: Iterable[Batch] = (ShardedLoader(ds, persistent_workers=False, batches_per_message=batches_per_message)
                                if workers else ds)
@@ -141,7 +142,7 @@ def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, w
     lost = total % slots  # every train person, remainder included, that does not divide into the slots
     said = rf"\b{lost} persons are left out" if lost else "no person is left out"
     with pytest.warns(UserWarning, match=rf"45-person remainder shard included: {said}"):
-        ShardedDataset(mlm_dataset, rank=0, world_size=world, num_workers=workers)
+        ShardedDataset(mlm_dataset, world=World(0, world), num_workers=workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ranks = all_ranks(mlm_dataset, world, workers, batch_size=64)
@@ -176,11 +177,11 @@ def test_over_two_epochs_every_train_person_is_read(mlm_dataset: Path) -> None:
 # -- 2. epochs ----------------------------------------------------------------------------------------------------
 def test_epochs_reshuffle_and_reproduce(mlm_dataset: Path) -> None:
     def fresh(epoch: int, seed: int = 0) -> list[Batch]:
-        ds = ShardedDataset(mlm_dataset, batch_size=256, rank=0, world_size=1, seed=seed)
+        ds = ShardedDataset(mlm_dataset, batch_size=256, world=World(0, 1), seed=seed)
         ds.set_epoch(epoch)
         return list(ds)
 
-    ds = ShardedDataset(mlm_dataset, batch_size=256, rank=0, world_size=1)
+    ds = ShardedDataset(mlm_dataset, batch_size=256, world=World(0, 1))
     e0, e1 = list(ds), list(ds)
     assert sorted(ids_of(e0)) == sorted(ids_of(e1))
     assert not np.array_equal(ids_of(e0), ids_of(e1)), "epoch 1 repeats epoch 0's order"
@@ -273,7 +274,7 @@ def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: in
     def make() -> ShardedLoader:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ds = ShardedDataset(nomlm_dataset, batch_size=bs, rank=rank, world_size=world, num_workers=workers,
+            ds = ShardedDataset(nomlm_dataset, batch_size=bs, world=World(rank, world), num_workers=workers,
                                 mode=mode)
             return ShardedLoader(ds, batches_per_message=per_message)
 
@@ -310,7 +311,7 @@ def test_resume_is_exact(nomlm_dataset: Path, world: int, rank: int, workers: in
 
 def test_resume_refused_once_a_pass_has_begun(nomlm_dataset: Path) -> None:
     """The pass's position is fixed when it begins: a state loaded then would be ignored, replaying or skipping."""
-    ld = loader(nomlm_dataset, batch_size=100, rank=0, world_size=1)
+    ld = loader(nomlm_dataset, batch_size=100, world=World(0, 1))
     state = ld.state_dict()
     it = iter(ld)
     ld.load_state_dict(state)  # created, not begun: still fine
@@ -319,6 +320,31 @@ def test_resume_refused_once_a_pass_has_begun(nomlm_dataset: Path) -> None:
         ld.load_state_dict(state)
     del it
     ld.load_state_dict(state)  # the pass was closed
+
+
+def test_set_epoch_after_a_load_keeps_the_position_or_refuses(nomlm_dataset: Path) -> None:
+    """A loop's set_epoch at the top of the resumed epoch keeps the loaded position (before: it started the epoch
+    over, replaying the batches trained before the checkpoint); another epoch is refused, naming both; once the
+    resumed pass has begun set_epoch moves on as it always did. pass_start says where each pass begins."""
+    whole = loader(nomlm_dataset, batch_size=100, world=World(0, 1))
+    epoch0 = [b["person_id"].tolist() for b in whole]
+    ld = loader(nomlm_dataset, batch_size=100, world=World(0, 1))
+    take(iter(ld), 3)
+    state = ld.state_dict()
+    resumed = loader(nomlm_dataset, batch_size=100, world=World(0, 1))
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"goes on in epoch 0 after 3 batches, but set_epoch\(1\) would start"):
+        resumed.set_epoch(1)
+    resumed.set_epoch(0)
+    assert resumed.pass_start == Position(0, 3)
+    it = iter(resumed)
+    first = next(it)
+    assert resumed.pass_start == Position(0, 3) and resumed.position == Position(0, 4)
+    rest = [first["person_id"].tolist()] + [b["person_id"].tolist() for b in it]
+    assert rest == epoch0[3:]
+    assert resumed.pass_start == Position(1, 0)  # after the pass: the next epoch's start
+    resumed.set_epoch(5)
+    assert resumed.pass_start == resumed.position == Position(5, 0)
 
 
 def test_resume_refuses_another_dataset(nomlm_dataset: Path, other_dataset: Path) -> None:
@@ -357,7 +383,7 @@ def check_batch(b: Batch, seed: SeedRows, width: int | None = None) -> np.ndarra
 
 
 def test_batches_hold_the_seed_rows_padded_to_multiples_of_8(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
-    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1))
+    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, world=World(0, 1)))
     assert {b.tensors["tokens"].shape[1] % 8 for b in batches} == {0}
     widths = {b.tensors["tokens"].shape[1] for b in batches}
     assert len(widths) > 1, "every batch has the same width: not padded per batch"
@@ -367,7 +393,7 @@ def test_batches_hold_the_seed_rows_padded_to_multiples_of_8(nomlm_dataset: Path
 
 
 def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:
-    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1, pad_to=128))
+    batches = list(ShardedDataset(nomlm_dataset, batch_size=200, world=World(0, 1), pad_to=128))
     for b in batches:
         check_batch(b, nomlm_rows, width=128)
     assert (nomlm_rows.length[nomlm_rows.rows(torch.cat([b.tensors["person_id"] for b in batches]))] > 128).any()
@@ -375,7 +401,7 @@ def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> Non
 
 def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
     c = mlm_rows.cols
-    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1)
+    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1))
     for b in ds:
         rows = check_batch(b, mlm_rows)
         width = b.tensors["tokens"].shape[1]
@@ -395,7 +421,7 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
     """pad_to=512 on an offline-mask dataset: model_batch gives the seed's h5 rows exactly (width 512, 153 target
     slots: unused ones position 511 and token 0)."""
     c = mlm_rows.cols
-    for b in ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=SEED_WIDTH):
+    for b in ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1), pad_to=SEED_WIDTH):
         out, rows = model_batch(b), mlm_rows.rows(b.tensors["person_id"])
         assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
         for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
@@ -407,7 +433,7 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
 
 
 def test_offline_mlm_pad_to_refuses_to_crop_naming_the_person(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
-    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, rank=0, world_size=1, pad_to=128)
+    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1), pad_to=128)
     with pytest.raises(ValueError, match=r"person (\d+) has (\d+) tokens, more than pad_to=128") as err:
         list(ds)
     person, n = (int(x) for x in re.search(r"person (\d+) has (\d+)", str(err.value)).groups())  # type: ignore[union-attr]
@@ -438,7 +464,7 @@ def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows
 def test_dataloader_with_other_worker_count_fails(nomlm_dataset: Path, built_for: int, runs_with: int) -> None:
     """In a worker (2 -> 1) or in the main process (2 -> 0). One mismatched worker only: torch waits 5 s for each
     worker of a DataLoader whose workers failed before it lets them go (gc.collect charges that here)."""
-    ds = ShardedDataset(nomlm_dataset, batch_size=100, rank=0, world_size=1, num_workers=built_for)
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1), num_workers=built_for)
     with pytest.raises(RuntimeError, match=f"built for num_workers={built_for}.*num_workers={runs_with}"):
         list(DataLoader(ds, batch_size=None, num_workers=runs_with))
     gc.collect()
@@ -536,8 +562,8 @@ def test_rank_from_env_is_kept(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
     copy = pickle.loads(pickle.dumps(ds))
-    want = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=1, world_size=2))
-    other = list(ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=2))
+    want = list(ShardedDataset(nomlm_dataset, batch_size=200, world=World(1, 2)))
+    other = list(ShardedDataset(nomlm_dataset, batch_size=200, world=World(0, 2)))
     assert not set(ids_of(want).tolist()) & set(ids_of(other).tolist())
     for d in (ds, copy):
         assert (d.rank, d.world_size) == (1, 2)
@@ -563,12 +589,11 @@ def test_rank_from_slurm(nomlm_dataset: Path, monkeypatch: pytest.MonkeyPatch, e
     if isinstance(want, str):
         with pytest.raises(RuntimeError, match=want):
             ShardedDataset(nomlm_dataset, batch_size=200)
-        assert ShardedDataset(nomlm_dataset, batch_size=200, rank=0, world_size=1).rank == 0  # explicit wins
+        assert ShardedDataset(nomlm_dataset, batch_size=200, world=World(0, 1)).rank == 0  # explicit wins
         return
     ds = ShardedDataset(nomlm_dataset, batch_size=200)
     assert (ds.rank, ds.world_size) == want
-    assert_same_batches(list(ds), list(ShardedDataset(nomlm_dataset, batch_size=200, rank=want[0],
-                                                      world_size=want[1])))
+    assert_same_batches(list(ds), list(ShardedDataset(nomlm_dataset, batch_size=200, world=World(want[0], want[1]))))
 
 
 def test_workers_keep_a_window_in_flight_through_a_wide_pipe(nomlm_dataset: Path) -> None:
@@ -729,8 +754,8 @@ def test_old_mode_names_and_reader_names_fail_plainly(nomlm_dataset: Path) -> No
     before the rename resume."""
     for old, new in (("train", "balanced"), ("inference", "complete")):
         with pytest.raises(ValueError, match=rf"^mode='{old}' is renamed: use mode='{new}'$"):
-            loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=old)
-        now = loader(nomlm_dataset, batch_size=200, rank=1, world_size=2, mode=new)
+            loader(nomlm_dataset, batch_size=200, world=World(1, 2), mode=old)
+        now = loader(nomlm_dataset, batch_size=200, world=World(1, 2), mode=new)
         assert now.state_dict()["layout"]["mode"] == old
     for name in ("TRAIN", "INFERENCE", "Piece", "read_piece"):
         with pytest.raises(AttributeError, match=f"has no attribute '{name}'"):

@@ -17,7 +17,7 @@ import pytest
 from helpers import repo_first, shardify, wait_for
 
 from lifeseq_shards.manifest import ManifestError
-from lifeseq_shards.reader import ShardedDataset
+from lifeseq_shards.reader import ShardedDataset, World
 from lifeseq_shards.remote import STALL_ENV, RemoteSettingError, read_manifest
 
 # `pipe:` command: sends the manifest whole; of a shard, writes its pid to PIDS/<pid>, sends 50 KB (at most half of
@@ -35,11 +35,11 @@ with open(path, "rb") as fh:
 """
 # reads the train split through the staller's root with N workers; the test SIGKILLs it mid-read
 READER = """import sys
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 
 if __name__ == "__main__":
     workers = int(sys.argv[2])
-    ds = ShardedDataset(sys.argv[1], batch_size=100, rank=0, world_size=1, num_workers=workers)
+    ds = ShardedDataset(sys.argv[1], batch_size=100, world=World(0, 1), num_workers=workers)
     for _ in ShardedLoader(ds, ring_bytes=0):
         pass
 """
@@ -72,7 +72,7 @@ def test_a_pipe_command_that_stops_sending_fails_and_is_killed(staller: tuple[st
     """Before: the read waited forever on a command that sent 50 KB of a shard and then nothing."""
     root, pids = staller
     monkeypatch.setenv(STALL_ENV, "1")
-    ds = ShardedDataset(root, batch_size=100, rank=0, world_size=1)
+    ds = ShardedDataset(root, batch_size=100, world=World(0, 1))
     t0 = time.monotonic()
     before, after = (re.escape(part) for part in root.split("{}"))
     with pytest.raises(OSError, match=rf"^{before}train/shard-\d+\.tar{after}: block 0: the command sent no byte for "
@@ -115,7 +115,7 @@ def test_a_stall_setting_that_cannot_work_is_refused_naming_it(nomlm_dataset: Pa
     message = f"{STALL_ENV}={value!r}: the seconds a remote read may go without a byte before it fails must be a whole "
     for root in (f"pipe:cat {nomlm_dataset}/{{}}", "http://127.0.0.1:9/ds"):
         with pytest.raises(RemoteSettingError, match=re.escape(message)):
-            ShardedDataset(root, batch_size=100, rank=0, world_size=1)
+            ShardedDataset(root, batch_size=100, world=World(0, 1))
     code, out = shardify("inspect", f"pipe:cat {nomlm_dataset}/{{}}")
     assert code == 2 and out.strip() == f"error: {message}number >= 1 (default 60); there is no 'off'", out
 

@@ -13,7 +13,7 @@ SURFACE = {
     "lifeseq_shards": {"DatasetChanged", "DeviceMetrics", "EmbeddingWriter", "LifeSeqData", "LifeSeqDataModule",
                        "ShardedDataset", "ShardedLoader"},
     "lifeseq_shards.reader": {"BatchSpec", "DatasetChanged", "LaunchError", "ShardedDataset", "ShardedLoader",
-                              "collate", "default_rank_world", "read_segment"},
+                              "World", "collate", "read_segment"},
     "lifeseq_shards.sources": {"Source", "SourceError", "input_kind", "open_sources"},
     "lifeseq_shards.pl": {"EmbeddingWriter", "LifeSeqDataModule", "LifeSeqPretrainModule", "StopOnSigterm"},
 }

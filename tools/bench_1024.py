@@ -20,6 +20,7 @@ import torch
 from lifeseq_shards.batch import ModelBatch
 from lifeseq_shards.loop import LifeSeqData
 from lifeseq_shards.masking import MaskingConfig
+from lifeseq_shards.reader import World
 from lifeseq_shards.remote import read_manifest
 
 LENGTHS = (512, 1024)
@@ -36,7 +37,7 @@ def nbytes(batch: Any) -> int:
 
 def measure(root: str, length: int, layout: str, batch_size: int, batches: int) -> dict[str, float]:
     data = LifeSeqData(root, batch_size, num_workers=0, masking=MaskingConfig(), pad_to=length, layout=layout,
-                       rank=0, world_size=1, device="cpu", prefetch=False)
+                       world=World(0, 1), device="cpu", prefetch=False)
     loader = data.train().loader  # the host batches, before the device
     t0 = time.process_time()
     host = list(itertools.islice(iter(loader), batches))

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from lifeseq_shards import ShardedDataset
 from lifeseq_shards.device import packed_views
 from lifeseq_shards.plan_slots import Segment
-from lifeseq_shards.reader import read_segment
+from lifeseq_shards.reader import World, read_segment
 from lifeseq_shards.shardfile import ShardFile, iter_tar_members
 from tools.tables import write_csv
 
@@ -80,7 +80,7 @@ def passes(root: str, rounds: int) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in tqdm(range(rounds), desc="passes", unit="round"):
         for v in rotated(r):
-            ds = ShardedDataset(root, "train", batch_size=256, rank=0, world_size=1, packed=True)
+            ds = ShardedDataset(root, "train", batch_size=256, world=World(0, 1), packed=True)
             ds.shards = [VARIANTS[v](s) for s in ds.shards]
             t = time.process_time()
             n = sum(len(packed_views(b)["person_id"]) for b in ds)
@@ -97,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for root in args.datasets:
-        ds = ShardedDataset(root, "train", batch_size=256, rank=0, world_size=1)
+        ds = ShardedDataset(root, "train", batch_size=256, world=World(0, 1))
         alone = check_alone(ds.shards[0])
         best = per_shard(ds, args.repeats)
         rates = passes(root, args.passes)

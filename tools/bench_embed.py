@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lifeseq_shards.batch import PaddedModelBatch
 from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.reader import World
 from lifeseq_shards.remote import read_manifest
 from lifeseq_shards.sources.synth import synth_population
 from tools.tables import write_csv
@@ -99,8 +100,7 @@ class InMemory(Dataset):
     def __init__(self, root: str, width: int) -> None:
         from lifeseq_shards import ShardedDataset, ShardedLoader
 
-        ds = ShardedDataset(root, ("train", "val"), batch_size=4096, mode="complete", pad_to=width, rank=0,
-                            world_size=1)
+        ds = ShardedDataset(root, ("train", "val"), batch_size=4096, mode="complete", pad_to=width, world=World(0, 1))
         parts = list(ShardedLoader(ds))
         self.input_ids = torch.cat([torch.stack([b[k].long() for k in ("tokens", "abspos", "age", "segment")], 1)
                                     for b in parts])
@@ -156,7 +156,7 @@ def run_device(root: str, out: str, size: str, precision: str, device: str, work
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16")
     start, persons = time.perf_counter(), 0
     loader = ShardedLoader(writer.dataset(root, batch_size=BATCH, model=model, num_workers=workers, packed=True,
-                                          rank=0, world_size=1), pin_memory=device.startswith("cuda"))
+                                          world=World(0, 1)), pin_memory=device.startswith("cuda"))
     with torch.no_grad(), autocast:
         for i, batch in enumerate(loader):
             model_batch = builder(batch, device, 0)

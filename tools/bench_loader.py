@@ -218,10 +218,11 @@ def pad_collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 def ours(work: Path, workers: int, root: str = "ours", rank: int = 0, world_size: int = 1) -> Iterable[Any]:
     from lifeseq_shards import ShardedDataset, ShardedLoader
+    from lifeseq_shards.reader import World
 
     # packed: one buffer of real tokens per batch; the training step pads it on the device (device.padded_fields)
     ds = ShardedDataset(str(work / root), split="train", batch_size=BATCH, num_workers=workers, mode="balanced",
-                        shuffle=True, seed=0, packed=True, rank=rank, world_size=world_size)
+                        shuffle=True, seed=0, packed=True, world=World(rank, world_size))
     return ShardedLoader(ds)
 
 

@@ -12,6 +12,7 @@ import torch
 from lifeseq_shards import ShardedDataset, ShardedLoader
 from lifeseq_shards.device import model_batch, packed_views, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.reader import World
 
 MASK_ID = 3  # [MASK]; ids 0-4 are [PAD] [CLS] [SEP] [MASK] [UNK]
 SEED_BYTES_PER_SLOT = 48  # the seed's int64 batch: input_ids 4 x 8 bytes, padding_mask and original_sequence 8 each
@@ -44,7 +45,7 @@ class Tally:
 def main(root: str, batches: int = 3, workers: int = 2) -> None:
     """Rank 0 of 2 with ``workers`` workers: packed host batches, then the model's batch built from each."""
     ranks, batch_size = 2, 64
-    ds = ShardedDataset(root, "train", batch_size=batch_size, rank=0, world_size=ranks, num_workers=workers,
+    ds = ShardedDataset(root, "train", batch_size=batch_size, world=World(0, ranks), num_workers=workers,
                         packed=True)
     cfg = MaskingConfig(vocab_size=int(ds.manifest.vocab_size), seed=0)
     masker = DynamicMasker(cfg)

@@ -7,18 +7,19 @@ from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and it
 docs/architecture.md shows how the data flows between them.
 
 The public names are what training code, the tools and the tests use: the dataset and its loader, the error a resume
-into another dataset raises, the rank and world size taken from the launcher (and its error), a block's persons as
-a batch (:class:`BatchSpec`, :func:`collate`) and one shard's persons read (:func:`read_segment`). Everything else
-is imported from the module that defines it.
+into another dataset raises, this process's rank of the world (:class:`World`, from the launcher by default, and
+the error when the launcher's variables do not say), a block's persons as a batch (:class:`BatchSpec`,
+:func:`collate`) and one shard's persons read (:func:`read_segment`). Everything else is imported from the module
+that defines it.
 """
 
 from __future__ import annotations
 
 from .collate import BatchSpec, collate
 from .dataset import ShardedDataset
-from .launch import LaunchError, default_rank_world
+from .launch import LaunchError, World
 from .loader import DatasetChanged, ShardedLoader
 from .stages import read_segment
 
-__all__ = ["BatchSpec", "DatasetChanged", "LaunchError", "ShardedDataset", "ShardedLoader", "collate",
-           "default_rank_world", "read_segment"]
+__all__ = ["BatchSpec", "DatasetChanged", "LaunchError", "ShardedDataset", "ShardedLoader", "World", "collate",
+           "read_segment"]

@@ -1,8 +1,8 @@
 """The dataset: its configuration (from the manifest and the arguments), the plan's queries, the epoch control
 that reaches persistent workers, and ``__iter__``, which composes the stages for this rank and worker.
 
-Rank and world size are captured at construction in the launching process, so spawned DataLoader workers (where
-``torch.distributed`` is not initialised and RANK is unset) cannot lose them.
+The :class:`~.launch.World` (rank and world size) is fixed at construction in the launching process, so spawned
+DataLoader workers (where ``torch.distributed`` is not initialised and RANK is unset) cannot lose it.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from ..plan import BALANCED, COMPLETE
 from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from ..remote import dataset_url, read_manifest
 from .collate import BatchSpec
-from .launch import default_rank_world
+from .launch import World
 from .stages import batches, load_windows, messages, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
 MAX_WORKERS = 256
+WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
 MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
 
 
@@ -86,24 +87,24 @@ class ShardedDataset(IterableDataset):
     different numbers of batches; never shuffled. ``split`` may name several splits in complete and exact mode
     (e.g. ``("train", "val")`` to embed everyone); in complete mode ``skip_files`` leaves out shards by manifest
     path (a resumed embedding job's finished ones) and ``shard_field=True`` gives each batch a ``shard`` field, each
-    person's shard as its position among the manifest's (``Manifest.entries()``). The old names ``"train"`` /
-    ``"inference"`` still work, with a DeprecationWarning.
+    person's shard as its position among the manifest's (``Manifest.entries()``).
 
-    ``manifest``: the dataset's manifest when the caller has read it already (``LifeSeqDataModule`` reads it once
-    for all its loaders); read from ``path`` otherwise. The plan's settings (``world_size``, ``num_workers``,
-    ``batch_size``, ``drop_last``, ``mode``, ``seed``, ``shuffle``, ``window``) are read from :attr:`partition`.
+    ``world``: this process's rank of the ranks that split the data (default :meth:`World.current`: torch.distributed,
+    else the launcher's variables). ``window``: the persons loaded and shuffled together (default the larger of
+    4,096 and two shards' persons). ``manifest``: the dataset's manifest when the caller has read it already
+    (``LifeSeqDataModule`` reads it once for all its loaders); read from ``path`` otherwise. The plan's settings
+    (``world_size``, ``num_workers``, ``batch_size``, ``drop_last``, ``mode``, ``seed``, ``shuffle``, ``window``)
+    are read from :attr:`partition`.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
     """
 
     def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
-                 rank: int | None = None, world_size: int | None = None, num_workers: int = 0,
-                 mode: str = BALANCED, shuffle: bool | None = None, seed: int = 0, drop_last: bool = False,
-                 pad_multiple: int = 8, pad_to: int | None = None, window_shards: int = 2,
-                 window_persons: int = 4096,
-                 packed: bool = False, skip_files: Collection[str] = (), shard_field: bool = False,
-                 manifest: Manifest | None = None) -> None:
+                 world: World | None = None, num_workers: int = 0, mode: str = BALANCED,
+                 shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
+                 pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
+                 skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None) -> None:
         super().__init__()
         mode = plan.mode_name(mode)
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
@@ -111,16 +112,14 @@ class ShardedDataset(IterableDataset):
         if len(splits) > 1 and mode == BALANCED:
             raise ValueError("several splits are read together only in mode='complete' or 'exact' (the shards of "
                              "different splits differ in size)")
-        if rank is None or world_size is None:
-            d_rank, d_world = default_rank_world()
-            rank, world_size = d_rank if rank is None else rank, d_world if world_size is None else world_size
-        self.rank = rank
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world size {world_size}")
+        if world is not None and not isinstance(world, World):
+            raise TypeError(f"world must be a lifeseq_shards.reader.World(rank, size), not {world!r}")
+        self.world = World.current() if world is None else world
         if not 0 <= num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
         # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
-        for name, value in (("batch_size", batch_size), ("pad_multiple", pad_multiple), ("pad_to", pad_to)):
+        for name, value in (("batch_size", batch_size), ("pad_multiple", pad_multiple), ("pad_to", pad_to),
+                            ("window", window)):
             if value is not None and (not isinstance(value, Integral) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
         if not isinstance(seed, Integral) or seed < 0:
@@ -158,9 +157,9 @@ class ShardedDataset(IterableDataset):
         else:
             self.sizes, remainder = [e.samples for e in entries], 0
 
-        # the shuffle window: a few shards, and never so few persons that the shuffle stays local
-        window = max(window_persons, window_shards * max(self.sizes, default=1))
-        self.partition = plan.Partition(tuple(self.sizes), world_size, num_workers, mode, seed, shuffle,
+        if window is None:  # two shards, and never so few persons that the shuffle stays local
+            window = max(WINDOW_PERSONS, WINDOW_SHARDS * max(self.sizes, default=1))
+        self.partition = plan.Partition(tuple(self.sizes), self.world.size, num_workers, mode, seed, shuffle,
                                         batch_size, drop_last, window, remainder)
         try:  # exact mode refuses a layout here, not in a worker
             len(self)
@@ -176,6 +175,10 @@ class ShardedDataset(IterableDataset):
         self._warn_static_balance(remainder)
 
     # -- the plan: its settings are the partition's, stored there only -------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
     @property
     def world_size(self) -> int:
         return self.partition.world_size
@@ -206,7 +209,7 @@ class ShardedDataset(IterableDataset):
 
     @property
     def window(self) -> int:
-        """Persons loaded and shuffled together: max(window_persons, window_shards x the largest shard's)."""
+        """Persons loaded and shuffled together (by default max(4,096, 2 x the largest shard's))."""
         return self.partition.window
 
     def _check_one_size(self, split: str) -> None:

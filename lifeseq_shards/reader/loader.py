@@ -110,6 +110,8 @@ class ShardedLoader(DataLoader):
             ring_bytes = in_flight * self._per_message * dataset.batch_size * RING_PERSON_BYTES
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
         self._position = Position(*dataset.next_pass(), dataset.next_history())
+        self._start = self._position  # where the pass under way began
+        self._loaded = False  # a loaded state whose pass has not begun: set_epoch keeps it, or refuses another epoch
         _quiet_lightning_len_warning()
         self._live: object | None = None  # the pass under way (begun, not finished): its position cannot move
 
@@ -120,7 +122,18 @@ class ShardedLoader(DataLoader):
         return WorkerLink(self._per_message, self._rings.rings, self._rings.ctl, os.getpid())
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch ``epoch`` from its start (the one after it ``epoch + 1``, ...)."""
+        """The next pass is epoch ``epoch`` from its start (the one after it ``epoch + 1``, ...). After
+        :meth:`load_state_dict`, until its pass begins, the loaded position stays when it is in ``epoch`` (a loop's
+        ``set_epoch`` at the top of the resumed epoch) and another epoch is refused: it would replay or skip
+        batches."""
+        if self._loaded:
+            at = self._position
+            if epoch == at.epoch:
+                return
+            raise ValueError(f"{self.dataset.root}: the loaded state goes on in epoch {at.epoch} after {at.batches} "
+                             f"batches, but set_epoch({epoch}) would start epoch {epoch}: loop from the loaded epoch "
+                             "(range(data.epoch, epochs) with LifeSeqData, range(loader.position.epoch, epochs) "
+                             "here), or build a new loader to start over")
         self.dataset.set_epoch(epoch)
         self._position = Position(epoch, 0)
 
@@ -138,7 +151,8 @@ class ShardedLoader(DataLoader):
         ds.attach(self._link())  # before the workers start: they exit with this process
         epoch, batches = ds.next_pass()  # as the workers will compute it
         start = Position(epoch, batches, ds.next_history())
-        self._position = start
+        self._position = self._start = start
+        self._loaded = False
         iteration = rings.begin() if rings is not None else 0  # before the DataLoader restarts the workers' passes
         items = super().__iter__()
         self._live = this_pass = object()
@@ -201,6 +215,15 @@ class ShardedLoader(DataLoader):
         resumed from another layout) holds the layouts that read the epoch's start, with the batches each took."""
         return self._position
 
+    @property
+    def pass_start(self) -> Position:
+        """Where the pass under way began, else where the next pass begins (after a pass, the next epoch's start;
+        after :meth:`load_state_dict`, the loaded position): its ``batches`` are those of the epoch it leaves out."""
+        if self._live is not None:
+            return self._start
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        return Position(*ds.next_pass(), ds.next_history())
+
     def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
         early (Lightning's ``limit_train_batches``); default ``len(self)``. ``unfinished``: the last batches handed
@@ -261,9 +284,9 @@ class ShardedLoader(DataLoader):
             history = ()  # nothing of the epoch was trained on: this layout's own epoch
         ds.resume_at(epoch, batches, history)
         self._position = Position(epoch, batches, history)
+        self._loaded = True
 
     def _layout(self) -> dict[str, Any]:
-        """This loader's :func:`~lifeseq_shards.plan_resume.saved_layout` (``window`` = max(window_persons,
-        window_shards x the largest shard's persons))."""
+        """This loader's :func:`~lifeseq_shards.plan_resume.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)

@@ -6,11 +6,10 @@ outlives it or keeps its stdout open."""
 import sys
 import time
 
-from lifeseq_shards.reader import ShardedDataset, ShardedLoader
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 
 if __name__ == "__main__":
-    loader = ShardedLoader(ShardedDataset(sys.argv[1], batch_size=64, num_workers=2, packed=True, rank=0,
-                                          world_size=1))
+    loader = ShardedLoader(ShardedDataset(sys.argv[1], batch_size=64, num_workers=2, packed=True, world=World(0, 1)))
     seen = 0
     while True:
         for _batch in loader:
