@@ -32,7 +32,7 @@ def _model_batches(block: Block, schema: list[Field]) -> dict[str, object]:
     """The model batch of every host layout (packed buffer, padded) and model layout."""
     out = {}
     for packed in (True, False):
-        host = collate(block, BatchSpec(schema, batch_size=3, packed=packed))
+        host = collate(block, BatchSpec(schema, packed=packed))
         for layout in ("padded", "packed") if packed else ("padded",):
             out[f"{'packed' if packed else 'padded'} host, {layout} model"] = BatchBuilder(layout=layout)(
                 host, "cpu", 0)
@@ -56,7 +56,7 @@ def test_a_padded_host_batch_reads_its_fields_by_name_unsigned() -> None:
     (before torch 2.3 it crosses as an int16 view, which must not leak out as -1)."""
     block, schema = _block(Field("income", "int32", SCALAR), np.zeros(3, dtype=np.int32))
     block.columns["tokens"][0] = 65535
-    host = collate(block, BatchSpec(schema, batch_size=3))
+    host = collate(block, BatchSpec(schema))
     assert host["tokens"][0, 0].item() == 65535 and host["person_id"].tolist() == [7, 8, 9]
     assert "lengths" in host and "no such field" not in host and set(host.keys()) == set(host.tensors)
     with pytest.raises(KeyError):
@@ -67,7 +67,7 @@ def test_an_extra_per_token_field_is_refused_by_name() -> None:
     """A per-token field the model batch has no place for is refused in one line naming it, never dropped."""
     block, schema = _block(Field("visits", "uint8", RAGGED), np.arange(int(LENGTHS.sum()), dtype=np.uint8))
     for packed in (True, False):
-        host = collate(block, BatchSpec(schema, batch_size=3, packed=packed))
+        host = collate(block, BatchSpec(schema, packed=packed))
         with pytest.raises(ValueError, match=r"field 'visits' has a value per token") as e:
             BatchBuilder()(host, "cpu", 0)
         assert "\n" not in str(e.value)

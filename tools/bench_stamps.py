@@ -53,7 +53,7 @@ def gather_seconds(block: Block, schema: list[Field], seed: int = 0) -> float:
     """Time of the reader's packed collate (its gathers into one buffer) over every window of ``block``: one pass,
     batches of 256 from shuffled 4,096-person windows."""
     rng = np.random.default_rng(seed)
-    spec = BatchSpec(schema, BATCH, packed=True)
+    spec = BatchSpec(schema, packed=True)
     t0 = time.perf_counter()
     for lo in range(0, block.n, WINDOW):
         order = lo + rng.permutation(min(WINDOW, block.n - lo))

@@ -17,13 +17,11 @@ from ..format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """How a dataset cuts and collates its batches. ``source`` names the dataset in error messages;
-    ``offline_mlm``: its offline MLM targets point into the whole sequence, so it is padded to ``pad_to``, never
-    cropped."""
+    """How a dataset collates a batch of persons (how many go into one is the plan's ``batch_size``).
+    ``source`` names the dataset in error messages; ``offline_mlm``: its offline MLM targets point into the whole
+    sequence, so it is padded to ``pad_to``, never cropped."""
 
     schema: Sequence[Field]
-    batch_size: int
-    drop_last: bool = False
     packed: bool = False
     pad_multiple: int = 8
     pad_to: int | None = None

@@ -166,7 +166,7 @@ class ShardedDataset(IterableDataset):
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
         batch_schema = with_shard_field(self.schema) if shard_field else self.schema
-        self.spec = BatchSpec(batch_schema, batch_size, drop_last, packed, pad_multiple, pad_to, self.offline_mlm,
+        self.spec = BatchSpec(batch_schema, packed, pad_multiple, pad_to, self.offline_mlm,
                               self.root)
         self._control = EpochControl(num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
@@ -331,7 +331,7 @@ class ShardedDataset(IterableDataset):
         stages = [
             source,
             lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
-            lambda src: batches(src, self.spec, skip),
+            lambda src: batches(src, self.spec, self.batch_size, self.drop_last, skip),
         ]
         writer = self._writer(worker)
         if per_message > 1 or writer is not None:

@@ -88,10 +88,12 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     return blocks
 
 
-def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, skip: int) -> Iterator[HostBatch]:
-    """Stage 3: cut the permuted stream into batches and collate them: one gather per batch from its window (a
-    batch that spans two windows joins its two parts), so the cost is linear in the persons read."""
-    size, schema = spec.batch_size, spec.schema
+def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, size: int, drop_last: bool,
+            skip: int) -> Iterator[HostBatch]:
+    """Stage 3: cut the permuted stream into batches of ``size`` (the last, shorter one dropped when
+    ``drop_last``) and collate them: one gather per batch from its window (a batch that spans two windows joins its
+    two parts), so the cost is linear in the persons read."""
+    schema = spec.schema
     carry: Block | None = None
     b = skip
     for win, win_order, block in src:
@@ -109,7 +111,7 @@ def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, sk
             b, i = b + 1, i + size
         if i < len(order):
             carry = block.take(order[i:], schema)
-    if carry is not None and not spec.drop_last:
+    if carry is not None and not drop_last:
         yield collate(carry, spec)
 
 
