@@ -166,8 +166,7 @@ class ShardedDataset(IterableDataset):
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
         batch_schema = with_shard_field(self.schema) if shard_field else self.schema
-        self.spec = BatchSpec(batch_schema, packed, pad_multiple, pad_to, self.offline_mlm,
-                              self.root)
+        self.spec = BatchSpec(batch_schema, packed, pad_multiple, pad_to, self.offline_mlm, self.root)
         self._control = EpochControl(num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
