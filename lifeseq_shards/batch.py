@@ -238,10 +238,9 @@ def widen_unsigned(values: torch.Tensor) -> torch.Tensor:
 class ModelBatch(Mapping[str, Any]):
     """The model's batch: a read-only mapping of name -> tensor (``max_len``, in the packed layout, a host int), in
     the names and layout the researchers' code reads (docs/reference/masking.md). ``batch["input_ids"]``,
-    ``"target_pos" in
-    batch``, ``batch.keys()``, ``dict(batch)`` and ``batch.input_ids`` all work; assignment does not (use
-    :meth:`replace`). Built from any mapping (``type(batch)(mapping)``), as Lightning's and torch's collection
-    helpers rebuild a mapping they convert."""
+    ``"target_pos" in batch``, ``batch.keys()``, ``dict(batch)`` and ``batch.input_ids`` all work; assignment does
+    not (use :meth:`replace`). Built from any mapping (``type(batch)(mapping)``), as Lightning's and torch's
+    collection helpers rebuild a mapping they convert."""
 
     __slots__ = ("_values",)
     _values: dict[str, Any]

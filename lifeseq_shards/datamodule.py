@@ -44,8 +44,7 @@ class LifeSeqDataHooks(DataParts):
     training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``);
     ``prefetch_thread=True`` also launches it from a background thread (opt-in until a GPU run says it pays:
     docs/results/training-gpu.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its
-    configuration,
-    ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
+    configuration, ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``

@@ -137,8 +137,8 @@ def model_batch(
     batch: HostBatch, masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
     max_len: int | None = None,
 ) -> ModelBatch:
-    """The model's batch (the seed code's layout, docs/reference/masking.md), built where ``batch`` lives, without a
-    host sync.
+    """The model's batch (the seed code's layout, docs/reference/masking.md), built where ``batch`` lives,
+    without a host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
     are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are

@@ -8,8 +8,8 @@ no host sync: everything is a few elementwise kernels, a scatter, a cumsum, a so
 
 The hash works on 32-bit words held in int64 tensors, with every product split into 16-bit halves so no intermediate
 ever exceeds 2**49: signed overflow (undefined in C++, whatever torch happens to do) and arithmetic right shifts of
-negative numbers never occur. docs/reference/masking.md gives the rules and what was checked against the seed's own
-files.
+negative numbers never occur. docs/reference/masking.md gives the rules and what was checked against the seed's
+own files.
 """
 
 from __future__ import annotations
@@ -181,8 +181,7 @@ class DynamicMasker:
     """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
 
     Two opt-in ways to launch fewer kernels, for a host-bound step (docs/results/training-gpu.md), each the same masks
-    bit for bit
-    and each opt-in until a GPU run says it pays:
+    bit for bit and each opt-in until a GPU run says it pays:
 
     - ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
       the first call: a few fused kernels. Each new (B, L) and each epoch (a Python int, so a constant of the graph)

@@ -167,8 +167,7 @@ class PretrainSteps:
 
     def on_train_start(self) -> None:
         """A fit resumed in another layout (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
-        than the
-        checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
+        than the checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "schedule_steps"):
             resize_one_cycle(self.lr_schedulers(), *datamodule.schedule_steps())

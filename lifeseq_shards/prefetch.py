@@ -46,9 +46,8 @@ class DevicePrefetcher:
 
     ``threaded=True`` also moves the host's share off the step: a background thread takes the loader's batches and
     launches their preparation (a few hundred kernels: milliseconds of host time, docs/results/training-gpu.md), up to
-    two
-    batches ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so the
-    two overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/results/training-gpu.md).
+    two batches ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so
+    the two overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/results/training-gpu.md).
 
     ``ahead=False`` builds each batch only when it is handed out, on the current stream: the same batches and
     positions without the prefetch (a plain loop's ``prefetch=False``, as the DataModule's hooks build them).

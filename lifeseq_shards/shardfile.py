@@ -1,8 +1,8 @@
 """Shard files: tar members of compressed blocks, written atomically and read sequentially, and the checks a reader
 makes of each member against the manifest's description of the shard (:class:`ShardFile`).
 
-A shard is a plain ustar file of members ``NNNNNN.block.zst`` (docs/reference/format.md); any tar tool or webdataset
-lists it.
+A shard is a plain ustar file of members ``NNNNNN.block.zst`` (docs/reference/format.md); any tar tool or
+webdataset lists it.
 """
 
 from __future__ import annotations

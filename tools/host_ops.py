@@ -1,8 +1,8 @@
 """What the host dispatches per training step, phase by phase, on any device: the count of top-level aten ops (each
 one or more kernel launches on CUDA) and the host time per phase at tiny shapes, where the arithmetic is negligible
 and what is left is dispatch and Python. A CPU-only machine cannot time CUDA, but a host-bound GPU step costs
-roughly (ops launched) x (host cost per op), and both of those are counted here (docs/results/training-gpu.md, issue
-13).
+roughly (ops launched) x (host cost per op), and both of those are counted here (docs/results/training-gpu.md,
+issue 13).
 
 Usage: python -m tools.host_ops DATA [--size small-tc --batch-size 16 --max-len 64 --reps 20]
 """
