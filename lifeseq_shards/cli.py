@@ -257,12 +257,15 @@ def _loader_states(saved: Any) -> list[dict[str, Any]]:
     """The loader states a checkpoint holds: itself (a file of ``ShardedLoader.state_dict()``), its ``"train"``
     entry (``LifeSeqData.state_dict()`` saved alone), or such an entry one level down under any key (Lightning files
     the DataModule's under its class name, a plain loop under its own, e.g. ``"data"``)."""
+    def is_state(value: Any) -> bool:
+        return isinstance(value, dict) and "layout" in value and "fingerprint" in value
+
+    if is_state(saved):
+        return [saved]
     if not isinstance(saved, dict):
         return []
-    if "layout" in saved and "fingerprint" in saved:
-        return [saved]
     entries = [saved, *(v for v in saved.values() if isinstance(v, dict))]
-    return [e["train"] for e in entries if isinstance(e.get("train"), dict) and "layout" in e["train"]]
+    return [e["train"] for e in entries if is_state(e.get("train"))]
 
 
 @main.group()
