@@ -95,9 +95,8 @@ def test_base_width_trains_at_1024_on_cpu(ds1024: Path, layout: str, batch_size:
 
 @pytest.mark.slow
 def test_bench_1024_measures_both_lengths_and_layouts(ds1024: Path) -> None:
-    """docs/guides/train-plain-loop.md's `python -m tools.bench_1024 DATA`, on two batches: one table row per (L,
-    layout), with
-    floor(0.3 L) target slots, and the packed batch's bus bytes the same at either L."""
+    """docs/guides/train-plain-loop.md's `python -m tools.bench_1024 DATA`, on two batches: one table row per
+    (L, layout), with floor(0.3 L) target slots, and the packed batch's bus bytes the same at either L."""
     from click.testing import CliRunner
 
     from tools.bench_1024 import main

@@ -2,8 +2,8 @@
 ``TransformerEncoder``): a ``transformer`` that turns ``input_ids`` and ``padding_mask`` into token states, a loss on
 ``target_tokens`` / ``target_cls`` when the batch has them, ``val_loss_track`` logged with ``sync_dist=True``, AdamW
 + OneCycleLR over ``self.trainer.estimated_stepping_batches``, and the ``predict_step`` docs/reference/ddp.md shows
-(CLS and
-mean embeddings, as their ``infer_embedding.py`` computes them). Tiny, and it records which persons each step saw.
+(CLS and mean embeddings, as their ``infer_embedding.py`` computes them). Tiny, and it records which persons each
+step saw.
 
 It imports ``pytorch_lightning as pl`` as the researchers do when LIFESEQ_FLAVOUR=pytorch_lightning, else
 ``lightning.pytorch as pl``. It is a module of its own so that the script's DataLoader workers (spawned ones
@@ -114,8 +114,7 @@ class Tiny(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         # the seed's schedule, sized as docs/reference/ddp.md says: asking for estimated_stepping_batches builds the
-        # train
-        # loader before Lightning restores a checkpoint's state into it
+        # train loader before Lightning restores a checkpoint's state into it
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=1e-3, total_steps=self.trainer.estimated_stepping_batches, three_phase=False,
