@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .datamodule import LifeSeqDataModule
-    from .embed_writer import EmbeddingWriter
+    from .embed.writer import EmbeddingWriter
     from .loop import DeviceMetrics, LifeSeqData
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader
 
 # public name -> the submodule that defines it
 _LAZY = {
     "DatasetChanged": "reader",
-    "EmbeddingWriter": "embed_writer",
+    "EmbeddingWriter": "embed.writer",
     "DeviceMetrics": "loop",
     "LifeSeqData": "loop",
     "LifeSeqDataModule": "datamodule",

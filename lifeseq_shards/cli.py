@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .format import MIN_SHARD_PERSONS
+from .store.format import MIN_SHARD_PERSONS
 
 POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
 
@@ -38,11 +38,11 @@ class _Group(click.Group):
 def _library_errors() -> tuple[type[Exception], ...]:
     """The errors that become one line; imported only once one is raised, so that ``--help`` loads no converter and
     no I/O edge."""
-    from .convert import ConvertError
-    from .embed_store import EmbeddingsError
-    from .manifest import ManifestError
-    from .remote import RemoteSettingError
-    from .sources import SourceError
+    from .convert.passes import ConvertError
+    from .convert.sources import SourceError
+    from .embed.store import EmbeddingsError
+    from .store.manifest import ManifestError
+    from .store.remote import RemoteSettingError
 
     return ConvertError, SourceError, ManifestError, RemoteSettingError, EmbeddingsError, FileNotFoundError
 
@@ -101,8 +101,8 @@ def _exit_on_problems(root: str, problems: list[str], consequence: str = "") -> 
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
 def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
     """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
-    from .convert import ConvertOptions, convert_dataset
-    from .sources import drops
+    from .convert.passes import ConvertOptions, convert_dataset
+    from .convert.sources import drops
 
     _refuse_parquet_only(inputs)
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
@@ -115,7 +115,7 @@ def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[
 def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:
     """An option given for .h5 input that only parquet input honours: refused, not ignored (an encoded file keeps
     its own width and events, so `--max-seq-len 256` would silently leave its sequences at 512)."""
-    from .sources import SourceError, input_kind
+    from .convert.sources import SourceError, input_kind
 
     ctx = click.get_current_context()
     given = [f"--{name.replace('_', '-')}" for name in ("max_seq_len", "time_range_start", "time_range_end")
@@ -136,7 +136,7 @@ def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace existing files in OUT.")
 def synth(out: str, people: int, seed: int, overwrite: bool) -> None:
     """Write a synthetic population: OUT/sequences.parquet + OUT/vocab.csv (the step-4 form)."""
-    from .sources.synth import ID_BITS, synth_population
+    from .convert.sources.synth import ID_BITS, synth_population
 
     if people > 1 << ID_BITS:
         _fail(f"--people {people}: at most {1 << ID_BITS} (person ids are {ID_BITS}-bit)")
@@ -150,7 +150,7 @@ def synth(out: str, people: int, seed: int, overwrite: bool) -> None:
 @click.argument("root", type=click.Path())
 def verify(root: str) -> None:
     """Re-hash every shard, decode every record, check them against the manifest."""
-    from .integrity import verify_dataset
+    from .convert.integrity import verify_dataset
 
     _exit_on_problems(root, verify_dataset(root))
     click.echo(f"{root}: OK")
@@ -161,7 +161,7 @@ def verify(root: str) -> None:
 def upgrade(root: str) -> None:
     """Verify a dataset of an older format, then add every block's checksum to its manifest (the reader checks each
     block it reads against it, and refuses a dataset without them)."""
-    from .integrity import upgrade_dataset
+    from .convert.integrity import upgrade_dataset
 
     m, problems = upgrade_dataset(root)
     _exit_on_problems(root, problems, "; not upgraded (convert it again)")
@@ -173,7 +173,7 @@ def upgrade(root: str) -> None:
 @click.argument("root", type=click.Path())
 def inspect(root: str) -> None:
     """Print a readable summary of a dataset."""
-    from .integrity import summarize
+    from .convert.integrity import summarize
 
     click.echo(summarize(root))
 
@@ -194,8 +194,8 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
     """Show which rank and worker reads what, and who is left out; exit 1 when the shards do not divide evenly
     (train), when validation cannot read every person of the split once in equal batches (any other split), or
     (with --resume) when someone is left out of the rest of the epoch."""
-    from .plan_report import describe
-    from .remote import read_manifest
+    from .plan.report import describe
+    from .store.remote import read_manifest
 
     if checkpoint is not None:
         _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last)
@@ -217,8 +217,8 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
 
     import torch
 
-    from .plan_report import describe_resume
-    from .plan_resume import LAYOUT_KEYS, Layout, Stage
+    from .plan.report import describe_resume
+    from .plan.resume import LAYOUT_KEYS, Layout, Stage
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader, World
 
     try:
@@ -279,7 +279,7 @@ def embeddings() -> None:
               help="The dataset that was embedded.")
 def embeddings_verify(out: str, data: str) -> None:
     """Exit 0 only if every person of the embedded splits appears exactly once, whole and finite."""
-    from .embed_check import verify_embeddings
+    from .embed.check import verify_embeddings
 
     _exit_on_problems(out, verify_embeddings(out, data))
     click.echo(f"{out}: OK")
@@ -290,7 +290,7 @@ def embeddings_verify(out: str, data: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 def embeddings_merge(out: str, file: str) -> None:
     """Merge OUT's shard files into FILE (Parquet), ordered by person id, in memory of about one shard."""
-    from .embed_check import merge_embeddings
+    from .embed.check import merge_embeddings
 
     n = merge_embeddings(out, file)
     click.echo(f"{file}: {n:,} persons")

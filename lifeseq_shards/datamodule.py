@@ -19,9 +19,9 @@ import torch
 
 from . import compat
 from .datapath import DataParts
-from .device import BatchBuilder
-from .embed_writer import EmbeddingWriterHooks
-from .prefetch import DevicePrefetcher
+from .device.build import BatchBuilder
+from .device.prefetch import DevicePrefetcher
+from .embed.writer import EmbeddingWriterHooks
 from .reader import ShardedLoader, World
 
 

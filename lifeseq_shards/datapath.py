@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from .batch import check_schema
-from .device import PACKED, BatchBuilder
-from .manifest import Manifest
+from .device.batch import check_schema
+from .device.build import PACKED, BatchBuilder
+from .device.prefetch import DevicePrefetcher
 from .masking import DynamicMasker, MaskingConfig
-from .plan import BALANCED, COMPLETE, EXACT
-from .prefetch import DevicePrefetcher
+from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
-from .remote import read_manifest
+from .store.manifest import Manifest
+from .store.remote import read_manifest
 
 # why an offline-MLM dataset neither takes a new CLS task nor serves predict
 _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stored after the seed's CLS task (about "

@@ -6,9 +6,9 @@ embeddings, pre-norm layers, an MLM head on the masked positions and a 3-class s
 is not their code.
 
 Two layouts, one set of weights: the padded batch ((B, 4, L) ``input_ids`` + ``padding_mask``), and the packed
-one (``lifeseq_shards.device.model_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens, ``cu_seqlens``
-and a host-side ``max_len``). On the packed layout every layer but attention works on (N, hidden) rows, so no FLOP is
-spent on padding; attention runs per person (:func:`varlen_attention`).
+one (``lifeseq_shards.device.build.model_batch(layout="packed")``: (4, N) ``input_ids`` of the N real tokens,
+``cu_seqlens`` and a host-side ``max_len``). On the packed layout every layer but attention works on (N, hidden) rows,
+so no FLOP is spent on padding; attention runs per person (:func:`varlen_attention`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import compat
-from .layout import packed_slots, padded_rows
+from .device.index import packed_slots, padded_rows
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
 N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
@@ -49,7 +49,7 @@ compat.add_safe_globals([EncoderConfig])
 # The seed's sizes, and the same rounded for tensor cores: hidden = the next multiple of 64, heads of 64 (the
 # head dims 16 / 28 / 50 of the originals are below FlashAttention's smallest tile of 32 or not a multiple of 8),
 # and ff = the multiple of 64 that keeps the per-layer weight count closest to the original's (within 2%;
-# tests/test_train_bench.py checks it), so a "-tc" model costs the same FLOPs and differs only in shape.
+# tests/tools/test_train_bench.py checks it), so a "-tc" model costs the same FLOPs and differs only in shape.
 SIZES: dict[str, EncoderConfig] = {
     "small": EncoderConfig(160, 1240, 3, 10),
     "medium": EncoderConfig(280, 2210, 5, 10),
@@ -148,7 +148,7 @@ class PaddedIndex(NamedTuple):
 
 
 def padded_index(packed: Packed, n: int) -> PaddedIndex:
-    """The :class:`PaddedIndex` of ``n`` packed rows (:mod:`lifeseq_shards.layout`, as the device's packing)."""
+    """The :class:`PaddedIndex` of ``n`` packed rows (:mod:`lifeseq_shards.device.index`, as the device's packing)."""
     counts = packed.cu_seqlens.diff().long()
     rows, real = padded_rows(counts, packed.max_len)
     return PaddedIndex(rows.clamp_(max=max(n - 1, 0)), real, packed_slots(counts, packed.max_len, n))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .datapath import DataParts
-from .prefetch import DevicePrefetcher
+from .device.prefetch import DevicePrefetcher
 from .reader import ShardedLoader, World
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .cudagraph import GraphedFunction
+from .device.cudagraph import GraphedFunction
 
 PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
 DEFAULT_RATIO = 0.30
@@ -186,9 +186,9 @@ class DynamicMasker:
     - ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
       the first call: a few fused kernels. Each new (B, L) and each epoch (a Python int, so a constant of the graph)
       compiles once more, and past dynamo's recompile limit the masker runs eagerly.
-    - ``graph=True`` replays the eager kernels as a CUDA graph (:class:`~lifeseq_shards.cudagraph.GraphedFunction`),
-      captured once per (B, L) and epoch: one launch, no compiler. Eager off CUDA.
-    """
+    - ``graph=True`` replays the eager kernels as a CUDA graph
+      (:class:`~lifeseq_shards.device.cudagraph.GraphedFunction`), captured once per (B, L) and epoch: one launch, no
+    compiler. Eager off CUDA. """
 
     def __init__(self, cfg: MaskingConfig, compile: bool = False, graph: bool = False) -> None:
         if cfg.vocab_size is None:

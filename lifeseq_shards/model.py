@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .batch import ModelBatch, PackedModelBatch
+from .device.batch import ModelBatch, PackedModelBatch
 from .encoder import PAD_ID, SIZES, EncoderConfig, LifeSeqEncoder, Packed, model_flops_per_token, resolve_size
 from .schedule import resize_one_cycle
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from . import datamodule, embed_writer, model, signals
+from . import datamodule, model, signals
+from .embed import writer as embed_writer
 
 
 class LifeSeqDataModule(datamodule.LifeSeqDataHooks, pl.LightningDataModule):
@@ -30,7 +31,7 @@ class StopOnSigterm(signals.SigtermHooks, pl.Callback):
 
 class EmbeddingWriter(embed_writer.EmbeddingWriterHooks, pl.callbacks.BasePredictionWriter):
     """Writes each person's embeddings from ``Trainer.predict`` into an output directory, for a
-    ``pytorch_lightning`` Trainer (:class:`~lifeseq_shards.embed_writer.EmbeddingWriterHooks` documents it)."""
+    ``pytorch_lightning`` Trainer (:class:`~lifeseq_shards.embed.writer.EmbeddingWriterHooks` documents it)."""
 
 
 __all__ = ["EmbeddingWriter", "LifeSeqDataModule", "LifeSeqPretrainModule", "StopOnSigterm"]

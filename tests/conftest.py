@@ -8,7 +8,7 @@ import pytest
 from helpers import SMALL_SHARDS, SeedRows
 from hypothesis import settings
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 
 # Hypothesis's per-example deadline (200 ms) measures the machine, not the code: on a loaded 2-core CI runner an
 # unchanged plan function missed it. The properties and example counts stay as written.

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 
 from lifeseq_shards import compat
 from lifeseq_shards.cli import main
-from lifeseq_shards.plan import left_out_segments
-from lifeseq_shards.sources.parquet import encode_parquet_task, parquet_tasks
+from lifeseq_shards.convert.sources.parquet import encode_parquet_task, parquet_tasks
+from lifeseq_shards.plan.partition import left_out_segments
 
 # the dtype a uint16 column has as a tensor: torch.uint16, or its int16 view where torch has no uint16 (< 2.3)
 U16 = compat.torch_dtype("uint16")
@@ -36,7 +36,7 @@ SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 s
 
 def convert_nomlm(sample: Path, out: Path, **opts: Any) -> Path:
     """encoded_nomlm.h5 converted in SMALL_SHARDS (``opts``: more ConvertOptions)."""
-    from lifeseq_shards.convert import ConvertOptions, convert_dataset
+    from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 
     convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, **SMALL_SHARDS,
                                                                                  **opts))

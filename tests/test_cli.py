@@ -34,13 +34,13 @@ def test_import_loads_no_heavy_module(statement: str) -> None:
     assert not {m.split(".")[0] for m in modules} & HEAVY, sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
-@pytest.mark.parametrize("statement", ["import lifeseq_shards.cli", "import lifeseq_shards.manifest"])
+@pytest.mark.parametrize("statement", ["import lifeseq_shards.cli", "import lifeseq_shards.store.manifest"])
 def test_the_cli_and_the_manifest_load_no_io_edge(statement: str) -> None:
-    """Remote reads (curl and ``pipe:`` commands) are lifeseq_shards.remote's alone: parsing a manifest, or
+    """Remote reads (curl and ``pipe:`` commands) are lifeseq_shards.store.remote's alone: parsing a manifest, or
     ``shardify --help``, starts no subprocess machinery."""
     modules = imported_by(statement)
     assert statement.split()[1] in modules  # the listing was read
-    io_edge = modules & {"subprocess", "lifeseq_shards.remote"}
+    io_edge = modules & {"subprocess", "lifeseq_shards.store.remote"}
     assert not io_edge, sorted(io_edge)
 
 
@@ -62,7 +62,7 @@ def test_help_costs_under_half_a_second_of_cpu(args: list[str]) -> None:
 
 def test_public_names_load_on_first_use() -> None:
     from lifeseq_shards import DatasetChanged, EmbeddingWriter, LifeSeqDataModule, ShardedDataset, ShardedLoader
-    from lifeseq_shards.embed_writer import EmbeddingWriter as defined
+    from lifeseq_shards.embed.writer import EmbeddingWriter as defined
 
     assert EmbeddingWriter is defined
     assert (DatasetChanged, ShardedDataset, ShardedLoader) == (reader.DatasetChanged, reader.ShardedDataset,

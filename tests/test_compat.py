@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lifeseq_shards import compat
-from lifeseq_shards.device import BatchBuilder
-from lifeseq_shards.format import Block, make_schema
+from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.reader import BatchSpec, collate
+from lifeseq_shards.store.format import Block, make_schema
 
 
 def edge_block(token_dtype: str) -> tuple[Block, list[list[int]]]:

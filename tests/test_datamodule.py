@@ -1,6 +1,6 @@
 """LifeSeqDataModule in one process: both Lightning packages, the vocabulary from the manifest, the README example,
 the resume position handed over whenever the loader is built, and the check that refuses a loader out of step.
-The multi-process runs (DDP, ddp_spawn, resume under Lightning, predict) are in tests/test_ddp.py."""
+The multi-process runs (DDP, ddp_spawn, resume under Lightning, predict) are in tests/reader/test_ddp.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from helpers import shardify, split_ids
 
 from lifeseq_shards.datamodule import LifeSeqDataModule
-from lifeseq_shards.device import padded_fields
+from lifeseq_shards.device.build import padded_fields
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig
 

@@ -35,7 +35,8 @@ SAMPLE_FILES = ("sequences.parquet", "vocab.csv", "encoded_nomlm.h5", "encoded_m
 NEEDS = {"gpu", "slurm", "their-repo", "old-data"}
 
 # guide -> (text in the guide, what the test runs instead): a training run small enough for a CPU, in the main
-# process (the loader's workers, their forkserver and rings run in tests/test_reader.py, test_ddp.py and others)
+# process (the loader's workers, their forkserver and rings run in tests/reader/test_reader.py,
+# tests/reader/test_ddp.py and others)
 TINY: dict[str, list[tuple[str, str]]] = {
     "train-lightning.md": [
         ('SIZE, EPOCHS, BATCH = "small", 10, 256',

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule, ShardedDataset, ShardedLoader
-from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.device.build import host_sync_guard
+from lifeseq_shards.device.prefetch import DevicePrefetcher
 from lifeseq_shards.masking import MaskingConfig
-from lifeseq_shards.plan_resume import Position
-from lifeseq_shards.prefetch import DevicePrefetcher
+from lifeseq_shards.plan.resume import Position
 from lifeseq_shards.reader import World
 
 BATCH = 64

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import FIELDS, U16
 
-from lifeseq_shards.device import host_sync_guard
+from lifeseq_shards.device.build import host_sync_guard
 from lifeseq_shards.masking import (
     MASK,
     SEP,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lifeseq_shards import LifeSeqDataModule, ShardedDataset, ShardedLoader
-from lifeseq_shards.device import BatchBuilder
+from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig, LifeSeqPretrainModule, pretrain_losses
 from lifeseq_shards.reader import World

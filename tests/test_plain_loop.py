@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from ddp_harness import SCRIPTS, TORCHRUN, WORKERS, launch
 from helpers import repo_first, shardify, wait_for
-from test_ddp import SCRIPTS, TORCHRUN, WORKERS, launch
 
 VAL_EVERY = 10  # mid-epoch validation + checkpoint every 10 batches (about 43 a rank and epoch here)
 PAUSE_AT = 14  # the killed run trains 4 batches past its checkpoint at step 10: the resumed run must train them again

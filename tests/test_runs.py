@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from helpers import SeedRows
 
-from lifeseq_shards.format import (
+from lifeseq_shards.store.format import (
     STAMPS,
     Block,
     decode_member,
@@ -16,8 +16,8 @@ from lifeseq_shards.format import (
     make_schema,
     to_runs,
 )
-from lifeseq_shards.remote import read_manifest
-from lifeseq_shards.shardfile import iter_tar_members
+from lifeseq_shards.store.remote import read_manifest
+from lifeseq_shards.store.shardfile import iter_tar_members
 
 
 def test_stored_runs_expand_to_the_seed_stamps(nomlm_dataset: Path, nomlm_rows: SeedRows) -> None:

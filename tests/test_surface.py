@@ -14,7 +14,7 @@ SURFACE = {
                        "ShardedDataset", "ShardedLoader"},
     "lifeseq_shards.reader": {"BatchSpec", "DatasetChanged", "LaunchError", "ShardedDataset", "ShardedLoader",
                               "World", "collate", "read_segment"},
-    "lifeseq_shards.sources": {"Source", "SourceError", "input_kind", "open_sources"},
+    "lifeseq_shards.convert.sources": {"Source", "SourceError", "input_kind", "open_sources"},
     "lifeseq_shards.pl": {"EmbeddingWriter", "LifeSeqDataModule", "LifeSeqPretrainModule", "StopOnSigterm"},
 }
 

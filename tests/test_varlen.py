@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards import encoder as encoder_mod
-from lifeseq_shards.batch import PackedModelBatch, PaddedModelBatch
-from lifeseq_shards.device import host_sync_guard, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.batch import PackedModelBatch, PaddedModelBatch
+from lifeseq_shards.device.build import host_sync_guard, model_batch, plan_tokens, to_device
 from lifeseq_shards.encoder import EncoderConfig, LifeSeqEncoder, Packed, varlen_attention
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import model_inputs, pretrain_losses
@@ -23,7 +23,7 @@ VOCAB = 40
 def _padded_and_packed(b: int = 5, n: int = 16, t: int = 4, seed: int = 0
                        ) -> tuple[PaddedModelBatch, PackedModelBatch]:
     """One padded batch (persons of different lengths, padding zeros) and the same persons packed, built
-    independently of lifeseq_shards.device (plain loops)."""
+    independently of lifeseq_shards.device.build (plain loops)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([n, 3, 11, 1, 7][:b])
     real = (torch.arange(n) < lengths[:, None]).long()

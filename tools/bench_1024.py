@@ -17,11 +17,11 @@ from typing import Any
 import click
 import torch
 
-from lifeseq_shards.batch import ModelBatch
+from lifeseq_shards.device.batch import ModelBatch
 from lifeseq_shards.loop import LifeSeqData
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.reader import World
-from lifeseq_shards.remote import read_manifest
+from lifeseq_shards.store.remote import read_manifest
 
 LENGTHS = (512, 1024)
 LAYOUTS = ("padded", "packed")

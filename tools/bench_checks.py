@@ -24,10 +24,10 @@ import numpy as np
 from tqdm import tqdm
 
 from lifeseq_shards import ShardedDataset
-from lifeseq_shards.device import packed_views
-from lifeseq_shards.plan_slots import Segment
+from lifeseq_shards.device.build import packed_views
+from lifeseq_shards.plan.slots import Segment
 from lifeseq_shards.reader import World, read_segment
-from lifeseq_shards.shardfile import ShardFile, iter_tar_members
+from lifeseq_shards.store.shardfile import ShardFile, iter_tar_members
 from tools.tables import write_csv
 
 # variant -> the shard as the reader checks it

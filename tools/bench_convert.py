@@ -11,9 +11,9 @@ import shutil
 import time
 from pathlib import Path
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.manifest import Manifest
-from lifeseq_shards.sources.synth import synth_population
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.sources.synth import synth_population
+from lifeseq_shards.store.manifest import Manifest
 from tools.bench_loader import read_persons, write_seed_h5
 from tools.tables import write_csv
 

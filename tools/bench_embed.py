@@ -34,11 +34,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lifeseq_shards.batch import PaddedModelBatch
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.sources.synth import synth_population
+from lifeseq_shards.device.batch import PaddedModelBatch
 from lifeseq_shards.reader import World
-from lifeseq_shards.remote import read_manifest
-from lifeseq_shards.sources.synth import synth_population
+from lifeseq_shards.store.remote import read_manifest
 from tools.tables import write_csv
 
 BATCH = 512
@@ -74,7 +74,7 @@ def peak_rss_mb() -> float:
 # -- the contenders, each run in its own process ------------------------------------------------------------------
 def run_ours(root: str, out: str) -> dict[str, float]:
     from lifeseq_shards import EmbeddingWriter, ShardedLoader
-    from lifeseq_shards.device import BatchBuilder
+    from lifeseq_shards.device.build import BatchBuilder
 
     torch.set_num_threads(1)  # two ranks on two cores
     torch.distributed.init_process_group("gloo")
@@ -146,7 +146,7 @@ def run_device(root: str, out: str, size: str, precision: str, device: str, work
     """One rank on ``device``: the reference model at ``size`` under ``precision`` (bf16 autocast or fp32), packed
     batches with ``workers`` loader workers, the padding-free path; persons/s and peak memories."""
     from lifeseq_shards import EmbeddingWriter, ShardedLoader
-    from lifeseq_shards.device import BatchBuilder
+    from lifeseq_shards.device.build import BatchBuilder
     from lifeseq_shards.model import LifeSeqPretrainModule
 
     torch.manual_seed(0)

@@ -24,12 +24,12 @@ import click
 import torch
 import torch.nn.functional as F
 
-from lifeseq_shards.batch import PackedBatch
-from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.batch import PackedBatch
+from lifeseq_shards.device.build import PACKED, PADDED, model_batch, plan_tokens, to_device
 from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import ShardedDataset
-from lifeseq_shards.remote import read_manifest
+from lifeseq_shards.store.remote import read_manifest
 from tools.tables import write_csv
 
 # (name, hidden, heads) of every size, narrowest first, so each seed size sits beside its tensor-core twin

@@ -6,7 +6,7 @@ synthetic persons (ragged, realistic lengths) in one tar file; the timed part is
 
   a  one member per field per person, ``.npy`` (np.load): the plain webdataset way
   b  one member per person, raw known layout (np.frombuffer), zstd per member (our block codec with P = 1)
-  c  a block of P persons per member, columnar, zstd (our format, lifeseq_shards.format)
+  c  a block of P persons per member, columnar, zstd (our format, lifeseq_shards.store.format)
   d  (c)'s tar uncompressed, then zstd over the whole file
 
 Usage: python -m tools.bench_layouts [--people 50000] [--profile]
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from lifeseq_shards.format import (
+from lifeseq_shards.store.format import (
     Block,
     decode_block,
     decode_member,
@@ -36,7 +36,7 @@ from lifeseq_shards.format import (
     make_schema,
     token_schema,
 )
-from lifeseq_shards.shardfile import iter_tar_members, write_shard
+from lifeseq_shards.store.shardfile import iter_tar_members, write_shard
 from tools.tables import write_csv
 
 RAGGED_FIELDS = ("tokens", "abspos", "age", "segment")

@@ -33,8 +33,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
-from lifeseq_shards.format import (
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.sources.synth import synth_population
+from lifeseq_shards.store.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
     Block,
@@ -45,9 +46,8 @@ from lifeseq_shards.format import (
     make_schema,
     token_schema,
 )
-from lifeseq_shards.remote import read_manifest
-from lifeseq_shards.shardfile import iter_tar_members, read_shard_blocks
-from lifeseq_shards.sources.synth import synth_population
+from lifeseq_shards.store.remote import read_manifest
+from lifeseq_shards.store.shardfile import iter_tar_members, read_shard_blocks
 from tools.bench_layouts import npy_members, person_arrays, write_tar
 from tools.tables import write_csv
 
@@ -349,8 +349,8 @@ def batch_stats(batch: Any) -> tuple[int, int, int | None]:
     """(persons, real tokens, bytes shipped to the device) of one batch, whatever its layout."""
     if isinstance(batch, tuple):
         return batch[0], batch[1], None
-    from lifeseq_shards.batch import PackedBatch, PaddedBatch
-    from lifeseq_shards.device import packed_views
+    from lifeseq_shards.device.batch import PackedBatch, PaddedBatch
+    from lifeseq_shards.device.build import packed_views
 
     if isinstance(batch, PackedBatch | PaddedBatch):
         fields = packed_views(batch) if isinstance(batch, PackedBatch) else batch.tensors

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from lifeseq_shards.format import (
+from lifeseq_shards.reader.collate import BatchSpec, collate_packed
+from lifeseq_shards.store.format import (
     STAMPS,
     Block,
     Field,
@@ -32,9 +33,8 @@ from lifeseq_shards.format import (
     to_runs,
     token_schema,
 )
-from lifeseq_shards.reader.collate import BatchSpec, collate_packed
-from lifeseq_shards.remote import read_manifest
-from lifeseq_shards.shardfile import read_shard_blocks
+from lifeseq_shards.store.remote import read_manifest
+from lifeseq_shards.store.shardfile import read_shard_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW, BATCH = 4096, 256

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lifeseq_shards import ShardedDataset, ShardedLoader
-from lifeseq_shards.device import model_batch, packed_views, to_device
+from lifeseq_shards.device.build import model_batch, packed_views, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import World
 

@@ -82,7 +82,7 @@ print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLE
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "pytest -m cuda (torch 2.1)"
-  timeout 120 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/test_device.py \
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/device/test_device.py \
     tests/test_masking.py >"$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
   stamp "train_bench: padded and padding-free (torch 2.1)"
@@ -192,7 +192,7 @@ case "$MODE" in small|small-cpu)
   stamp "pytest -m cuda (masking, device)"  # the compiled masker's tests last: inductor may take most of the time
   for PICK in "not compiled_masker" "compiled_masker"; do
     timeout "$(cap 40 3)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda -k "$PICK" tests/test_masking.py \
-      tests/test_device.py >>"$OUT/tests.log" 2>&1
+      tests/device/test_device.py >>"$OUT/tests.log" 2>&1
     echo "tests ($PICK) exit $?: $(tail -1 "$OUT/tests.log")"
   done
   stamp tables
@@ -221,7 +221,7 @@ print('varlen_attn:', model._VARLEN_ATTN is not None)"
 cat "$OUT/env.txt"
 
 stamp "pytest -m cuda"
-timeout 80 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/test_device.py \
+timeout 80 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/device/test_device.py \
   tests/test_masking.py >"$OUT/tests.log" 2>&1
 echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
 

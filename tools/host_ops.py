@@ -16,11 +16,11 @@ from typing import Any
 import click
 import torch
 
-from lifeseq_shards.device import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.build import PACKED, PADDED, model_batch, plan_tokens, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqEncoder, pretrain_losses, resolve_size
 from lifeseq_shards.reader import ShardedDataset
-from lifeseq_shards.remote import read_manifest
+from lifeseq_shards.store.remote import read_manifest
 
 
 def top_level_ops(fn: Callable[[], Any]) -> int:

@@ -32,12 +32,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
-from lifeseq_shards.convert import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
-from lifeseq_shards.remote import read_manifest
-from lifeseq_shards.sources.synth import synth_population
+from lifeseq_shards.store.remote import read_manifest
 from tools.tables import write_csv
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed")

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from .. import compat
-from ..batch import Column, PackedBatch, PaddedBatch, batch_name
-from ..format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged_counts, token_schema
+from ..device.batch import Column, PackedBatch, PaddedBatch, batch_name
+from ..store.format import COUNT_OF, RAGGED, SCALAR, Block, Field, expand_runs, ragged_counts, token_schema
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,13 @@ def collate(block: Block, spec: BatchSpec, index: np.ndarray | None = None) -> P
 
 
 def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> PackedBatch:
-    """The whole batch in ONE uint8 array (a :class:`~lifeseq_shards.batch.PackedBatch`): each field's values
+    """The whole batch in ONE uint8 array (a :class:`~lifeseq_shards.device.batch.PackedBatch`): each field's values
     (ragged ones concatenated: only real tokens cross the bus) 8-byte aligned, laid out by its slots, plus the
     padded widths as ints. Values are gathered straight from the window's block into the buffer (one copy). A
     numpy array, not a tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled
     through its pipe) where a tensor would go through a fresh shared-memory segment, which costs more than making
-    the batch. :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.padded_fields`` into
-    named, padded tensors on the device."""
+    the batch. :class:`ShardedLoader` turns it into a (pinned) tensor; ``lifeseq_shards.device.build.padded_fields``
+    into named, padded tensors on the device."""
     schema = spec.schema
     c = block.columns
     flat = {k: block.gather_index(index, k) for k in ragged_counts(schema)}

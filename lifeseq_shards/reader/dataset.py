@@ -16,12 +16,14 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .. import plan, plan_order, plan_slots
-from ..integrity import require_block_checks
-from ..manifest import MANIFEST, Manifest, ManifestError
-from ..plan import BALANCED, COMPLETE
-from ..plan_resume import LAYOUT_KEYS, Layout, RestPlan, Stage
-from ..remote import dataset_url, read_manifest
+from ..convert.integrity import require_block_checks
+from ..plan import order as plan_order
+from ..plan import partition as plan
+from ..plan import slots as plan_slots
+from ..plan.partition import BALANCED, COMPLETE
+from ..plan.resume import LAYOUT_KEYS, Layout, RestPlan, Stage
+from ..store.manifest import MANIFEST, Manifest, ManifestError
+from ..store.remote import dataset_url, read_manifest
 from .collate import BatchSpec
 from .launch import World
 from .stages import batches, load_windows, messages, slot_windows, with_shard_field
@@ -35,7 +37,7 @@ MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another 
 class EpochControl:
     """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
     epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
-    (:mod:`lifeseq_shards.plan_resume`; none for an ordinary epoch), and the passes each worker started since then
+    (:mod:`lifeseq_shards.plan.resume`; none for an ordinary epoch), and the passes each worker started since then
     (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
 
     _EPOCH, _SKIP, _STAGES, _HISTORY = 0, 1, 2, 3
@@ -127,7 +129,8 @@ class ShardedDataset(IterableDataset):
         if (skip_files or shard_field) and mode != COMPLETE:
             raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
         if packed and pad_to is not None:
-            raise ValueError("packed batches are padded on the device (lifeseq_shards.device.padded_fields): no pad_to")
+            raise ValueError("packed batches are padded on the device "
+                             "(lifeseq_shards.device.build.padded_fields): no pad_to")
         self.split = split
         shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
         self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed

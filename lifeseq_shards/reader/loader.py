@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .. import plan
-from ..batch import HostBatch, PackedBatch
-from ..plan_resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
+from ..device.batch import HostBatch, PackedBatch
+from ..plan import partition as plan
+from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
 from .dataset import ShardedDataset
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
@@ -144,8 +144,8 @@ class ShardedLoader(DataLoader):
 
     def positioned(self) -> Iterator[tuple[HostBatch, Position]]:
         """This pass's batches, each with where the epoch stands once it is handed out: for a consumer that takes
-        batches ahead of handing them out (:class:`~lifeseq_shards.prefetch.DevicePrefetcher`), which reports each
-        one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
+        batches ahead of handing them out (:class:`~lifeseq_shards.device.prefetch.DevicePrefetcher`), which reports
+        each one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
@@ -287,6 +287,6 @@ class ShardedLoader(DataLoader):
         self._loaded = True
 
     def _layout(self) -> dict[str, Any]:
-        """This loader's :func:`~lifeseq_shards.plan_resume.saved_layout`."""
+        """This loader's :func:`~lifeseq_shards.plan.resume.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)

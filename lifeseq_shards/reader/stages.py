@@ -2,8 +2,8 @@
 a :class:`BatchSpec`), composed by ``ShardedDataset.__iter__`` in a ``webdataset.DataPipeline``:
 
 ``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O)
--> ``load_windows`` (stream the needed tar members, opened at the I/O edge (:mod:`lifeseq_shards.remote`): a local or
-shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks needed)
+-> ``load_windows`` (stream the needed tar members, opened at the I/O edge (:mod:`lifeseq_shards.store.remote`): a
+local or shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks needed)
 -> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens)
 -> ``messages`` (in DataLoader workers: a few batches per item, packed buffers moved into the worker's ring).
 """
@@ -15,13 +15,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import zstandard
 
-from ..batch import HostBatch, PackedBatch
-from ..format import SCALAR, Block, Field, concat_blocks, decode_member
-from ..plan import Partition
-from ..plan_order import Window
-from ..plan_slots import Segment
-from ..remote import close_file, open_file
-from ..shardfile import ShardFile, iter_tar_members
+from ..device.batch import HostBatch, PackedBatch
+from ..plan.order import Window
+from ..plan.partition import Partition
+from ..plan.slots import Segment
+from ..store.format import SCALAR, Block, Field, concat_blocks, decode_member
+from ..store.remote import close_file, open_file
+from ..store.shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
 from .transport import RingWriter
 

@@ -1,0 +1,3 @@
+"""``shardify convert`` and the dataset checks: the researchers' files in (:mod:`.sources`), two passes
+(:mod:`.passes`) through the writers (:mod:`.writers`) into an output directory replaced only when complete
+(:mod:`.outdir`); ``verify``, ``upgrade`` and ``inspect`` (:mod:`.integrity`)."""

@@ -1,0 +1,241 @@
+"""``verify`` (re-hash and decode everything, compare with the manifest), ``upgrade`` (verify, then add the blocks'
+checksums that older formats lack to the manifest) and ``inspect`` (a readable summary)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import io
+from collections.abc import Iterator, Sequence
+from math import prod
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..store.format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
+from ..store.manifest import Manifest, ManifestError, ShardEntry, write_manifest
+from ..store.remote import is_local, read_manifest
+from ..store.shardfile import ShardFile, frame_checksum, iter_tar_members, sha256_file
+from .outdir import LOCK
+from .sources import drops
+
+KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
+__all__ = ["require_block_checks", "summarize", "upgrade_dataset", "verify_dataset"]
+
+
+def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
+    """Every problem found, one line each naming the shard (and block / person); empty when all holds. The blocks
+    are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains:
+    a dataset without the blocks' checksums, which the reader refuses, is a problem too."""
+    problems, manifest, _ = _verify(root, progress, "verify")
+    if any(e.block_checksums is None for _, e in manifest.entries()):
+        problems.append(f"manifest: format {manifest.format_version}, without per-block checksums: the reader refuses "
+                        f"it; `shardify upgrade {root}` adds them")
+    return problems
+
+
+def require_block_checks(manifest: Manifest, shards: Sequence[ShardFile], root: str) -> None:
+    """ManifestError (one line, with the command that fixes it) unless the reader can check every block of
+    ``shards`` against the manifest: without the blocks' checksums, a block swapped inside a shard is read without a
+    word (its persons twice, the block's own never)."""
+    if all(s.block_checksums is not None for s in shards):
+        return
+    run = f"`shardify upgrade {root}`" if is_local(root) else "`shardify upgrade DIR` where its files are"
+    raise ManifestError(f"{root}: a format-{manifest.format_version} dataset without per-block checksums (a block "
+                        f"swapped inside a shard would be read without a word): run {run} to verify it and add them")
+
+
+def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, list[str]]:
+    """Verify the dataset, then write its manifest again with every block's checksum (a format-3 dataset becomes
+    the format 4 the converter writes now; formats 1 and 2 keep their version, which says how their blocks are
+    laid out). The checksums are read from shards whose sha256 the manifest vouches for, so a block swapped since
+    the conversion is found, not blessed. Returns the manifest and the problems: with any, nothing is written."""
+    root = _local(root, "upgrade")
+    read_manifest(root)  # no dataset there: its one-line error, before a lock file is made
+    with _conversion_lock(root):
+        problems, manifest, checksums = _verify(root, progress, "upgrade")
+        if problems:
+            return manifest, problems
+
+        def add(e: ShardEntry) -> ShardEntry:
+            return dataclasses.replace(e, block_checksums=checksums[e.file])
+
+        splits = {name: dataclasses.replace(s, shards=tuple(map(add, s.shards)),
+                                            remainder=s.remainder and add(s.remainder))
+                  for name, s in manifest.splits.items()}
+        version = CHECKSUMMED_VERSION if manifest.format_version == TAGGED_VERSION else manifest.format_version
+        new = dataclasses.replace(manifest, format_version=version, splits=splits)
+        write_manifest(root, new)
+        return new, []
+
+
+@contextlib.contextmanager
+def _conversion_lock(root: Path) -> Iterator[None]:
+    """The lock a conversion holds (outdir.py): no upgrade while a conversion replaces the dataset, nor after."""
+    with open(root / LOCK, "a") as fh:  # closing it releases the lock
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ManifestError(f"{root}: a conversion is writing to it ({LOCK} is locked)") from None
+        yield
+
+
+def _local(root: str | Path, command: str) -> Path:
+    """A remote root is refused: ``Path`` turned ``http://host/ds`` into ``http:/host/ds``, reported as 'no
+    manifest'."""
+    if not is_local(str(root)):
+        raise ManifestError(f"{root}: {command} re-hashes the shards on the local disk; copy the dataset here, or "
+                            f"run {command} on the machine that holds it")
+    return Path(root)
+
+
+def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], Manifest, dict[str, tuple[int, ...]]]:
+    """verify's problems, the manifest, and each shard file's block checksums as read."""
+    root = _local(root, command)
+    manifest = read_manifest(root)
+    problems: list[str] = []
+    entries = list(manifest.entries())
+    seen: dict[str, set[int]] = {}
+    tokens_by_split: dict[str, int] = {}
+    checksums: dict[str, tuple[int, ...]] = {}
+    for split, e in tqdm(entries, desc=command, unit="shard", disable=not progress):
+        path = root / e.file
+        if not path.is_file():
+            problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))
+            continue
+        if path.stat().st_size != e.bytes:
+            problems.append(f"{e.file}: {path.stat().st_size} bytes, manifest says {e.bytes}")
+        if sha256_file(path) != e.sha256:
+            problems.append(f"{e.file}: sha256 differs from the manifest")
+        shard = manifest.shard_file(e, e.file)
+        if shard.block_checksums is not None and len(shard.block_checksums) != shard.blocks:
+            problems.append(f"{e.file}: the manifest lists {len(shard.block_checksums)} block checksums, its "
+                            f"{e.samples} persons in blocks of {manifest.block_persons} make {shard.blocks} blocks")
+        persons, tokens, checksums[e.file] = _check_records(path, shard, manifest.schema, manifest.vocab_size,
+                                                            problems, seen.setdefault(split, set()))
+        tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
+        if persons != e.samples:
+            problems.append(f"{e.file}: {persons} persons decoded, manifest says {e.samples}")
+        if tokens != e.tokens:
+            problems.append(f"{e.file}: {tokens} tokens decoded, manifest says {e.tokens}")
+    for split, info in manifest.splits.items():
+        n = sum(x.samples for x in info.entries())
+        if n != info.persons:
+            problems.append(f"manifest: split {split} lists {n} persons in its shards, says {info.persons}")
+        if any(x.samples != info.shard_persons for x in info.shards):
+            problems.append(f"manifest: split {split} has shards that do not hold {info.shard_persons} persons")
+    if "train" in seen and "val" in seen and seen["train"] & seen["val"]:
+        problems.append(f"train and val share {len(seen['train'] & seen['val'])} persons")
+    base = [s for s in ("train", "val") if s in seen]
+    if sum(len(seen[s]) for s in base) != manifest.totals.persons:
+        problems.append(f"manifest: totals.persons {manifest.totals.persons} != "
+                        f"{sum(len(seen[s]) for s in base)} persons decoded in train + val")
+    if sum(tokens_by_split.get(s, 0) for s in base) != manifest.totals.tokens:
+        problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
+    if not manifest.fingerprint_matches:
+        problems.append("manifest: fingerprint does not match its schema and shard checksums")
+    return problems, manifest, checksums
+
+
+def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_size: int | None, problems: list[str],
+                   seen: set[int]) -> tuple[int, int, tuple[int, ...]]:
+    persons = tokens = 0
+    checksums: list[int] = []
+    name = shard.url
+    try:
+        with open(path, "rb") as fh:
+            for i, (member, data) in enumerate(iter_tar_members(io.BufferedReader(fh))):
+                where = f"{name}: {member}"
+                checksums.append(frame_checksum(data))
+                try:
+                    shard.check_member(i, member, data)
+                except ValueError as e:
+                    problems.append(f"{where}: {e}")
+                try:
+                    block = decode_member(data, schema, shard.tag)
+                except Exception as e:  # noqa: BLE001 - any decode failure is a finding, not a crash
+                    problems.append(f"{where}: cannot decode ({e})")
+                    continue
+                try:
+                    shard.check_block(i, block)
+                except ValueError as e:
+                    problems.append(f"{where}: {e}")
+                persons += block.n
+                tokens += int(block.columns["length"].sum(dtype=np.int64))
+                problems.extend(f"{where}: {p}" for p in _record_problems(block, vocab_size, seen))
+    except Exception as e:  # noqa: BLE001 - a truncated tar is a finding
+        problems.append(f"{name}: unreadable tar ({e})")
+    return persons, tokens, tuple(checksums)
+
+
+def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> list[str]:
+    out = []
+    c = block.columns
+    for i, pid in enumerate(c["person_id"].tolist()):
+        if pid in seen:
+            out.append(f"person {pid} (record {i}) appears twice")
+        seen.add(pid)
+    bad = np.nonzero(c["length"] == 0)[0]
+    if len(bad):
+        out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has no tokens")
+    if vocab_size is not None and len(c["tokens"]) and int(c["tokens"].max()) >= vocab_size:
+        out.append(f"token id {int(c['tokens'].max())} outside the vocabulary of {vocab_size}")
+    if "n_targets" in c:
+        bad = np.nonzero(c["n_targets"] > c["length"])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has more targets than tokens")
+        owner = np.repeat(np.arange(block.n), c["n_targets"].astype(np.int64))
+        bad = np.nonzero(c["target_pos"] >= c["length"][owner])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][owner[bad[0]]])} has a target position past its length")
+    if RUN_LENGTH in c:  # a person's runs cover exactly its tokens, none of them empty
+        ends = np.zeros(len(c[RUN_LENGTH]) + 1, dtype=np.int64)
+        np.cumsum(c[RUN_LENGTH], out=ends[1:])
+        runs = block.offsets("n_runs")
+        bad = np.nonzero(ends[runs[1:]] - ends[runs[:-1]] != c["length"])[0]
+        if len(bad):
+            out.append(f"person {int(c['person_id'][bad[0]])} (record {int(bad[0])}) has runs that do not add up to "
+                       "its length")
+        if len(c[RUN_LENGTH]) and int(c[RUN_LENGTH].min()) == 0:
+            out.append("a run of 0 tokens")
+    return out
+
+
+def summarize(root: str | Path) -> str:
+    """What `shardify inspect` prints."""
+    m = read_manifest(root)
+    t = m.totals
+    hist = np.array(m.length_histogram.counts)
+    width = m.length_histogram.bin_width
+    cum = np.cumsum(hist) / max(1, hist.sum())
+
+    def pct(q: float) -> int:
+        return int((np.searchsorted(cum, q) + 1) * width)
+
+    lines = [
+        f"dataset      {Path(root) if is_local(str(root)) else root}",  # Path() would turn http:// into http:/
+        f"fingerprint  {m.fingerprint}",
+        f"persons      {t.persons:,} converted (input rows {'?' if t.input_rows is None else f'{t.input_rows:,}'})",
+        f"dropped      {drops.summary(t.dropped, t.input_rows).removeprefix('dropped ')}"
+        + "".join(f"; {name} {n:,}" for name, n in (t.dropped or {}).items()),
+        f"tokens       {t.tokens:,} (mean {t.tokens / max(1, t.persons):.1f} per person)",
+        f"bytes        {t.bytes:,} in {t.shards} files ({t.bytes / max(1, t.persons):.1f} per person)",
+        f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
+        "fields       " + ", ".join(f"{f.name}:{f.dtype}{KIND_MARK.get(f.kind, '')}" for f in m.schema),
+    ]
+    params = m.params or {}
+    readers = [params.get(k) for k in ("nodes", "gpus", "workers")]
+    for split, info in m.splits.items():
+        lines.append(f"split {split:6s} {info.persons:,} persons = {len(info.shards)} shards x "
+                     f"{info.shard_persons:,} + remainder {info.remainder_persons:,} (read like the others)")
+    # training leaves out persons mod readers; the conversion's layout, when it named one, says how many
+    slots = prod(r or 1 for r in readers)
+    at = (f": {m.splits['train'].persons % slots:,} at the {slots} readers converted for (--nodes x --gpus x "
+          "--workers)" if any(r is not None for r in readers) and "train" in m.splits else "")
+    lines.append(f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch{at}; "
+                 "`shardify plan` names them")
+    lines.append(f"converted    from {params.get('input_kind')} {', '.join(params.get('inputs', []))}"
+                 f" (seed {params.get('seed')}, {params.get('seconds')} s)")
+    return "\n".join(lines)

@@ -1,0 +1,388 @@
+"""Input files -> equal-sized, shuffled, checksummed shards + manifest.
+
+Two passes, memory bounded by a bucket, not by the input:
+1. tasks (row groups / row ranges) are encoded in a process pool; each person is narrowed to the schema's dtypes
+   (a value that does not fit is an error naming file and person), given a split hash and a bucket hash, and
+   spilled to a temp bucket file;
+2. once the totals are known (shard count, persons per shard, val threshold), the buckets are read one at a time,
+   shuffled, and cut into shards of exactly ``n`` persons; the persons that do not fill the last round go to a
+   ``remainder`` shard that training skips and inference reads. The manifest is written last.
+
+This module reads top-down: :func:`convert_dataset`, then what it calls. The output directory's lock, staging and
+replacement are outdir.py; the temp bucket files and the shard writers are writers.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..store.format import (
+    FORMAT_VERSION,
+    MIN_SHARD_PERSONS,
+    Block,
+    Field,
+    check_fits,
+    concat_blocks,
+    make_schema,
+    narrowest_token_dtype,
+    to_runs,
+    token_schema,
+)
+from ..store.manifest import Histogram, Manifest, Split, Totals, fingerprint, write_manifest
+from .outdir import STAGING, ConvertError, output_dir, replace_dataset
+from .sources import Source, SourceError, drops, open_sources
+from .writers import Spill, SplitWriter
+
+__all__ = ["ConvertError", "ConvertOptions", "check_dtypes", "convert_dataset", "shard_count"]
+
+# Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
+HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
+BUCKET_PERSONS = 100_000
+HISTOGRAM_BIN = 8  # tokens per bin of the manifest's length histogram
+# what --dtype may set (a count field such as `length` sets every count and position in a sequence with it)
+DTYPE_FIELDS = ("tokens", "length", "abspos", "age", "segment")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+@dataclass
+class ConvertOptions:
+    val_fraction: float = 0.05
+    num_val: int | None = None
+    nodes: int | None = None
+    gpus: int | None = None
+    workers: int | None = None
+    shards: int | None = None
+    min_shard_persons: int = MIN_SHARD_PERSONS
+    processes: int = 1
+    seed: int = 0
+    max_seq_len: int = 512
+    time_range_start: int | None = None
+    time_range_end: int | None = 16438
+    block_persons: int = 256
+    zstd_level: int = 9
+    with_all: bool = False
+    overwrite: bool = False
+    dtypes: dict[str, str] = field(default_factory=dict)
+    progress: bool = True
+
+    @property
+    def readers(self) -> int:
+        """nodes x gpus x workers, each 1 when not given: the slots a split's shards must divide among."""
+        return (self.nodes or 1) * (self.gpus or 1) * (self.workers or 1)
+
+
+def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
+                    opts: ConvertOptions | None = None) -> Manifest:
+    """Convert ``inputs`` into a dataset directory ``out``; returns the manifest. The dataset is built aside (in
+    ``out/.conversion-staging``) and replaces an old one only once complete, so a failed conversion leaves it."""
+    opts = opts or ConvertOptions()
+    check_dtypes(opts.dtypes)
+    _check_shards(opts)
+    out = Path(out)
+    t0 = time.time()
+    try:
+        source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
+    schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
+    with output_dir(out, opts.overwrite) as old_files:
+        stage = out / STAGING
+        try:
+            passes = _build(source, stage, schema, opts)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        params = {
+            "inputs": [str(Path(p).resolve()) for p in inputs],
+            "input_kind": source.kind,
+            "vocab": str(Path(vocab).resolve()) if vocab else None,
+            "vocab_size": source.vocab_size,
+            **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
+            "seconds": round(time.time() - t0, 2),
+        }
+        manifest = _manifest(schema, opts, passes, source.rows, params)
+        write_manifest(stage, manifest)
+        replace_dataset(out, stage, old_files, [e.file for _, e in manifest.entries()])
+    return manifest
+
+
+def check_dtypes(dtypes: dict[str, str]) -> None:
+    """Refuse an override that would be ignored (an unknown field, a typo) or could not hold the values exactly."""
+    for name, dtype in dtypes.items():
+        if name not in DTYPE_FIELDS:
+            raise ConvertError(f"--dtype {name}={dtype}: no field {name!r} to set (fields: {', '.join(DTYPE_FIELDS)})")
+        if dtype not in INT_DTYPES:
+            raise ConvertError(f"--dtype {name}={dtype}: not an integer dtype (one of {', '.join(INT_DTYPES)})")
+
+
+def _check_shards(opts: ConvertOptions) -> None:
+    """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
+    slots = opts.readers
+    if opts.shards and opts.shards % slots:
+        raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
+                           f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
+                           f"{slots}, or only one of the two")
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """What the two passes found and wrote: the manifest's content but for the conversion's parameters."""
+
+    persons: int
+    tokens: int
+    histogram: np.ndarray  # persons by length // HISTOGRAM_BIN
+    splits: dict[str, Split]
+    dropped: dict[str, int]  # input rows the source dropped, by reason (sources/drops.py)
+
+
+def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions) -> _Passes:
+    """Both passes into the empty directory ``stage`` (the manifest is not written yet)."""
+    tmp = stage / ".tmp"
+    tmp.mkdir(parents=True)
+    buckets = max(1, -(-source.rows // BUCKET_PERSONS))
+    spill = Spill(tmp, buckets, schema)
+    pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
+    try:
+        ids, hist, tokens, dropped = _pass1(source, schema, spill, buckets, opts, pool)
+        splits = _pass2(stage, ids, spill, buckets, schema, opts, pool)
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
+        raise ConvertError(f"{stage.parent}: a conversion process died (killed by a signal: out of memory?); nothing "
+                           f"was written; rerun, with fewer --processes (now {opts.processes}) if memory is "
+                           "short") from None
+    finally:
+        spill.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    shutil.rmtree(tmp)
+    return _Passes(len(ids), tokens, hist, splits, dropped)
+
+
+def _manifest(schema: Sequence[Field], opts: ConvertOptions, passes: _Passes, input_rows: int,
+              params: dict[str, Any]) -> Manifest:
+    """The one place a manifest is made: totals and fingerprint over every shard file, remainders included."""
+    every = [e for s in passes.splits.values() for e in s.entries()]
+    totals = Totals(persons=passes.persons, bytes=sum(e.bytes for e in every), shards=len(every),
+                    tokens=passes.tokens, input_rows=input_rows, dropped=passes.dropped)
+    return Manifest(FORMAT_VERSION, tuple(schema), opts.block_persons, passes.splits, totals,
+                    fingerprint(schema, [e.sha256 for e in every]),
+                    Histogram(HISTOGRAM_BIN, tuple(passes.histogram.tolist())), params)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(converter: int) -> None:
+    """Pool initializer: the kernel kills the worker when the converter ends, however it ends (a SIGKILL runs no
+    cleanup, and orphans would hold their memory and the caller's pipes). The pool forks, so the converter is the
+    worker's parent."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != converter:  # it ended before the prctl
+        os._exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pass 1: encode, narrow and spill to buckets
+
+
+def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts: ConvertOptions,
+           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int, dict[str, int]]:
+    jobs = ((source, t, schema) for t in source.tasks)
+    results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
+        _encode_and_narrow, jobs)
+    ids: list[np.ndarray] = []  # the persons kept
+    # every input row's person id, filtered out or kept (a duplicate is one either way), with its file and rows
+    seen: list[np.ndarray] = []
+    rows: list[tuple[str, np.ndarray]] = []
+    hist = np.zeros(1, dtype=np.int64)
+    tokens = 0
+    dropped: Counter[str] = Counter()
+    with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
+        for path, row, every_id, why, block in results:
+            bar.update(1)
+            seen.append(every_id)
+            rows.append((path, row))
+            dropped.update(why)
+            if block.n == 0:
+                continue
+            pid = block.columns["person_id"]
+            bucket = (mix64(pid, opts.seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
+            by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
+            bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
+            for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
+                spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
+            ids.append(pid.astype(np.int64))
+            lengths = block.columns["length"].astype(np.int64)
+            tokens += int(lengths.sum())
+            hb = lengths // HISTOGRAM_BIN
+            if hb.max() >= len(hist):
+                hist = np.concatenate([hist, np.zeros(int(hb.max()) + 1 - len(hist), dtype=np.int64)])
+            np.add.at(hist, hb, 1)
+    spill.close()
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    if len(all_ids) == 0:
+        raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
+                           "(empty input, or every person filtered out)")
+    uniq, counts = np.unique(np.concatenate(seen), return_counts=True)
+    if (counts > 1).any():
+        pid = uniq[counts > 1][0]
+        at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
+        raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
+    return all_ids, hist, tokens, dict(dropped)
+
+
+def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
+    """``pool.map`` that keeps at most ``inflight`` results pending (Executor.map submits everything at once, and
+    finished blocks waiting for a slow consumer would hold the whole input in memory)."""
+    window: deque[Future[Any]] = deque()
+    for item in items:
+        window.append(pool.submit(fn, item))
+        if len(window) >= inflight:
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
+
+
+def _narrow(block: Block, schema: list[Field], where: str) -> Block:
+    cols = {}
+    for f in schema:
+        col = block.columns[f.name]
+        try:
+            check_fits(f.name, col, f.dtype, where)
+        except ValueError as e:
+            bad = _offending_person(block, f, schema)
+            raise ConvertError(f"{e} (person {bad})") from None
+        cols[f.name] = col.astype(f.dtype)
+    return Block(cols)
+
+
+def _offending_person(block: Block, f: Field, schema: list[Field]) -> int:
+    info = np.iinfo(f.dtype)
+    for i in range(block.n):
+        one = block.take(np.array([i]), schema).columns[f.name]
+        if one.size and (one.min() < info.min or one.max() > info.max):
+            return int(block.columns["person_id"][i])
+    return -1
+
+
+def _task_label(task: Any) -> str:
+    if isinstance(task, tuple) and len(task) == 3:
+        return f"{task[0]} rows {task[1]}-{task[2]}"
+    if isinstance(task, tuple) and len(task) == 2:
+        return f"{task[0]} row group {task[1]}"
+    return str(task)
+
+
+def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, dict[str, int],
+                                                                        Block]:
+    """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
+    rows dropped by reason, the narrowed block of the persons kept)."""
+    source, task, schema = args
+    block = source.encode(task)
+    rows = block.columns.pop("row")
+    every_id = block.columns.pop("every_id", block.columns["person_id"])
+    why = drops.counts(block.columns.pop(drops.DROP_REASON, np.zeros(len(rows), dtype=np.int64)))
+    return task[0], rows, every_id.astype(np.int64), why, to_runs(_narrow(block, token_schema(schema),
+                                                                          _task_label(task)), schema)
+
+
+def mix64(x: np.ndarray, salt: int) -> np.ndarray:
+    """splitmix64 of (x + salt): a seeded hash of person ids, the same on every machine."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pass 2: shuffle each bucket and cut shards of exactly n persons
+
+
+def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[Field], opts: ConvertOptions,
+           pool: ProcessPoolExecutor | None) -> dict[str, Split]:
+    val_ids = np.sort(ids[_val_mask(ids, opts)])
+    counts = {"train": len(ids) - len(val_ids), "val": len(val_ids)}
+    if opts.with_all:
+        counts["all"] = len(ids)
+    writers: dict[str, SplitWriter] = {}
+    for name, n in counts.items():
+        if n == 0:
+            continue
+        s = shard_count(n, opts, name)
+        (out / name).mkdir()
+        writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
+                                    2 * opts.processes)
+    total_shards = sum(w.shards + 1 for w in writers.values())
+    with tqdm(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
+        for b in range(buckets):
+            blocks = spill.read(b)
+            if not blocks:
+                continue
+            merged = concat_blocks(blocks, schema)
+            merged = merged.take(np.random.default_rng([opts.seed, b, 7]).permutation(merged.n), schema)
+            is_val = np.isin(merged.columns["person_id"], val_ids, assume_unique=False)
+            for name, w in writers.items():
+                sel = np.nonzero(is_val if name == "val" else ~is_val if name == "train" else np.ones_like(is_val))[0]
+                before = w.written
+                w.add(merged.take(sel, schema))
+                bar.update(w.written - before)
+        for w in writers.values():
+            w.finish()
+        splits = {name: w.split(counts[name]) for name, w in writers.items()}
+        bar.update(bar.total - bar.n)
+    return splits
+
+
+def _val_mask(ids: np.ndarray, opts: ConvertOptions) -> np.ndarray:
+    """Deterministic split: a seeded hash of the person id; --num-val takes the N smallest hashes."""
+    h = mix64(ids, opts.seed * 2)
+    if opts.num_val is not None:
+        if opts.num_val >= len(ids):
+            raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({len(ids)} in all)")
+        if opts.num_val == 0:
+            return np.zeros(len(ids), dtype=bool)
+        threshold = np.partition(h, opts.num_val - 1)[opts.num_val - 1]
+        return h <= threshold
+    val = h < np.uint64(min(opts.val_fraction, 1.0) * float(2**64 - 1))
+    if val.all():  # as --num-val: a dataset without a train split is no conversion anyone asked for
+        raise ConvertError(f"--val-fraction {opts.val_fraction} leaves no training persons ({len(ids)} in all)")
+    return val
+
+
+def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
+    """Shards for ``split`` of ``persons``: exactly --shards, else a multiple of nodes x gpus x workers, else the
+    largest highly composite number that keeps >= min_shard_persons per shard (so < 1 % fall in the remainder)."""
+    if persons == 0:
+        return 0
+    # which split is too small, and what changes its size
+    of = f"split {split} (--val-fraction / --num-val set its size)" if split else "a split"
+    if opts.shards:
+        if opts.shards > persons:
+            raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
+        return opts.shards
+    default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
+    slots = opts.readers
+    if slots == 1:
+        return default
+    if slots > persons:
+        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
+    return slots * max(1, default // slots)

@@ -1,0 +1,112 @@
+"""Where the converter puts persons: temp bucket files of compressed blocks (pass 1) and, cut from them, the shard
+files of a split (pass 2)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from ..store.format import Block, Field, concat_blocks, decode_block, encode_block
+from ..store.manifest import ShardEntry, Split
+from ..store.shardfile import write_shard
+
+REMAINDER = "remainder.tar"
+
+class Spill:
+    """Append-only temp files, one per bucket, of length-prefixed zstd blocks."""
+
+    def __init__(self, root: Path, buckets: int, schema: Sequence[Field]):
+        self.paths = [root / f"bucket-{b:05d}.bin" for b in range(buckets)]
+        self.files = [open(p, "wb") for p in self.paths]
+        self.schema = schema
+        self.cctx = zstandard.ZstdCompressor(level=1)
+
+    def add(self, bucket: int, block: Block) -> None:
+        data = self.cctx.compress(encode_block(block, self.schema))
+        self.files[bucket].write(struct.pack("<Q", len(data)) + data)
+
+    def close(self) -> None:
+        for fh in self.files:
+            fh.close()
+
+    def read(self, bucket: int) -> list[Block]:
+        dctx = zstandard.ZstdDecompressor()
+        out, raw = [], self.paths[bucket].read_bytes()
+        pos = 0
+        while pos < len(raw):
+            (size,) = struct.unpack_from("<Q", raw, pos)
+            out.append(decode_block(dctx.decompress(raw[pos + 8 : pos + 8 + size]), self.schema))
+            pos += 8 + size
+        return out
+
+
+@dataclass
+class SplitWriter:
+    """Cuts a split's person stream into shards of exactly ``per_shard`` persons; the tail is the remainder."""
+
+    name: str
+    out: Path
+    shards: int
+    per_shard: int
+    schema: Sequence[Field]
+    block_persons: int
+    zstd_level: int
+    pool: ProcessPoolExecutor | None  # None: write in this process
+    inflight: int = 2  # shards the pool may hold at once (each holds its persons in memory)
+    pending: list[Block] = field(default_factory=list)
+    pending_n: int = 0
+    written: int = 0
+    futures: list[tuple[str, Future[dict[str, Any]] | dict[str, Any]]] = field(default_factory=list)  # name: stats
+
+    def add(self, block: Block) -> None:
+        self.pending.append(block)
+        self.pending_n += block.n
+        if self.written >= self.shards or self.pending_n < self.per_shard:
+            return
+        merged, start = concat_blocks(self.pending, self.schema), 0
+        while self.written < self.shards and merged.n - start >= self.per_shard:
+            self._submit(f"shard-{self.written:06d}.tar", merged.slice(start, start + self.per_shard, self.schema))
+            start += self.per_shard
+            self.written += 1
+        rest = merged.slice(start, merged.n, self.schema)
+        self.pending, self.pending_n = [rest], rest.n
+
+    def finish(self) -> None:
+        if self.written != self.shards:
+            raise RuntimeError(f"{self.name}: wrote {self.written} of {self.shards} shards")
+        if self.pending_n:
+            self._submit(REMAINDER, concat_blocks(self.pending, self.schema))
+        self.pending, self.pending_n = [], 0
+
+    def _submit(self, name: str, block: Block) -> None:
+        args = (self.out / self.name / name, block, self.schema, self.block_persons, self.zstd_level)
+        if self.pool is None:
+            self.futures.append((name, _write_shard_job(args)))
+            return
+        _bounded(self.futures, self.inflight)
+        self.futures.append((name, self.pool.submit(_write_shard_job, args)))
+
+    def split(self, persons: int) -> Split:
+        """The split's manifest entry, once every shard is written."""
+        done = [(n, ShardEntry(file=f"{self.name}/{n}", **(f.result() if isinstance(f, Future) else f)))
+                for n, f in self.futures]
+        rem = [e for n, e in done if n == REMAINDER]
+        return Split(persons, self.per_shard, tuple(e for n, e in done if n != REMAINDER), rem[0] if rem else None)
+
+
+def _bounded(futures: list[tuple[str, Any]], limit: int) -> None:
+    live = [f for _, f in futures if isinstance(f, Future) and not f.done()]
+    if len(live) >= limit:
+        wait(live, return_when=FIRST_COMPLETED)
+
+
+def _write_shard_job(args: tuple[Path, Block, Sequence[Field], int, int]) -> dict[str, Any]:
+    path, block, schema, per_block, level = args
+    blocks = (block.slice(s, min(s + per_block, block.n), schema) for s in range(0, block.n, per_block))
+    return write_shard(path, blocks, schema, level)

@@ -1,0 +1,188 @@
+"""The epoch's plan as `shardify plan` prints it: a table of which slot reads what, a check of the plan's invariants
+(:mod:`lifeseq_shards.plan.partition`) and a verdict; and the rest of an epoch resumed in another layout
+(:mod:`lifeseq_shards.plan.resume`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
+from .resume import Layout, RestPlan, Stage
+from .slots import Segment, num_batches, num_slots, slot_persons
+
+_MAX_SLOT_LINES = 16
+_MAX_SEGMENTS_SHOWN = 6
+
+
+@dataclass
+class PlanReport:
+    ok: bool
+    text: str
+
+
+def _segments_text(segments: list[Segment[int]], shard_sizes: Sequence[int]) -> str:
+    """'#3 #7 #9[0:40) R[2:5)': whole shards by number, partial ones with their person range, R the remainder."""
+    def name(seg: Segment[int]) -> str:
+        return "R" if seg.shard == len(shard_sizes) else f"#{seg.shard}"
+
+    items = [
+        name(seg) if seg.shard < len(shard_sizes) and seg.size == shard_sizes[seg.shard]
+        else f"{name(seg)}[{seg.start}:{seg.stop})"
+        for seg in segments
+    ]
+    if len(items) > _MAX_SEGMENTS_SHOWN:
+        items = items[: _MAX_SEGMENTS_SHOWN - 1] + [f"... +{len(items) - _MAX_SEGMENTS_SHOWN + 1} more"]
+    return " ".join(items) or "-"
+
+
+def _span(values: Iterable[int]) -> str:
+    """'5' when all values agree, else '4-5'."""
+    values = list(values)
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def describe(
+    shard_sizes: Sequence[int],
+    remainder: int,
+    nodes: int,
+    gpus: int,
+    workers: int,
+    batch_size: int,
+    *,
+    drop_last: bool = False,
+    seed: int = 0,
+    split: str = "train",
+    mode: str = BALANCED,
+) -> PlanReport:
+    """The epoch-0 plan as `shardify plan` prints it, with a check of its invariants and a verdict: of training
+    (``mode`` balanced) or of validation (exact).
+
+    Balanced: ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole
+    shards and an equal share of the remainder, and fewer than N persons, named, are left out (others each epoch).
+    Exact: ok when every person is read once in equal batches per rank (else validation refuses the layout too).
+    """
+    world = nodes * gpus
+    slots = num_slots(world, workers)
+    k = max(workers, 1)
+    num_shards = len(shard_sizes)
+    total = sum(shard_sizes) + remainder
+    lines = [
+        f"{split} split: {num_shards} shards x {shard_sizes[0]} persons = {sum(shard_sizes)}; remainder shard R: "
+        f"{remainder} persons ({'read by validation too' if mode == EXACT else 'shared out as the pooled shards'})",
+        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank -> {slots} slots; "
+        f"batch {batch_size}{' (drop_last)' if drop_last else ''}; epoch 0, seed {seed}"
+        + ("; mode exact (validation)" if mode == EXACT else ""),
+    ]
+    try:
+        plan = (assign([*shard_sizes, remainder], world, workers, mode=EXACT, batch_size=batch_size)
+                if mode == EXACT else
+                assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0, remainder=remainder))
+        batches = slot_batches([*shard_sizes, remainder] if mode == EXACT else shard_sizes, world, workers,
+                               batch_size, mode=mode, drop_last=drop_last, remainder=0 if mode == EXACT else remainder)
+    except ValueError as e:  # exact mode: the layout validation refuses, and why
+        return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
+    persons = [slot_persons(segments) for segments in plan]
+    per_rank = sum_per_rank(batches, workers)
+    dropped = left_out(shard_sizes, world, workers, mode, remainder)
+    read, distinct = coverage(plan)
+
+    lines += ["", f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards"]
+    shown = range(min(slots, _MAX_SLOT_LINES))
+    for j in shown:
+        worker = str(j % k) if workers else "-"
+        lines.append(
+            f"{j // k:>5} {worker:>6} {j:>5} {persons[j]:>8} {batches[j]:>8}  {_segments_text(plan[j], shard_sizes)}"
+        )
+    if slots > len(shown):
+        rest = range(len(shown), slots)
+        lines.append(
+            f"  ... {len(rest)} more slots: {_span(persons[j] for j in rest)} persons, "
+            f"{_span(batches[j] for j in rest)} batches each"
+        )
+    equal = min(per_rank) == max(per_rank)
+    lines += [
+        "",
+        f"batches per rank: {_span(per_rank)}" + (" (all equal)" if equal else " (UNEQUAL: the all-reduce would hang)"),
+        f"coverage: {distinct} distinct (shard, person) positions read, {read} reads, "
+        f"{'no overlap' if read == distinct else f'{read - distinct} OVERLAPPING'}; "
+        f"{distinct} read + {dropped} left out = {distinct + dropped} of {total}",
+    ]
+    if dropped:
+        who = _segments_text(left_out_segments(shard_sizes, world, workers, epoch=0, remainder=remainder),
+                             shard_sizes)
+        lines.append(f"left out of epoch 0: {dropped} persons ({total} % {slots} slots): {who}; epoch e leaves out "
+                     f"the {dropped} after those of epoch e - 1 (R first, then #0, #1, ...), so none two epochs "
+                     "running")
+    # drop_last: each slot's last partial batch is read but never yielded (the coverage line counts it as read)
+    tail = sum(p - b * batch_size for p, b in zip(persons, batches, strict=True)) if drop_last else 0
+    if tail:
+        lines.append(f"drop_last drops {tail} persons per epoch (each slot's last partial batch; a different few each "
+                     "epoch)")
+    if persons[0] == 0:
+        lines.append(f"WARNING: {slots} slots for {total} persons - every slot reads nothing")
+    elif max(per_rank) == 0:  # the reader yields an empty epoch on every rank: the run would train nothing
+        lines.append(f"NO BATCHES: a slot has at most {max(persons)} persons, fewer than batch {batch_size} with "
+                     f"drop_last, so every rank's epoch is empty; use --batch-size <= {min(persons)}, fewer "
+                     "ranks/workers, or no --drop-last")
+    ok = ((mode == EXACT or num_shards % slots == 0) and equal and read == distinct and distinct + dropped == total
+          and max(per_rank) > 0)
+    if mode == EXACT:
+        if ok:
+            lines += ["", f"EXACT: every person once, {per_rank[0]} batches on every rank."]
+    elif num_shards % slots:
+        fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
+        loss = (
+            f"{dropped} persons per epoch are left out (others each epoch)"
+            if dropped
+            else "nothing is left out, but those shards are split between slots"
+        )
+        lines += [
+            "",
+            f"NOT EXACT: {num_shards} shards do not divide into {slots} slots ({num_shards} % {slots} = "
+            f"{num_shards % slots} shards pooled and sliced); {loss}.",
+            f"worker counts in 1..16 that divide exactly for {nodes} x {gpus}: "
+            + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
+        ]
+    elif ok:
+        lost = [f"{dropped} persons are left out (named above)"] if dropped else []
+        lost += [f"drop_last drops {tail} persons"] if tail else []
+        share = f" and {persons[0] - num_shards // slots * shard_sizes[0]} persons of R" if remainder else ""
+        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s){share}; "
+                  f"{' and '.join(lost) or 'nothing is left out'}."]
+    return PlanReport(ok=ok, text="\n".join(lines))
+
+
+def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:
+    """The rest of ``epoch`` in ``rest``'s layout after ``old`` (the layout a checkpoint was saved in and its
+    position), as `shardify plan --resume` prints it. ok: nobody is left out of the epoch."""
+    new, was = rest.layout, old.layout
+    persons = rest.slot_persons
+    batches = num_batches(persons, new.batch_size, new.drop_last)
+    per_rank = sum(rest.worker_batches)
+
+    def readers(lay: Layout) -> str:
+        messages = f", {lay.batches_per_message} batches per message" if lay.num_workers else ""
+        return (f"{lay.world_size} ranks x {lay.num_workers} worker(s), batch {lay.batch_size}"
+                f"{' (drop_last)' if lay.drop_last else ''}{messages}")
+
+    lines = [
+        f"{split} split, epoch {epoch}: saved after batch {old.batches} of {readers(was)}",
+        f"resumed on {readers(new)} ({new.slots} slots)",
+        "",
+        f"trained on before: {rest.trained} persons; the rest: {persons * new.slots + rest.left_out} persons, "
+        f"{persons} per slot in "
+        f"{batches} batches, {per_rank} batches per rank (all equal), batches {rest.base}..{epoch_batches} of this "
+        "layout's epoch; then this layout's own epochs",
+    ]
+    lost = rest.left_out + rest.dropped
+    if rest.dropped:
+        lines.append(f"drop_last drops {rest.dropped} persons of the rest (each slot's last partial batch)")
+    if lost:
+        lines += ["", f"NOT EXACT: {rest.left_out} persons of the rest do not divide among {new.slots} slots and are "
+                      f"left out of this epoch{' (and the drop_last ones above)' if rest.dropped else ''}; nobody is "
+                      "read twice."]
+    else:
+        lines += ["", "EXACT: nobody trained on is read again, everyone else once; nothing is left out."]
+    return PlanReport(ok=not lost, text="\n".join(lines))

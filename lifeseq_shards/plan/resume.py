@@ -1,0 +1,303 @@
+"""The rest of an epoch in another layout: which persons a resumed run still reads, on which slot, in which order.
+
+A checkpoint records where the epoch stands as ``(epoch, batches)`` plus the layout that read it (ranks, workers,
+batch size, window, batches per message): every rank had taken the same number of batches, so the layout and that
+count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` positions of its
+window-permuted stream, ``c`` from :func:`plan_order.worker_batches_consumed`). Those are never stored, only derived.
+
+Resumed in another layout, the persons not yet trained form the *rest stream*: each old slot's unconsumed positions,
+old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
+contiguous parts of it (the fewer than ``N'`` persons that do not divide are left out of this epoch), so every new
+rank gets the same number of batches; no one is read twice. A run resumed again in yet another layout before the
+epoch ends repeats this on the rest stream (a history of stages). The next epoch is the new layout's ordinary one.
+
+Numbering: the resumed epoch keeps the new layout's ordinary length ``L'`` (``len()``, Lightning's
+``num_training_batches``), and starts at batch ``base = L' - R'`` where ``R'`` are the rest's batches per rank, so it
+ends where an ordinary epoch ends. A rest slot's stream is made of *pieces* of old windows: the window's segments
+and the indices of the persons to yield (a subset of the window, in order), so the reader loads each old window
+once, as the old layout would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import order as plan_order
+from . import partition as plan
+from .order import Window, worker_batches_consumed
+from .partition import BALANCED, Partition
+from .slots import num_batches, num_slots, slot_index, slot_persons
+
+# the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
+LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")
+# the Partition's fields a saved state records beside them (its shard sizes and remainder are the dataset's, which
+# the fingerprint covers)
+FIXED_KEYS = ("seed", "mode", "shuffle")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The readers of one stage: ranks, workers, batch size, drop_last, shuffle window, batches per message."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    drop_last: bool
+    window: int
+    batches_per_message: int
+
+    @classmethod
+    def of(cls, values: Sequence[int | bool]) -> Layout:
+        """The layout of ``values`` in :data:`LAYOUT_KEYS` order (a checkpoint's, or the workers' shared copy)."""
+        return cls(*(bool(v) if k == "drop_last" else int(v) for k, v in zip(LAYOUT_KEYS, values, strict=True)))
+
+    @classmethod
+    def of_partition(cls, partition: Partition, batches_per_message: int) -> Layout:
+        """The readers of ``partition`` (whose fields name them), with the loader's batches per message."""
+        return cls(*(getattr(partition, k) for k in LAYOUT_KEYS[:-1]), batches_per_message)
+
+    @property
+    def slots(self) -> int:
+        return num_slots(self.world_size, self.num_workers)
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.num_workers)
+
+    def partition(self, base: Partition) -> Partition:
+        """``base``'s persons and order under this layout."""
+        return dataclasses.replace(base, world_size=self.world_size, num_workers=self.num_workers,
+                                   batch_size=self.batch_size, drop_last=self.drop_last, window=self.window)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A layout that read part of the epoch and the batches each rank had taken, in that stage's numbering."""
+
+    layout: Layout
+    batches: int
+
+    def saved(self) -> dict[str, Any]:
+        """As a checkpoint stores it: the layout's fields and the batches."""
+        return {**dataclasses.asdict(self.layout), "batches": self.batches}
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> Stage:
+        return cls(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an epoch stands: ``batches`` of ``epoch`` taken, in this layout's numbering, after the ``history`` of
+    stages that read its start in other layouts (none for an ordinary epoch)."""
+
+    epoch: int
+    batches: int
+    history: tuple[Stage, ...] = ()
+
+    def resumed(self, epoch_batches: int) -> Position:
+        """Where the pass after this position resumes: the next epoch's start (an ordinary one) once the epoch's
+        ``epoch_batches`` are all taken."""
+        epoch, batches = plan_order.resume_point(self.epoch, self.batches, epoch_batches)
+        return Position(epoch, batches, self.history if epoch == self.epoch else ())
+
+
+def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
+    """Every setting that decides which persons a position in the epoch holds, as a checkpoint stores them: the
+    splits, the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`). The mode is stored
+    under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
+    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
+    fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
+    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
+
+
+def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
+                position: Position) -> dict[str, Any]:
+    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it, its
+    :func:`saved_layout` and the position. The layout's list of splits is the one read; the top-level ``split`` is
+    written, never read, so that the format stays the one tests/reader/test_pinned_batches.py pins and an earlier
+    install (whose ``shardify plan --resume`` reads it) can read a newer checkpoint. The position's history is stored
+    only in an epoch resumed from another layout, so an ordinary epoch's state stays as it always was."""
+    state = {"fingerprint": fingerprint, "split": split, "epoch": position.epoch, "batches": position.batches,
+             "layout": layout}
+    if position.history:
+        state["history"] = [stage.saved() for stage in position.history]
+    return state
+
+
+def saved_position(state: dict[str, Any]) -> Position:
+    """The position a :func:`saved_state` records (a state saved before the history was, has none)."""
+    history = tuple(Stage.from_saved(s) for s in state.get("history", ()))
+    return Position(int(state["epoch"]), int(state["batches"]), history)
+
+
+class _Level:
+    """One stage's streams: slot totals, the batches each rank took (from its numbering's base on), and how a range
+    of a slot's stream maps onto the streams of the stage before (level 0: the epoch's ordinary partition)."""
+
+    def __init__(self, base: Partition, epoch: int, layout: Layout, below: _Level | None) -> None:
+        self.layout, self.below, self.epoch = layout, below, epoch
+        self.partition = layout.partition(base)
+        if below is None:
+            # drop_last's dropped tails are not trained: they stay in the stream (windows then reach the end)
+            self.whole = dataclasses.replace(self.partition, drop_last=False)
+            self.totals = [slot_persons(self.partition.segments(j, epoch)) for j in range(layout.slots)]
+            self.base = 0
+            self.left_out = 0
+        else:
+            # the rest stream: each slot's unconsumed positions, slot after slot, then the persons the stage below
+            # left out of its own rest (they are not trained yet either)
+            parts = np.append(below.remaining, below.left_out)
+            rest_total = int(parts.sum())
+            q = rest_total // layout.slots
+            self.totals = [q] * layout.slots
+            self.left_out = rest_total - q * layout.slots
+            self.base = sum(self.partition.worker_batches(0)) - self.rank_batches()
+            if self.base < 0:  # R' <= L' holds for every assign that reads at least the epoch's persons again
+                raise ValueError(f"the rest of the epoch ({self.rank_batches()} batches per rank) is longer than an "
+                                 f"epoch of this layout ({self.base + self.rank_batches()})")
+            self.starts = np.concatenate([[0], np.cumsum(parts)])
+        self.consumed: np.ndarray | None = None  # persons of each slot taken, once this stage's batches are known
+
+    def worker_batches(self, rank: int) -> list[int]:
+        if self.below is None:
+            return self.partition.worker_batches(rank)
+        return [num_batches(self.totals[0], self.layout.batch_size, self.layout.drop_last)] * self.layout.workers
+
+    def rank_batches(self) -> int:
+        return sum(self.worker_batches(0))
+
+    def take(self, batches: int) -> None:
+        """Record that every rank took ``batches`` (this stage's numbering) before the next stage."""
+        taken = batches - self.base
+        if not 0 <= taken <= self.rank_batches():
+            raise ValueError(f"batch {batches} is outside this stage's epoch (batches {self.base}.."
+                             f"{self.base + self.rank_batches()})")
+        lay = self.layout
+        per_message = lay.batches_per_message if lay.num_workers else 1
+        consumed = np.zeros(lay.slots, dtype=np.int64)
+        for rank in range(lay.world_size):
+            per_worker = self.worker_batches(rank)
+            counts = worker_batches_consumed(taken, lay.num_workers, per_worker, per_message)
+            for k, c in enumerate(counts):
+                j = slot_index(rank, k, lay.num_workers)
+                consumed[j] = min(c * lay.batch_size, self.totals[j])
+        self.consumed = consumed
+
+    @property
+    def remaining(self) -> np.ndarray:
+        assert self.consumed is not None
+        return np.asarray(self.totals, dtype=np.int64) - self.consumed
+
+    def ranges(self, slot: int, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """Positions [start, stop) of ``slot``'s stream as (level-0 slot, start, stop) ranges, in order."""
+        if self.below is None:
+            yield slot, start, stop
+        else:
+            yield from self.rest_ranges(slot * self.totals[0] + start, slot * self.totals[0] + stop)
+
+    def rest_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """Positions [lo, hi) of this stage's rest stream as level-0 ranges, in order."""
+        below = self.below
+        assert below is not None and below.consumed is not None
+        j = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        while lo < hi:
+            take = min(hi, int(self.starts[j + 1])) - lo
+            if take > 0:
+                at = lo - int(self.starts[j])
+                if j < below.layout.slots:
+                    first = int(below.consumed[j]) + at
+                    yield from below.ranges(j, first, first + take)
+                else:  # the persons the stage below left out: the tail of its own rest stream
+                    first = below.layout.slots * below.totals[0] + at
+                    yield from below.rest_ranges(first, first + take)
+                lo += take
+            j += 1
+
+    def pieces(self, j: int, start: int, stop: int) -> Iterator[tuple[tuple[int, int], Window, np.ndarray]]:
+        """Level 0: positions [start, stop) of slot ``j``'s stream as (key, old window, the indices into it to
+        yield), one per window they touch."""
+        skip = start // self.layout.batch_size
+        for win, order in self.whole.ordered_windows(j, self.epoch, skip):
+            a, b = max(start, win.start), min(stop, win.stop)
+            if win.start >= stop:
+                return
+            if a < b:
+                yield (j, win.index), win, order[a - win.start : b - win.start]
+
+
+class RestPlan:
+    """The rest of ``epoch`` for ``layout``, after the ``history`` of stages that read its start (oldest first).
+
+    ``base`` is the batch the rest starts at in this layout's numbering; ``worker_batches`` the rest's batches per
+    worker (equal on every rank); ``trained`` the persons already trained this epoch; ``left_out`` the persons of
+    the rest that do not divide among this layout's slots (fewer than them); ``dropped`` those drop_last drops."""
+
+    def __init__(self, base: Partition, epoch: int, history: Sequence[Stage], layout: Layout) -> None:
+        if base.mode != BALANCED:
+            raise ValueError("only a balanced (training) epoch resumes in another layout")
+        if not history:
+            raise ValueError("a rest of the epoch needs the stages that read its start")
+        level: _Level | None = None
+        trained = 0
+        for stage in history:
+            level = _Level(base, epoch, stage.layout, level)
+            level.take(stage.batches)
+            assert level.consumed is not None
+            trained += int(level.consumed.sum())
+        self.level = _Level(base, epoch, layout, level)
+        self.layout, self.epoch, self.trained = layout, epoch, trained
+        self.base, self.left_out = self.level.base, self.level.left_out
+        self.slot_persons = self.level.totals[0]
+
+    @functools.cached_property
+    def worker_batches(self) -> list[int]:
+        return self.level.worker_batches(0)
+
+    @property
+    def dropped(self) -> int:
+        """Persons of the rest in the slots' last partial batches, which drop_last drops (0 without it)."""
+        lay = self.layout
+        kept = num_batches(self.slot_persons, lay.batch_size, lay.drop_last) * lay.batch_size
+        return max(0, self.slot_persons - kept) * lay.slots
+
+    def ordered_pieces(self, slot: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
+        """The pieces of ``slot``'s rest stream from its batch ``skip`` (counted from the rest's start) on, each a
+        :class:`Window` whose ``start``/``stop`` are positions in this stream and whose segments are an old
+        window's, with the indices into those segments to yield, in order (as ``Partition.ordered_windows``)."""
+        lay = self.layout
+        total = self.slot_persons
+        last = min(num_batches(total, lay.batch_size, lay.drop_last) * lay.batch_size, total)
+        pos = min(skip * lay.batch_size, last)
+        pending: tuple[tuple[int, int], Window, list[np.ndarray]] | None = None
+        for j, a, b in self.level.ranges(slot, pos, last):
+            for key, win, order in self.level_zero.pieces(j, a, b):
+                if pending is not None and pending[0] == key:  # the same old window again, continued: one load
+                    pending[2].append(order)
+                    continue
+                if pending is not None:
+                    pos = yield from self._emit(pending, pos)
+                pending = key, win, [order]
+        if pending is not None:
+            yield from self._emit(pending, pos)
+
+    @staticmethod
+    def _emit(pending: tuple[tuple[int, int], Window, list[np.ndarray]],
+              pos: int) -> Iterator[tuple[Window, np.ndarray]]:
+        _, win, parts = pending
+        order = np.concatenate(parts)
+        yield Window(win.index, pos, pos + len(order), win.segments), order
+        return pos + len(order)
+
+    @property
+    def level_zero(self) -> _Level:
+        level = self.level
+        while level.below is not None:
+            level = level.below
+        return level

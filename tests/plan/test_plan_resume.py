@@ -1,0 +1,147 @@
+"""The rest of an epoch in another layout (plan_resume): nobody trained is read again, everyone else once, equal
+batches on every new rank, fewer than the new readers left out, for any old and new layout and any position.
+
+The trained persons are worked out here from the old layout's own streams (``Partition.ordered_windows``, the order
+each slot yields its persons) and the DataLoader's round-robin (``worker_batches_consumed``); the rest from the
+pieces the reader is given, person by person.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lifeseq_shards.plan.order import worker_batches_consumed
+from lifeseq_shards.plan.partition import BALANCED, COMPLETE, Partition, assign
+from lifeseq_shards.plan.resume import Layout, RestPlan, Stage
+from lifeseq_shards.plan.slots import Segment, num_batches
+
+Person = tuple[int, int]  # (shard, index in it)
+
+
+def persons(segments: tuple[Segment[int], ...], order: np.ndarray) -> list[Person]:
+    """The persons a window (or piece) yields: its segments' persons, concatenated, taken in ``order``."""
+    flat = [(seg.shard, i) for seg in segments for i in range(seg.start, seg.stop)]
+    return [flat[i] for i in order.tolist()]
+
+
+def stream(partition: Partition, slot: int, epoch: int) -> list[Person]:
+    """Every person of ``slot``'s stream in the order it yields them, the dropped tail of drop_last included."""
+    whole = dataclasses.replace(partition, drop_last=False)
+    return [p for win, order in whole.ordered_windows(slot, epoch, 0) for p in persons(win.segments, order)]
+
+
+def rest_streams(rest: RestPlan, skip: int = 0) -> list[list[Person]]:
+    out = []
+    for slot in range(rest.layout.slots):
+        pos = skip * rest.layout.batch_size
+        got: list[Person] = []
+        for win, order in rest.ordered_pieces(slot, skip):
+            assert (win.start, win.stop) == (pos, pos + len(order)), "pieces must tile the stream in order"
+            pos = win.stop
+            got += persons(win.segments, order)
+        out.append(got)
+    return out
+
+
+def taken(streams: list[list[Person]], layout: Layout, per_worker: list[int], batches: int) -> set[Person]:
+    """The persons of the first ``batches`` batches every rank's in-order DataLoader returned."""
+    k = layout.workers
+    per_message = layout.batches_per_message if layout.num_workers else 1
+    counts = worker_batches_consumed(batches, layout.num_workers, per_worker, per_message)
+    return {p for j, s in enumerate(streams) for p in s[: counts[j % k] * layout.batch_size]}
+
+
+def epoch_persons(partition: Partition, epoch: int) -> set[Person]:
+    plan = assign(partition.sizes, partition.world_size, partition.num_workers, mode=BALANCED, seed=partition.seed,
+                  epoch=epoch, shuffle=partition.shuffle)
+    return {(seg.shard, i) for segments in plan for seg in segments for i in range(seg.start, seg.stop)}
+
+
+layouts = st.builds(Layout, world_size=st.integers(1, 4), num_workers=st.integers(0, 3),
+                    batch_size=st.integers(1, 12), drop_last=st.booleans(), window=st.integers(1, 40),
+                    batches_per_message=st.integers(1, 4))
+
+
+@st.composite
+def bases(draw: st.DrawFn) -> Partition:
+    num_shards, n = draw(st.integers(1, 10)), draw(st.integers(1, 25))
+    return Partition((n,) * num_shards, 1, 0, BALANCED, draw(st.integers(0, 2**32 - 1)), draw(st.booleans()), 1,
+                     False, 1)
+
+
+def check_rest(rest: RestPlan, epoch_set: set[Person], trained: set[Person], base: Partition) -> list[list[Person]]:
+    """The properties every rest of an epoch has; returns its streams."""
+    lay = rest.layout
+    streams = rest_streams(rest)
+    read = [p for s in streams for p in s]
+    assert len(read) == len(set(read)), "a person read twice in the rest"
+    assert not set(read) & trained, "a person trained on before is read again"
+    assert set(read) | trained <= epoch_set
+    left = epoch_set - trained - set(read)
+    assert len(left) == rest.left_out + rest.dropped and rest.left_out < lay.slots
+    assert rest.trained == len(trained)
+    kept = min(rest.slot_persons, num_batches(rest.slot_persons, lay.batch_size, lay.drop_last) * lay.batch_size)
+    assert {len(s) for s in streams} == {kept}, "rest slots of unequal sizes"
+    assert rest.dropped == (rest.slot_persons - kept) * lay.slots
+    per_rank = [sum(num_batches(len(s), lay.batch_size, lay.drop_last) for s in streams[r * lay.workers:
+                                                                                      (r + 1) * lay.workers])
+                for r in range(lay.world_size)]
+    assert set(per_rank) == {sum(rest.worker_batches)}, "new ranks with unequal batch counts"
+    ordinary = lay.partition(base)
+    assert rest.base + sum(rest.worker_batches) == sum(ordinary.worker_batches(0)), "the epoch's end moved"
+    return streams
+
+
+@settings(max_examples=300, deadline=None)
+@given(bases(), layouts, layouts, st.integers(0, 20), st.floats(0, 1), st.integers(0, 10))
+def test_rest_of_epoch_reads_everyone_not_yet_trained_once(base, old, new, epoch, at, skip):
+    p0 = old.partition(base)
+    per_worker = p0.worker_batches(0)
+    batches = round(at * sum(per_worker))
+    trained = taken([stream(p0, j, epoch) for j in range(old.slots)], old, per_worker, batches)
+    rest = RestPlan(base, epoch, (Stage(old, batches),), new)
+    streams = check_rest(rest, epoch_persons(p0, epoch), trained, base)
+    # resumed again in the same layout, ``skip`` batches into the rest: the same streams from there on
+    skip = min(skip, max(rest.worker_batches, default=0))
+    again = rest_streams(rest, skip)
+    assert again == [s[skip * new.batch_size:] for s in streams]
+
+
+@settings(max_examples=150, deadline=None)
+@given(bases(), layouts, layouts, layouts, st.integers(0, 5), st.floats(0, 1), st.floats(0, 1))
+def test_a_rest_resumed_in_a_third_layout_still_reads_everyone_once(base, first, second, third, epoch, at1, at2):
+    p0 = first.partition(base)
+    b1 = round(at1 * sum(p0.worker_batches(0)))
+    trained = taken([stream(p0, j, epoch) for j in range(first.slots)], first, p0.worker_batches(0), b1)
+    rest = RestPlan(base, epoch, (Stage(first, b1),), second)
+    taken2 = round(at2 * sum(rest.worker_batches))
+    trained |= taken(rest_streams(rest), second, rest.worker_batches, taken2)
+    rest3 = RestPlan(base, epoch, (Stage(first, b1), Stage(second, rest.base + taken2)), third)
+    check_rest(rest3, epoch_persons(p0, epoch), trained, base)
+
+
+def test_rest_by_hand() -> None:
+    """4 shards of 6, 2 ranks x 1 worker (unshuffled), batch 2: slot 0 reads shards 0 and 2, slot 1 shards 1 and 3.
+    After 2 batches each slot trained its first 4; the 16 others, over 3 ranks, are 5 each and 1 left out."""
+    base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
+    old, new = Layout(2, 0, 2, False, 100, 1), Layout(3, 0, 2, False, 100, 1)
+    rest = RestPlan(base, 0, (Stage(old, 2),), new)
+    streams = rest_streams(rest)
+    assert streams == [[(0, 4), (0, 5), (2, 0), (2, 1), (2, 2)],
+                       [(2, 3), (2, 4), (2, 5), (1, 4), (1, 5)],
+                       [(3, 0), (3, 1), (3, 2), (3, 3), (3, 4)]]
+    assert (rest.trained, rest.left_out, rest.worker_batches, rest.base) == (8, 1, [3], 1)
+
+
+def test_what_cannot_continue_is_refused() -> None:
+    base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
+    lay = Layout(2, 0, 2, False, 100, 1)
+    with pytest.raises(ValueError, match="only a balanced"):
+        RestPlan(dataclasses.replace(base, mode=COMPLETE), 0, (Stage(lay, 1),), lay)
+    with pytest.raises(ValueError, match="outside this stage's epoch"):
+        RestPlan(base, 0, (Stage(lay, 7),), lay)
