@@ -14,11 +14,12 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   most T / G + m tokens. G, the steps of an epoch, is the fewest that keep T / G <= R (B - m) - m, rounded up to a
   multiple of K; it depends on T, m, R, K and B alone, hence is the same every epoch (``len()`` is exact and
   constant).
-* **Ranks.** A group's persons are dealt to the ranks by length, longest first, in serpentine rounds (0..R-1, then
-  R-1..0, ...); the persons of a last, partial round (the group's shortest) go to the ranks whose ``cost`` so far is
-  lowest. For any additive cost that grows with the length (tokens, len^2, a + b len + c len^2) the ranks of a step
-  then differ by at most one longest person: the busiest rank holds at most T / (G R) + m <= B tokens, so the budget
-  is never exceeded, and the balance of tokens and of attention cost is close to 1 (docs/results/balance.md).
+* **Ranks.** A group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank
+  a round: the round's longest to the rank of least ``cost`` so far (tokens, or a len + b len^2 to balance attention),
+  its next to the next least, and so on. The rounds' length spans add up to at most m, so one person a rank a round
+  keeps the ranks' tokens within one longest person of each other, whatever the cost: the busiest rank holds at
+  most T / (G R) + m <= B tokens, so the budget is never exceeded; and the cost is balanced to about 1
+  (docs/results/balance.md).
 * **Workers.** Worker w of every rank owns the contiguous run of groups [w G/K, (w+1) G/K): its persons are ~1/K of
   the stream, a few consecutive windows, hence a few shards. Its j-th batch is group w G/K + j; the DataLoader's
   round robin (``per_message`` batches a message) makes that the rank's step :func:`step_of`. Every rank's worker w
@@ -84,8 +85,12 @@ class TokenPlan:
 
     def step_costs(self, lengths: np.ndarray, cost: tuple[float, float] = TOKENS) -> np.ndarray:
         """``cost`` (a len + b len^2) of each (step, rank) batch, shape (steps, ranks)."""
-        return _segment_sums(_cost(np.asarray(lengths)[self.persons], cost), self.bounds).reshape(
+        return _segment_sums(person_cost(np.asarray(lengths)[self.persons], cost), self.bounds).reshape(
             self.steps, self.world_size)
+
+    def step_balance(self, lengths: np.ndarray, cost: tuple[float, float] = TOKENS) -> np.ndarray:
+        """max / mean ``cost`` across the ranks of each step."""
+        return balance_ratios(self.step_costs(lengths, cost))
 
     def worker_steps(self, worker: int) -> np.ndarray:
         """The steps worker ``worker`` of each rank produces, in the order it yields them."""
@@ -147,13 +152,13 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
         world_size, num_workers: R ranks, K DataLoader workers a rank (0: the rank's main process reads).
         seed, epoch: the reshuffle; the plan is a function of these and the other arguments alone.
         window: stream positions shuffled together.
-        cost: (a, b) of the cost a len + b len^2 that the last, partial round of each step's deal evens out
-            (:data:`TOKENS`, :data:`ATTENTION`).
+        cost: (a, b) of the cost a len + b len^2 that the deal evens out across the ranks of a step
+            (:data:`TOKENS`, :data:`ATTENTION`); the budget is kept in tokens either way.
         per_message: batches a worker sends in one message (the loader's batches per message).
     """
     lengths = np.asarray(lengths)
     _check(lengths, shard_sizes, window, per_message)
-    _cost(lengths[:0], cost)  # a bad cost refused before any work
+    person_cost(lengths[:0], cost)  # a bad cost refused before any work
     stream = _stream(shard_sizes, seed, epoch, window)
     lens = lengths[stream].astype(np.int32)
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max())
@@ -203,26 +208,27 @@ def _stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int) -> n
 
 def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: int, longest: int,
           cost: tuple[float, float]) -> np.ndarray:
-    """Each stream position's rank: by group, longest first, in serpentine rounds; a group's last, partial round
-    to its ranks of least ``cost`` so far, the longest of it to the least."""
-    r = world_size
+    """Each stream position's rank. A group's persons, longest first, are dealt in rounds of R, one a rank a round
+    (so the ranks' tokens differ by at most one longest person, whatever the cost): the round's longest to the rank
+    of least ``cost`` so far, its next to the next least, and so on. All groups at once, a round at a time."""
+    r, steps = world_size, len(counts)
     by_len = _stable_order(group * np.int64(longest + 1) + (longest - lens))
     # groups are runs of the stream, so in this order position p is in group g[p] at place pos[p] of it
-    g = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    g = np.repeat(np.arange(steps, dtype=np.int64), counts)
     pos = np.arange(len(g), dtype=np.int64)
     pos -= np.repeat(np.cumsum(counts) - counts, counts)
-    turn = pos // r
-    dealt = np.where(turn % 2 == 0, pos - turn * r, r - 1 - (pos - turn * r))
-    del turn
-    full = counts // r * r
-    tail = np.flatnonzero(pos >= full[g])
-    dealt[tail] = r  # not dealt yet: counted apart
+    rounds = -(-int(counts.max()) // r)
+    work = np.zeros((steps, rounds * r))  # a group's persons' cost by place, 0 past its last
+    work[g, pos] = person_cost(lens[by_len], cost)
+    dealt = np.empty((steps, rounds * r), dtype=np.int8 if r < 128 else np.int64)
+    loads = np.zeros((steps, r))
+    for t in range(rounds):
+        least = np.argsort(loads, axis=1, kind="stable")
+        dealt[:, t * r : (t + 1) * r] = least
+        np.put_along_axis(loads, least, np.take_along_axis(loads, least, axis=1) + work[:, t * r : (t + 1) * r],
+                          axis=1)
     rank = np.empty(len(g), dtype=np.int64)
-    rank[by_len] = dealt
-    sums = np.bincount(group * np.int64(r + 1) + rank, weights=_cost(lens, cost),
-                       minlength=len(counts) * (r + 1)).reshape(len(counts), r + 1)[:, :r]
-    least = np.argsort(sums, axis=1, kind="stable")
-    rank[by_len[tail]] = least[g[tail], pos[tail] - full[g[tail]]]
+    rank[by_len] = dealt[g, pos]
     return rank
 
 
@@ -239,8 +245,9 @@ def _stable_order(major: np.ndarray) -> np.ndarray:
     return key
 
 
-def _cost(lens: np.ndarray, cost: tuple[float, float]) -> np.ndarray:
-    """a len + b len^2 of each length; ValueError for a cost that does not grow with the length."""
+def person_cost(lens: np.ndarray, cost: tuple[float, float]) -> np.ndarray:
+    """``cost`` = (a, b) of each length: a len + b len^2 (float64); ValueError for a cost that does not grow with the
+    length."""
     a, b = cost
     if a < 0 or b < 0 or a + b <= 0:
         raise ValueError(f"cost (a, b) of a len + b len^2 needs a, b >= 0 and not both 0, got {cost}")
@@ -250,6 +257,11 @@ def _cost(lens: np.ndarray, cost: tuple[float, float]) -> np.ndarray:
     elif a != 1:
         x *= a
     return x
+
+
+def balance_ratios(costs: np.ndarray) -> np.ndarray:
+    """max / mean across the ranks (columns) of each step (row) of ``costs``: 1 when the ranks carry equal work."""
+    return costs.max(axis=1) / costs.mean(axis=1)
 
 
 def _segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
