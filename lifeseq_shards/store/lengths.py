@@ -7,6 +7,7 @@ yet)."""
 from __future__ import annotations
 
 import numpy as np
+import zstandard
 
 from .format import decode_member
 from .manifest import Manifest, ManifestError
@@ -16,8 +17,8 @@ from .shardfile import iter_tar_members
 
 def split_lengths(root: str, manifest: Manifest, split: str) -> tuple[np.ndarray, list[int]]:
     """(length of each person of ``split``, shards in manifest order then the remainder shard; the persons of each
-    of those shards). ManifestError naming the shard when a block is not the one the manifest names or the counts
-    disagree."""
+    of those shards). ManifestError naming the shard when it cannot be read, a block is not the one the manifest
+    names, or the counts disagree."""
     if split not in manifest.splits:
         raise ManifestError(f"{root}: no split {split!r} (has {', '.join(manifest.splits)})")
     parts, sizes = [], []
@@ -33,7 +34,7 @@ def split_lengths(root: str, manifest: Manifest, split: str) -> tuple[np.ndarray
                 shard.check_block(i, block)
                 parts.append(np.asarray(block.columns["length"], dtype=np.int64))
                 got += block.n
-        except ValueError as e:
+        except (OSError, ValueError, zstandard.ZstdError) as e:  # a damaged shard: say which, in one line
             raise ManifestError(f"{url}: {e}") from None
         finally:
             failure = close_file(stream)
