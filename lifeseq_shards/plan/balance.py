@@ -214,9 +214,11 @@ def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: i
     r, steps = world_size, len(counts)
     by_len = _stable_order(group * np.int64(longest + 1) + (longest - lens))
     # groups are runs of the stream, so in this order position p is in group g[p] at place pos[p] of it
-    g = np.repeat(np.arange(steps, dtype=np.int64), counts)
+    # int32: a few bytes a person fewer at 27 M persons (steps and a group's persons are far below 2^31)
+    g = np.repeat(np.arange(steps, dtype=np.int32), counts)
     pos = np.arange(len(g), dtype=np.int64)
     pos -= np.repeat(np.cumsum(counts) - counts, counts)
+    pos = pos.astype(np.int32)
     rounds = -(-int(counts.max()) // r)
     work = np.zeros((steps, rounds * r))  # a group's persons' cost by place, 0 past its last
     work[g, pos] = person_cost(lens[by_len], cost)
