@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -134,6 +136,7 @@ def plan_timing(persons: int) -> dict[str, float]:
 
 def plot(ratios: dict[str, np.ndarray], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -144,20 +147,22 @@ def plot(ratios: dict[str, np.ndarray], path: Path) -> None:
         for key, values in ratios.items():
             pop, plan, ranks, persons = key.split(" ")
             if pop == name and persons == f"{PERSONS[0]}p":
-                x = np.sort(values)
+                # the busiest rank's excess over the mean, in %, on a log axis: the two plans are 100x apart
+                x = np.sort(np.maximum((values - 1) * 100, 1e-3))
                 ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{plan}, {ranks}",
-                        linestyle="-" if plan == "tokens" else "--")
+                        linestyle="-" if plan == "tokens" else "--", color=f"C{RANKS.index(int(ranks[:-1]))}")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
         ax.set_title(f"{name}: batch ~{PERSONS[0]} persons")
-        ax.set_xlabel("max / mean real tokens across the ranks of a step")
-        ax.set_ylabel("share of steps")
+        ax.set_xlabel("busiest rank's real tokens over the step's mean, + %")
+        ax.set_ylabel("share of steps (cumulative)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, epochs: int) -> str:
+def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, epochs: int, argv: str) -> str:
     cols = ["population", "persons", "ranks", "batch_persons", "budget", "plan", "steps", "tokens_mean",
             "tokens_p99", "len2_mean", "len2_p99", "max_rank_tokens", "fill"]
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -165,7 +170,9 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
     lines = [
         "# Balance of the ranks of a step: persons plan against token-budget plan",
         "",
-        "Made by `python -m tools.bench_balance` (" + __doc__.splitlines()[-1].strip().split("python -m ")[-1] + ").",
+        f"Made by `python -m tools.bench_balance {argv}`, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, on "
+        f"a machine of {os.cpu_count()} CPU cores shared with other jobs (the balance is a property of the plans: it "
+        "does not depend on the machine; the planning time does).",
         "",
         "## Method",
         "",
@@ -185,15 +192,17 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
         "",
         *table,
         "",
-        "![per-step max/mean, persons plan dashed, token-budget plan solid](balance.png)",
+        "![per-step max/mean - 1 in %, cumulative, at ~50 persons a rank: persons plan dashed, token-budget plan "
+        "solid](balance.png)",
     ]
     if timing:
         lines += ["", "## Planning time and memory", "",
                   f"One epoch of {timing['persons']:,} lognormal lengths (median 332, capped at 511), 8 ranks x 4 "
                   f"workers, 16,384 tokens: {timing['steps']:,} steps, {timing['cpu_s']:.1f} s CPU "
-                  f"({timing['wall_s']:.1f} s wall on this shared, loaded machine), peak RSS "
-                  f"{timing['peak_mib']:.0f} MiB of which {timing['base_mib']:.0f} MiB before planning (the lengths: "
-                  f"{timing['lengths_mib']:.0f} MiB as uint16)."]
+                  f"({timing['wall_s']:.1f} s wall, on a machine whose 2 cores other jobs shared), peak RSS "
+                  f"{timing['peak_mib']:.0f} MiB against {timing['base_mib']:.0f} MiB before planning (the "
+                  f"interpreter, and making the lengths: {timing['lengths_mib']:.0f} MiB as uint16), so planning "
+                  f"took at most {timing['peak_mib'] - timing['base_mib']:.0f} MiB more."]
     return "\n".join(lines) + "\n"
 
 
@@ -218,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     write_csv(a.out / "balance.csv", rows)
     plot(ratios, a.out / "balance.png")
-    (a.out / "balance.md").write_text(markdown(rows, timing, a.epochs))
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    (a.out / "balance.md").write_text(markdown(rows, timing, a.epochs, args))
 
 
 if __name__ == "__main__":
