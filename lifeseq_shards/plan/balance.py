@@ -17,14 +17,14 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
 * **Ranks.** A group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank
   a round: the round's longest to the rank of least ``cost`` so far (tokens, or a len + b len^2 to balance attention),
   its next to the next least, and so on. The rounds' length spans add up to at most m, so one person a rank a round
-  keeps the ranks' tokens within one longest person of each other, whatever the cost: the busiest rank holds at
-  most T / (G R) + m <= B tokens, so the budget is never exceeded; and the cost is balanced to about 1
-  (docs/results/balance.md).
+  keeps the ranks' tokens within one longest person of each other (a short last round included), whatever the cost:
+  the busiest rank holds at most (T / G + m) / R + m <= B tokens, so the budget is never exceeded; and the cost is
+  balanced to about 1 (docs/results/balance.md).
 * **Workers.** Worker w of every rank owns the contiguous run of groups [w G/K, (w+1) G/K): its persons are ~1/K of
   the stream, a few consecutive windows, hence a few shards. Its j-th batch is group w G/K + j; the DataLoader's
   round robin (``per_message`` batches a message) makes that the rank's step :func:`step_of`. Every rank's worker w
-  reads the same windows and keeps its own persons of them: each block is decoded by every rank (R times a node)
-  where the persons plan decodes it once; the price of balancing a step across ranks from one pool.
+  reads the same windows and keeps its own persons of them: each block is decoded R times in all, where the persons
+  plan decodes it once; the price of balancing a step across ranks from one pool.
 * **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
   split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
   (ValueError, :func:`epoch_steps`, the same answer every epoch), as is a budget under :data:`MIN_BUDGET_PERSONS`
