@@ -187,7 +187,8 @@ def inspect(root: str) -> None:
               help="Persons a rank a step (required without --tokens-per-batch; with it, the persons plan compared).")
 @click.option("--tokens-per-batch", type=POSITIVE,
               help="Plan token-budget steps of at most this many real tokens a rank, beside the persons plan.")
-@click.option("--attention", is_flag=True, help="With --tokens-per-batch: even out len^2 in each step's last round.")
+@click.option("--attention", is_flag=True,
+              help="With --tokens-per-batch: deal a step's persons to even out len^2 (attention's cost), not tokens.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 @click.option("--resume", "checkpoint", type=click.Path(dir_okay=False),

@@ -202,7 +202,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
     Args:
         lengths, shard_sizes: the split's lengths and shards, the remainder last (:func:`plan_epoch`'s).
         nodes, gpus, workers: the layout. tokens_per_batch: the budget a rank a step.
-        attention: the deal's last round evens out len^2 rather than tokens.
+        attention: the deal evens out len^2 (attention's cost) across the ranks of a step rather than tokens.
     """
     world = nodes * gpus
     cost = ATTENTION if attention else TOKENS
@@ -210,7 +210,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         f"{split} split: {len(lengths)} persons in {len(shard_sizes) - 1} shards + remainder {shard_sizes[-1]}; "
         f"lengths median {int(np.median(lengths))}, p99 {int(np.quantile(lengths, 0.99))}, max {int(lengths.max())}",
         f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank; budget {tokens_per_batch} "
-        f"tokens a rank a step, last round by {'len^2' if attention else 'tokens'}; epoch 0, seed {seed}",
+        f"tokens a rank a step, ranks dealt to even out {'len^2' if attention else 'tokens'}; epoch 0, seed {seed}",
     ]
     try:
         plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost)
