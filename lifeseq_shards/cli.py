@@ -183,20 +183,30 @@ def inspect(root: str) -> None:
 @click.option("--nodes", type=POSITIVE, default=1, show_default=True)
 @click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
 @click.option("--workers", type=COUNT, default=0, show_default=True, help="DataLoader workers per GPU.")
-@click.option("--batch-size", type=POSITIVE, required=True)
+@click.option("--batch-size", type=POSITIVE,
+              help="Persons a rank a step (required without --tokens-per-batch; with it, the persons plan compared).")
+@click.option("--tokens-per-batch", type=POSITIVE,
+              help="Plan token-budget steps of at most this many real tokens a rank, beside the persons plan.")
+@click.option("--attention", is_flag=True,
+              help="With --tokens-per-batch: deal a step's persons to even out len^2 (attention's cost), not tokens.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 @click.option("--resume", "checkpoint", type=click.Path(dir_okay=False),
               help="A checkpoint (Lightning's, or a file of ShardedLoader.state_dict()): plan the rest of its epoch "
               "on this layout.")
-def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split: str, drop_last: bool,
-         checkpoint: str | None) -> None:
+def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None, tokens_per_batch: int | None,
+         attention: bool, split: str, drop_last: bool, checkpoint: str | None) -> None:
     """Show which rank and worker reads what, and who is left out; exit 1 when the shards do not divide evenly
     (train), when validation cannot read every person of the split once in equal batches (any other split), or
-    (with --resume) when someone is left out of the rest of the epoch."""
+    (with --resume) when someone is left out of the rest of the epoch. With --tokens-per-batch: the token-budget
+    plan's steps and balance beside the persons plan's (exit 2 when the budget is refused)."""
     from .plan.report import describe
     from .store.remote import read_manifest
 
+    if tokens_per_batch is not None:
+        _plan_tokens(root, split, nodes, gpus, workers, tokens_per_batch, batch_size, attention)
+    if batch_size is None:
+        _fail("plan needs --batch-size (persons a rank a step) or --tokens-per-batch")
     if checkpoint is not None:
         _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last)
     m = read_manifest(root)
@@ -208,6 +218,24 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
                       drop_last=drop_last, split=split, mode="balanced" if split == "train" else "exact")
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
+
+
+def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tokens_per_batch: int,
+                 batch_size: int | None, attention: bool) -> None:
+    """`shardify plan --tokens-per-batch`: the token-budget plan of the split's persons (their lengths read from its
+    blocks) beside the persons plan."""
+    from .plan.report import describe_tokens
+    from .store.lengths import split_lengths
+    from .store.remote import read_manifest
+
+    m = read_manifest(root)
+    lengths, sizes = split_lengths(root, m, split)
+    if m.splits[split].remainder is None:
+        sizes.append(0)  # no remainder shard: an empty one, last, as the plans take it
+    report = describe_tokens(lengths, sizes, nodes, gpus, workers, tokens_per_batch, batch_size=batch_size,
+                             attention=attention, split=split)
+    click.echo(report.text)
+    sys.exit(0 if report.ok else 2)
 
 
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:

@@ -1,12 +1,16 @@
 """The epoch's plan as `shardify plan` prints it: a table of which slot reads what, a check of the plan's invariants
 (:mod:`lifeseq_shards.plan.partition`) and a verdict; and the rest of an epoch resumed in another layout
-(:mod:`lifeseq_shards.plan.resume`)."""
+(:mod:`lifeseq_shards.plan.resume`); and the token-budget plan beside the persons plan (:func:`describe_tokens`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
+from .compare import persons_left_out, persons_plan_costs
 from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
 from .resume import Layout, RestPlan, Stage
 from .slots import Segment, num_batches, num_slots, slot_persons
@@ -186,3 +190,56 @@ def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, 
     else:
         lines += ["", "EXACT: nobody trained on is read again, everyone else once; nothing is left out."]
     return PlanReport(ok=not lost, text="\n".join(lines))
+
+
+def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int, gpus: int, workers: int,
+                    tokens_per_batch: int, *, batch_size: int | None = None, attention: bool = False, seed: int = 0,
+                    split: str = "train") -> PlanReport:
+    """The epoch-0 token-budget plan as `shardify plan --tokens-per-batch` prints it: steps, persons a step, the
+    balance across the ranks of a step (tokens and len^2), who is left out; beside the persons plan of
+    ``batch_size`` persons a rank (default: as many as the budget holds on average). ok: False when refused.
+
+    Args:
+        lengths, shard_sizes: the split's lengths and shards, the remainder last (:func:`plan_epoch`'s).
+        nodes, gpus, workers: the layout. tokens_per_batch: the budget a rank a step.
+        attention: the deal evens out len^2 (attention's cost) across the ranks of a step rather than tokens.
+    """
+    world = nodes * gpus
+    cost = ATTENTION if attention else TOKENS
+    lines = [
+        f"{split} split: {len(lengths)} persons in {len(shard_sizes) - 1} shards + remainder {shard_sizes[-1]}; "
+        f"lengths median {int(np.median(lengths))}, p99 {int(np.quantile(lengths, 0.99))}, max {int(lengths.max())}",
+        f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank; budget {tokens_per_batch} "
+        f"tokens a rank a step, ranks dealt to even out {'len^2' if attention else 'tokens'}; epoch 0, seed {seed}",
+    ]
+    try:
+        plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost)
+    except ValueError as e:
+        return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
+    sizes, tokens = plan.batch_sizes(), plan.step_costs(lengths)
+    per_step = sizes.sum(axis=1)
+    lines += ["", f"token-budget plan: {plan.steps} steps an epoch (every epoch; {plan.steps // max(1, workers)} a "
+              f"worker), {per_step.min()}/{per_step.mean():.1f}/{per_step.max()} persons a step (min/mean/max), "
+              f"{sizes.min()}/{sizes.mean():.1f}/{sizes.max()} a rank",
+              f"  tokens a rank a step: max {int(tokens.max())} <= budget {tokens_per_batch}, mean "
+              f"{tokens.mean():.0f} ({tokens.mean() / tokens_per_batch:.1%} of it)",
+              "  " + _balance_line(tokens, plan.step_costs(lengths, ATTENTION)),
+              "  left out: nobody (every person once an epoch)"]
+    b = batch_size or max(1, round(tokens_per_batch / float(lengths.mean())))
+    old = persons_plan_costs(lengths, shard_sizes, world, workers, b, seed=seed)
+    lost = persons_left_out(shard_sizes, world, workers)
+    over = int((old > tokens_per_batch).sum())
+    lines += ["", f"persons plan (today), batch {b} persons a rank{'' if batch_size else ' (the budget on average)'}: "
+              f"{len(old)} steps an epoch",
+              f"  tokens a rank a step: max {int(old.max())}, mean {old.mean():.0f}; {over} of {old.size} batches over "
+              "the budget",
+              "  " + _balance_line(old, persons_plan_costs(lengths, shard_sizes, world, workers, b, seed=seed,
+                                                           cost=ATTENTION)),
+              f"  left out: {lost} persons an epoch (others each epoch)"]
+    return PlanReport(ok=True, text="\n".join(lines))
+
+
+def _balance_line(tokens: np.ndarray, attention: np.ndarray) -> str:
+    t, a = balance_ratios(tokens), balance_ratios(attention)
+    return (f"balance (max/mean across ranks of a step): tokens mean {t.mean():.4f} p99 {np.quantile(t, 0.99):.4f}; "
+            f"len^2 mean {a.mean():.4f} p99 {np.quantile(a, 0.99):.4f}")

@@ -1,0 +1,273 @@
+"""Token-budget steps: which persons each rank trains on at each step of an epoch, so that every rank carries close to
+the same work and never more than a budget of real tokens. A pure function of the persons' lengths, the layout, the
+seed and the epoch (:func:`plan_epoch`): every rank and DataLoader worker computes the same plan, nothing is
+exchanged.
+
+Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a rank a step, m the longest person):
+
+* **The stream.** Persons are numbered as the split lists them (its shards in manifest order, then the remainder
+  shard). The epoch reads the shards, remainder included, in :func:`~lifeseq_shards.plan.partition.epoch_shard_order`
+  (a permutation by (seed, epoch)), and shuffles each window of ``window`` consecutive stream positions on its own,
+  as :mod:`lifeseq_shards.plan.order` does for a slot's stream.
+* **Steps.** The stream is cut into G groups of consecutive persons, one group a step: person i goes to group
+  ``floor(c_i * G / T)``, where c_i is the stream's tokens before it and T the split's tokens, so a group holds at
+  most T / G + m tokens. G, the steps of an epoch, is the fewest that keep T / G <= R (B - m) - m, rounded up to a
+  multiple of K; it depends on T, m, R, K and B alone, hence is the same every epoch (``len()`` is exact and
+  constant).
+* **Ranks.** A group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank
+  a round: the round's longest to the rank of least ``cost`` so far (tokens, or a len + b len^2 to balance attention),
+  its next to the next least, and so on. The rounds' length spans add up to at most m, so one person a rank a round
+  keeps the ranks' tokens within one longest person of each other (a short last round included), whatever the cost:
+  the busiest rank holds at most (T / G + m) / R + m <= B tokens, so the budget is never exceeded; and the cost is
+  balanced to about 1 (docs/results/balance.md).
+* **Workers.** Worker w of every rank owns the contiguous run of groups [w G/K, (w+1) G/K): its persons are ~1/K of
+  the stream, a few consecutive windows, hence a few shards. Its j-th batch is group w G/K + j; the DataLoader's
+  round robin (``per_message`` batches a message) makes that the rank's step :func:`step_of`. Every rank's worker w
+  reads the same windows and keeps its own persons of them: each block is decoded R times in all, where the persons
+  plan decodes it once; the price of balancing a step across ranks from one pool.
+* **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
+  split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
+  (ValueError, :func:`epoch_steps`, the same answer every epoch), as is a budget under :data:`MIN_BUDGET_PERSONS`
+  longest persons (the margin of one longest person a rank that guarantees the budget would leave too little).
+* **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
+  (:meth:`TokenPlan.remaining`) and worker w has given :meth:`TokenPlan.worker_done` of its batches: an exact
+  mid-epoch resume in the same layout. Resuming in another layout or budget is not planned yet (refused by the
+  caller; the rest could be planned as a split of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .order import worker_batches_consumed
+from .partition import epoch_shard_order
+from .slots import num_slots
+
+# the budget must hold 4 longest persons: one a rank is the margin that keeps the budget, and R (B - m) - m then
+# leaves steps of >= (R + 1) m tokens, enough to give every rank a person (epoch_steps)
+MIN_BUDGET_PERSONS = 4
+DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
+TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
+# Mixed into the window shuffles' RNG seeds, unlike order.py's _WINDOW_TAG, so the two plans never share a stream.
+_TOKENS_TAG = 0x544F4B42  # "TOKB"
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """One epoch's steps: batch (step s, rank r) is ``persons[bounds[s R + r] : bounds[s R + r + 1]]`` (person
+    indices into the split's lengths, in stream order); steps in the order every rank yields them."""
+
+    persons: np.ndarray
+    bounds: np.ndarray
+    world_size: int
+    num_workers: int
+    per_message: int
+
+    @property
+    def steps(self) -> int:
+        return (len(self.bounds) - 1) // self.world_size
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.num_workers)
+
+    def batch(self, step: int, rank: int) -> np.ndarray:
+        """The persons rank ``rank`` trains on at step ``step``."""
+        i = step * self.world_size + rank
+        return self.persons[self.bounds[i] : self.bounds[i + 1]]
+
+    def batch_sizes(self) -> np.ndarray:
+        """Persons of each (step, rank) batch, shape (steps, ranks)."""
+        return np.diff(self.bounds).reshape(self.steps, self.world_size)
+
+    def step_costs(self, lengths: np.ndarray, cost: tuple[float, float] = TOKENS) -> np.ndarray:
+        """``cost`` (a len + b len^2) of each (step, rank) batch, shape (steps, ranks)."""
+        return _segment_sums(person_cost(np.asarray(lengths)[self.persons], cost), self.bounds).reshape(
+            self.steps, self.world_size)
+
+    def step_balance(self, lengths: np.ndarray, cost: tuple[float, float] = TOKENS) -> np.ndarray:
+        """max / mean ``cost`` across the ranks of each step."""
+        return balance_ratios(self.step_costs(lengths, cost))
+
+    def worker_steps(self, worker: int) -> np.ndarray:
+        """The steps worker ``worker`` of each rank produces, in the order it yields them."""
+        per = self.steps // self.workers
+        return step_of(worker, np.arange(per), per, self.workers, self.per_message)
+
+    def worker_done(self, steps_done: int) -> list[int]:
+        """How many of its batches each worker of a rank had given after ``steps_done`` steps of the epoch."""
+        per = self.steps // self.workers
+        return worker_batches_consumed(steps_done, self.num_workers, [per] * self.num_workers,
+                                       self.per_message) if self.num_workers else [steps_done]
+
+    def remaining(self, steps_done: int) -> np.ndarray:
+        """The persons not trained on after ``steps_done`` steps of the epoch (sorted): those of the later steps."""
+        if not 0 <= steps_done <= self.steps:
+            raise ValueError(f"{steps_done} steps done of an epoch of {self.steps}")
+        return np.sort(self.persons[self.bounds[steps_done * self.world_size] :])
+
+
+def step_of(worker: int, j: np.ndarray | int, per_worker: int, workers: int, per_message: int = 1) -> np.ndarray:
+    """The rank's step at which an in-order DataLoader returns batch ``j`` of worker ``worker`` when each of its
+    ``workers`` workers gives ``per_worker`` batches, ``per_message`` a message (the last message of each shorter):
+    all workers' messages before it, round by round, then its place in its message."""
+    j = np.asarray(j, dtype=np.int64)
+    q = j // per_message
+    return workers * q * per_message + worker * np.minimum(per_message, per_worker - q * per_message) + j % per_message
+
+
+def epoch_steps(total_tokens: int, longest: int, tokens_per_batch: int, world_size: int, num_workers: int) -> int:
+    """Steps of every epoch: the fewest groups of at most R (B - m) - m tokens that hold the split's T tokens, a
+    multiple of the workers a rank. ValueError for a budget under :data:`MIN_BUDGET_PERSONS` longest persons, or
+    steps of under (R + 1) m tokens: a step holds at least T / G - m tokens, so that many always give every rank a
+    person, whatever the epoch's order; fewer might not (refused up front, not in some later epoch)."""
+    k = num_slots(world_size, num_workers) // world_size
+    if tokens_per_batch < MIN_BUDGET_PERSONS * longest:
+        raise ValueError(f"tokens_per_batch={tokens_per_batch} is under {MIN_BUDGET_PERSONS} x the longest person "
+                         f"({longest} tokens): the plan keeps one longest person a rank as its margin; use "
+                         f"tokens_per_batch >= {MIN_BUDGET_PERSONS * longest}")
+    cap = world_size * (tokens_per_batch - longest) - longest
+    fewest = -(-total_tokens // cap)
+    steps = -(-fewest // k) * k
+    if total_tokens < steps * (world_size + 1) * longest:
+        raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker) make under "
+                         f"{world_size + 1} x the longest person ({longest} tokens) a step, too few to give each of "
+                         f"{world_size} ranks a person at every step: use fewer ranks or workers, or a larger split")
+    return steps
+
+
+def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch: int, world_size: int,
+               num_workers: int, *, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW,
+               cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
+    """The token-budget plan of one epoch (module docstring).
+
+    Args:
+        lengths: real tokens of each person of the split, in its order (shards in manifest order, then the
+            remainder), all >= 1.
+        shard_sizes: persons of each of those shards, the remainder last (they add up to ``len(lengths)``).
+        tokens_per_batch: B, the most real tokens a rank's batch may hold.
+        world_size, num_workers: R ranks, K DataLoader workers a rank (0: the rank's main process reads).
+        seed, epoch: the reshuffle; the plan is a function of these and the other arguments alone.
+        window: stream positions shuffled together.
+        cost: (a, b) of the cost a len + b len^2 that the deal evens out across the ranks of a step
+            (:data:`TOKENS`, :data:`ATTENTION`); the budget is kept in tokens either way.
+        per_message: batches a worker sends in one message (the loader's batches per message).
+    """
+    lengths = np.asarray(lengths)
+    _check(lengths, shard_sizes, window, per_message)
+    person_cost(lengths[:0], cost)  # a bad cost refused before any work
+    stream = _stream(shard_sizes, seed, epoch, window)
+    lens = lengths[stream].astype(np.int32)
+    total, longest = int(lens.sum(dtype=np.int64)), int(lens.max())
+    steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
+    before = np.cumsum(lens, dtype=np.int64)
+    before -= lens
+    before *= steps
+    before //= total  # the group of each stream position: < steps, as before <= total - 1
+    group = before.astype(np.int32)
+    del before
+    counts = np.bincount(group, minlength=steps)  # each >= R (epoch_steps)
+    rank = _deal(group, lens, counts, world_size, longest, cost)
+    # group g is batch g % per of worker g // per; renumbered as the rank's step it is yielded at
+    per = steps // max(1, num_workers)
+    groups = np.arange(steps)
+    step = step_of(groups // per, groups % per, per, steps // per, per_message)
+    batch = step[group] * world_size + rank  # the (step, rank) batch of each stream position
+    del group, rank
+    bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
+    return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
+
+
+def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:
+    if sum(shard_sizes) != len(lengths) or any(s < 0 for s in shard_sizes):
+        raise ValueError(f"shard sizes {list(shard_sizes)[:8]}... add up to {sum(shard_sizes)}, not the "
+                         f"{len(lengths)} lengths")
+    if not len(lengths) or lengths.min() < 1:
+        raise ValueError("every person needs a length >= 1 (and the split at least one person)")
+    if window < 1 or per_message < 1:
+        raise ValueError(f"window ({window}) and per_message ({per_message}) must be >= 1")
+
+
+def _stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int) -> np.ndarray:
+    """The persons in the epoch's reading order: shards by epoch_shard_order, each window shuffled on its own."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    order = epoch_shard_order(len(sizes), seed, epoch)
+    size_in_order = sizes[order]
+    offset = np.repeat(starts[order] - (np.cumsum(size_in_order) - size_in_order), size_in_order)
+    stream = (np.arange(len(offset), dtype=np.int64) + offset).astype(np.int32 if len(offset) < 1 << 31 else np.int64)
+    for w, lo in enumerate(range(0, len(stream), window)):
+        part = stream[lo : lo + window]
+        part[:] = part[np.random.default_rng([seed, epoch, w, _TOKENS_TAG]).permutation(len(part))]
+    return stream
+
+
+def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: int, longest: int,
+          cost: tuple[float, float]) -> np.ndarray:
+    """Each stream position's rank. A group's persons, longest first, are dealt in rounds of R, one a rank a round
+    (so the ranks' tokens differ by at most one longest person, whatever the cost): the round's longest to the rank
+    of least ``cost`` so far, its next to the next least, and so on. All groups at once, a round at a time."""
+    r, steps = world_size, len(counts)
+    by_len = _stable_order(group * np.int64(longest + 1) + (longest - lens))
+    # groups are runs of the stream, so in this order position p is in group g[p] at place pos[p] of it
+    # int32: a few bytes a person fewer at 27 M persons (steps and a group's persons are far below 2^31)
+    g = np.repeat(np.arange(steps, dtype=np.int32), counts)
+    pos = np.arange(len(g), dtype=np.int64)
+    pos -= np.repeat(np.cumsum(counts) - counts, counts)
+    pos = pos.astype(np.int32)
+    rounds = -(-int(counts.max()) // r)
+    work = np.zeros((steps, rounds * r))  # a group's persons' cost by place, 0 past its last
+    work[g, pos] = person_cost(lens[by_len], cost)
+    dealt = np.empty((steps, rounds * r), dtype=np.int8 if r < 128 else np.int64)
+    loads = np.zeros((steps, r))
+    for t in range(rounds):
+        least = np.argsort(loads, axis=1, kind="stable")
+        dealt[:, t * r : (t + 1) * r] = least
+        np.put_along_axis(loads, least, np.take_along_axis(loads, least, axis=1) + work[:, t * r : (t + 1) * r],
+                          axis=1)
+    rank = np.empty(len(g), dtype=np.int64)
+    rank[by_len] = dealt[g, pos]
+    return rank
+
+
+def _stable_order(major: np.ndarray) -> np.ndarray:
+    """argsort(major, kind="stable"): by one sort of major and the position packed in an int64 when they fit (a
+    plain sort is several times faster than a stable argsort)."""
+    bits = max(1, int(len(major)).bit_length())
+    if len(major) == 0 or int(major.max()) >= 1 << (62 - bits) or int(major.min()) < 0:
+        return np.argsort(major, kind="stable")
+    key = major.astype(np.int64) << bits
+    key |= np.arange(len(major), dtype=np.int64)
+    key.sort()
+    key &= (1 << bits) - 1
+    return key
+
+
+def person_cost(lens: np.ndarray, cost: tuple[float, float]) -> np.ndarray:
+    """``cost`` = (a, b) of each length: a len + b len^2 (float64); ValueError for a cost that does not grow with the
+    length."""
+    a, b = cost
+    if a < 0 or b < 0 or a + b <= 0:
+        raise ValueError(f"cost (a, b) of a len + b len^2 needs a, b >= 0 and not both 0, got {cost}")
+    x = lens.astype(np.float64)
+    if b:
+        x *= b * x + a
+    elif a != 1:
+        x *= a
+    return x
+
+
+def balance_ratios(costs: np.ndarray) -> np.ndarray:
+    """max / mean across the ranks (columns) of each step (row) of ``costs``: 1 when the ranks carry equal work."""
+    return costs.max(axis=1) / costs.mean(axis=1)
+
+
+def _segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Sums of values[bounds[i]:bounds[i+1]] (empty segments sum to 0)."""
+    cum = np.zeros(len(values) + 1)
+    np.cumsum(values, out=cum[1:])
+    return cum[bounds[1:]] - cum[bounds[:-1]]

@@ -1,0 +1,49 @@
+"""The balance benchmark, quick: its synthetic lengths are those `shardify synth` + convert make, and it writes its
+tables and plot with the token-budget plan ahead of the persons plan."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
+from lifeseq_shards.convert.sources.synth import synth_population
+from lifeseq_shards.store.lengths import split_lengths
+from lifeseq_shards.store.remote import read_manifest
+from tools import bench_balance
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(300)]
+
+
+def test_synth_lengths_are_those_synth_and_convert_make(tmp_path: Path) -> None:
+    synth_population(tmp_path / "pop", 4000, seed=0, progress=False)
+    convert_dataset([str(tmp_path / "pop" / "sequences.parquet")], tmp_path / "ds", str(tmp_path / "pop" / "vocab.csv"),
+                    opts=ConvertOptions(progress=False))
+    m = read_manifest(tmp_path / "ds")
+    real = np.concatenate([split_lengths(str(tmp_path / "ds"), m, split)[0] for split in m.splits])
+    model = bench_balance.synth_lengths(4000, seed=0)
+    assert abs(len(model) - len(real)) <= 0.02 * len(real)  # the same persons drop for too few events, about
+    assert model.max() == real.max() == 511  # the cap: the converter keeps fewer tokens than 512
+    for q in (0.1, 0.25, 0.5, 0.75, 0.9):
+        assert abs(np.quantile(model, q) - np.quantile(real, q)) <= 0.08 * np.quantile(real, q), q
+
+
+def test_bench_writes_its_tables_with_the_new_plan_ahead(tmp_path: Path, sample: Path) -> None:
+    bench_balance.main(["--out", str(tmp_path), "--sample", str(sample), "--synth", "20000", "--epochs", "1"])
+    with (tmp_path / "balance.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["population"] for r in rows} == {"sample", "synth-20k"}
+    assert len(rows) == 2 * len(bench_balance.RANKS) * len(bench_balance.PERSONS) * 2
+    by = {(r["population"], r["ranks"], r["batch_persons"], r["plan"]): r for r in rows}
+    for (pop, ranks, persons, plan), row in by.items():
+        if plan == "tokens":
+            old = by[(pop, ranks, persons, "persons")]
+            assert float(row["tokens_mean"]) < float(old["tokens_mean"]) and float(row["tokens_mean"]) <= 1.01
+            assert float(row["len2_mean"]) < float(old["len2_mean"])
+            assert int(row["max_rank_tokens"]) <= int(row["budget"])
+    text = (tmp_path / "balance.md").read_text()
+    assert "## Method" in text and "| synth-20k | " in text and "balance.png" in text
+    assert (tmp_path / "balance.png").read_bytes()[:4] == b"\x89PNG"

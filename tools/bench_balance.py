@@ -1,0 +1,235 @@
+"""The balance of the ranks of a step, today's persons plan against the token-budget plan, on the same lengths.
+
+For each population (the sample's persons, `shardify synth` populations), layout (2, 4, 8 ranks, 2 DataLoader workers a
+rank) and budget (the tokens that 50 and 256 persons hold on average), both plans of epochs 0..E-1 are made from the
+persons' lengths alone: the persons plan (:func:`lifeseq_shards.plan.compare.persons_plan_costs`, a fixed number of
+persons a rank, dealt as the reader deals them) and the token-budget plan
+(:func:`lifeseq_shards.plan.balance.plan_epoch`). Of each step: max / mean across its ranks of the real tokens and of
+len^2. Then the time and peak memory of planning one epoch of ``--plan-persons`` synthetic lengths, in a process of
+its own. Writes OUT/balance.md (method and tables), OUT/balance.csv and OUT/balance.png.
+
+    python -m tools.bench_balance --out docs/results --sample ../shared/data/lifeseq-sample --synth 100000 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from lifeseq_shards.convert.sources.drops import MIN_EVENTS
+from lifeseq_shards.convert.sources.parquet import DEFAULT_TIME_RANGE, PREFIX_LEN
+from lifeseq_shards.convert.sources.synth import (
+    ABSPOS_END,
+    BIRTH_YEARS,
+    EVENT_KINDS,
+    EVENTS_MAX,
+    EVENTS_MEDIAN,
+    EVENTS_SIGMA,
+    GENDER_WEIGHTS,
+    KIND_WEIGHTS,
+)
+from lifeseq_shards.plan.balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
+from lifeseq_shards.plan.compare import persons_plan_costs
+from tools.tables import write_csv
+
+SHARD = 1024  # persons a shard: the converter's default least (MIN_SHARD_PERSONS); the rest is the remainder
+RANKS, PERSONS, WORKERS = (2, 4, 8), (50, 256), 2
+GROUP = 50_000  # synth's rows a row group: its RNG stream per group
+
+
+def sample_lengths(sample: Path) -> np.ndarray:
+    """Real tokens of each person of the sample's encoded_nomlm.h5 (its padding mask's sum), in file order."""
+    import h5py
+
+    with h5py.File(sample / "encoded_nomlm.h5", "r") as f:
+        return f["padding_mask"][()].sum(axis=1).astype(np.int64)
+
+
+def synth_lengths(people: int, seed: int = 0, max_seq_len: int = 512) -> np.ndarray:
+    """Lengths shaped as `shardify synth` + convert make them, without writing them: each row group's births and
+    events per person drawn from synth's own RNG stream (the draws before them replayed); from another stream, how
+    many of a person's events fall inside the default time range (its days are uniform from birth to ABSPOS_END)
+    and their kinds (tokens by synth's weights); the most recent events that fit under ``max_seq_len`` with a [SEP]
+    each, after the prefix; persons with fewer than MIN_EVENTS events in range dropped."""
+    fields = np.array([len(f) for _, f in EVENT_KINDS])
+    out = []
+    for g, first in enumerate(range(0, people, GROUP)):
+        n = min(GROUP, people - first)
+        rng = np.random.default_rng([seed, g])
+        year, month = rng.integers(BIRTH_YEARS.start, BIRTH_YEARS.stop, n), rng.integers(1, 13, n)
+        birth = np.floor((year - 1972) * 365.25 + (month - 1) * 30.44 + rng.integers(0, 29, n) + 1)
+        rng.choice(len(GENDER_WEIGHTS), n, p=GENDER_WEIGHTS), rng.random(n), rng.random(n)
+        drawn = np.minimum(np.rint(rng.lognormal(np.log(EVENTS_MEDIAN), EVENTS_SIGMA, n)), EVENTS_MAX).astype(np.int64)
+        start = np.clip(birth, 0, ABSPOS_END - 1)
+        own = np.random.default_rng([seed, g, 1])
+        events = own.binomial(drawn, np.clip((DEFAULT_TIME_RANGE[1] + 1 - start) / (ABSPOS_END + 1 - start), 0, 1))
+        kinds = own.choice(len(fields), int(events.sum()), p=KIND_WEIGHTS)
+        ev_len = fields[kinds] + 1
+        cum = np.cumsum(ev_len)
+        end = np.repeat(cum[np.cumsum(events) - 1], events)
+        fits = PREFIX_LEN + end - cum + ev_len < max_seq_len  # the person's latest events, as the converter keeps
+        owner = np.repeat(np.arange(n), events)
+        length = PREFIX_LEN + np.bincount(owner, weights=ev_len * fits, minlength=n).astype(np.int64)
+        out.append(length[events >= MIN_EVENTS])
+    return np.concatenate(out)
+
+
+def shards_of(n: int) -> list[int]:
+    return [SHARD] * (n // SHARD) + [n % SHARD]
+
+
+def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str, object]], dict[str, np.ndarray]]:
+    """Rows of the table for one population, and the per-step token ratios of each (plan, ranks, persons)."""
+    rows, ratios = [], {}
+    sizes = shards_of(len(lengths))
+    for ranks, persons in itertools.product(RANKS, PERSONS):
+        budget = int(round(persons * lengths.mean()))
+        old = {c: [persons_plan_costs(lengths, sizes, ranks, WORKERS, persons, epoch=e, cost=c) for e in range(epochs)]
+               for c in (TOKENS, ATTENTION)}
+        new = [plan_epoch(lengths, sizes, budget, ranks, WORKERS, epoch=e) for e in range(epochs)]
+        for plan, tokens, attention in (
+            ("persons", old[TOKENS], old[ATTENTION]),
+            ("tokens", [p.step_costs(lengths) for p in new], [p.step_costs(lengths, ATTENTION) for p in new]),
+        ):
+            t = np.concatenate([balance_ratios(c) for c in tokens])
+            a = np.concatenate([balance_ratios(c) for c in attention])
+            work = np.concatenate(tokens)
+            ratios[f"{name} {plan} {ranks}r {persons}p"] = t
+            rows.append({"population": name, "persons": len(lengths), "ranks": ranks, "workers": WORKERS,
+                         "batch_persons": persons, "budget": budget, "plan": plan, "steps": len(tokens[0]),
+                         "tokens_mean": round(float(t.mean()), 4), "tokens_p99": round(float(np.quantile(t, 0.99)), 4),
+                         "len2_mean": round(float(a.mean()), 4), "len2_p99": round(float(np.quantile(a, 0.99)), 4),
+                         "max_rank_tokens": int(work.max()), "fill": round(float(work.mean() / budget), 3)})
+    return rows, ratios
+
+
+def plan_timing(persons: int) -> dict[str, float]:
+    """Time (wall and CPU) and peak memory of planning one epoch of ``persons`` lengths (lognormal, median 332,
+    capped at 511), 8 ranks x 4 workers at 16,384 tokens, in a fresh process."""
+    code = (
+        "import json, resource, time, numpy as np\n"
+        "from lifeseq_shards.plan.balance import plan_epoch\n"
+        f"n = {persons}\n"
+        "L = np.clip(np.random.default_rng(0).lognormal(np.log(332), 0.6, n), 6, 511).astype(np.uint16)\n"
+        "sizes = [4096] * (n // 4096) + [n % 4096]\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "w, c = time.perf_counter(), time.process_time()\n"
+        "p = plan_epoch(L, sizes, 16384, 8, 4, seed=1, epoch=3)\n"
+        "out = dict(wall_s=time.perf_counter() - w, cpu_s=time.process_time() - c, steps=p.steps,\n"
+        "           lengths_mib=L.nbytes / 2**20,\n"
+        "           peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base_mib=base / 1024)\n"
+        "print(json.dumps(out))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    return {"persons": persons, **json.loads(r.stdout)}
+
+
+def plot(ratios: dict[str, np.ndarray], path: Path) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({k.split(" ")[0] for k in ratios})
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for key, values in ratios.items():
+            pop, plan, ranks, persons = key.split(" ")
+            if pop == name and persons == f"{PERSONS[0]}p":
+                # the busiest rank's excess over the mean, in %, on a log axis: the two plans are 100x apart
+                x = np.sort(np.maximum((values - 1) * 100, 1e-3))
+                ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{plan}, {ranks}",
+                        linestyle="-" if plan == "tokens" else "--", color=f"C{RANKS.index(int(ranks[:-1]))}")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
+        ax.set_title(f"{name}: batch ~{PERSONS[0]} persons")
+        ax.set_xlabel("busiest rank's real tokens over the step's mean, + %")
+        ax.set_ylabel("share of steps (cumulative)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, epochs: int, argv: str) -> str:
+    cols = ["population", "persons", "ranks", "batch_persons", "budget", "plan", "steps", "tokens_mean",
+            "tokens_p99", "len2_mean", "len2_p99", "max_rank_tokens", "fill"]
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    table += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    lines = [
+        "# Balance of the ranks of a step: persons plan against token-budget plan",
+        "",
+        f"Made by `python -m tools.bench_balance {argv}`, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, on "
+        f"a machine of {os.cpu_count()} CPU cores shared with other jobs (the balance is a property of the plans: it "
+        "does not depend on the machine; the planning time does).",
+        "",
+        "## Method",
+        "",
+        f"Both plans are made from the persons' lengths alone, {WORKERS} DataLoader workers a rank, shards of {SHARD} "
+        f"persons (the rest a remainder shard), seed 0, epochs 0..{epochs - 1} pooled. *persons*: today's plan, a "
+        "fixed number of persons a rank a step, dealt as the reader deals them (balanced mode, its windows and "
+        "shuffles, each rank's workers in the DataLoader's round robin). *tokens*: the token-budget plan "
+        "(lifeseq_shards/plan/balance.py) at a budget of the tokens that many persons hold on average "
+        "(`budget` = persons x mean length). Per step: max / mean across its ranks of the real tokens "
+        "(`tokens_*`) and of len^2 (`len2_*`, attention's cost), mean and 99th percentile over the steps; "
+        "`max_rank_tokens` the most tokens any rank's batch held, `fill` the mean batch's tokens over the budget. "
+        "The sample: encoded_nomlm.h5's persons (real tokens = its padding mask's sum). synth-N: the lengths "
+        "`shardify synth --people N` then `shardify convert` make (tools/bench_balance.py `synth_lengths`: synth's "
+        "own births and events-per-person draws, the events in the default time range, its event kinds' weights).",
+        "",
+        "## Results",
+        "",
+        *table,
+        "",
+        "![per-step max/mean - 1 in %, cumulative, at ~50 persons a rank: persons plan dashed, token-budget plan "
+        "solid](balance.png)",
+    ]
+    if timing:
+        lines += ["", "## Planning time and memory", "",
+                  f"One epoch of {timing['persons']:,} lognormal lengths (median 332, capped at 511), 8 ranks x 4 "
+                  f"workers, 16,384 tokens: {timing['steps']:,} steps, {timing['cpu_s']:.1f} s CPU "
+                  f"({timing['wall_s']:.1f} s wall, on a machine whose 2 cores other jobs shared), peak RSS "
+                  f"{timing['peak_mib']:.0f} MiB against {timing['base_mib']:.0f} MiB before planning (the "
+                  f"interpreter, and making the lengths: {timing['lengths_mib']:.0f} MiB as uint16), so planning "
+                  f"took at most {timing['peak_mib'] - timing['base_mib']:.0f} MiB more."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sample", type=Path, help="The researchers' sample folder (its encoded_nomlm.h5).")
+    p.add_argument("--synth", type=int, nargs="*", default=[], help="Synthetic populations of these many persons.")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--plan-persons", type=int, default=0, help="Time one epoch's plan of this many persons.")
+    a = p.parse_args(argv)
+    pops = ([("sample", sample_lengths(a.sample))] if a.sample else []) + [
+        (f"synth-{n // 1000}k" if n < 10**6 else f"synth-{n // 10**6}M", synth_lengths(n)) for n in a.synth]
+    rows, ratios = [], {}
+    for name, lengths in pops:
+        r, q = compare(name, lengths, a.epochs)
+        rows += r
+        ratios |= q
+        for row in r:
+            print(json.dumps(row), flush=True)
+    timing = plan_timing(a.plan_persons) if a.plan_persons else None
+    a.out.mkdir(parents=True, exist_ok=True)
+    write_csv(a.out / "balance.csv", rows)
+    plot(ratios, a.out / "balance.png")
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    (a.out / "balance.md").write_text(markdown(rows, timing, a.epochs, args))
+
+
+if __name__ == "__main__":
+    main()
