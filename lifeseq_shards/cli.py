@@ -43,8 +43,10 @@ def _library_errors() -> tuple[type[Exception], ...]:
     from .embed.store import EmbeddingsError
     from .store.manifest import ManifestError
     from .store.remote import RemoteSettingError
+    from .store.writes import WriteFailed
 
-    return ConvertError, SourceError, ManifestError, RemoteSettingError, EmbeddingsError, FileNotFoundError
+    return (ConvertError, SourceError, ManifestError, RemoteSettingError, EmbeddingsError, WriteFailed,
+            FileNotFoundError)
 
 
 @click.group(cls=_Group)

@@ -15,9 +15,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..store.format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
-from ..store.manifest import Manifest, ManifestError, ShardEntry, write_manifest
+from ..store.manifest import MANIFEST, Manifest, ManifestError, ShardEntry, write_manifest
 from ..store.remote import is_local, read_manifest
 from ..store.shardfile import ShardFile, frame_checksum, iter_tar_members, sha256_file
+from ..store.writes import writing
 from .outdir import LOCK
 from .sources import drops
 
@@ -67,7 +68,8 @@ def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, 
                   for name, s in manifest.splits.items()}
         version = CHECKSUMMED_VERSION if manifest.format_version == TAGGED_VERSION else manifest.format_version
         new = dataclasses.replace(manifest, format_version=version, splits=splits)
-        write_manifest(root, new)
+        with writing(root / MANIFEST, "the manifest is unchanged (not upgraded); free space and run it again"):
+            write_manifest(root, new)
         return new, []
 
 

@@ -44,6 +44,7 @@ from ..store.format import (
     token_schema,
 )
 from ..store.manifest import Histogram, Manifest, Split, Totals, fingerprint, write_manifest
+from ..store.writes import writing
 from .outdir import STAGING, ConvertError, output_dir, replace_dataset
 from .sources import Source, SourceError, drops, open_sources
 from .writers import Spill, SplitWriter
@@ -103,21 +104,24 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
     with output_dir(out, opts.overwrite) as old_files:
         stage = out / STAGING
+        kept = ("the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
+                                                                       else "") + "; free space and run it again")
         try:
-            passes = _build(source, stage, schema, opts)
+            with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
+                passes = _build(source, stage, schema, opts)
+                params = {
+                    "inputs": [str(Path(p).resolve()) for p in inputs],
+                    "input_kind": source.kind,
+                    "vocab": str(Path(vocab).resolve()) if vocab else None,
+                    "vocab_size": source.vocab_size,
+                    **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
+                    "seconds": round(time.time() - t0, 2),
+                }
+                manifest = _manifest(schema, opts, passes, source.rows, params)
+                write_manifest(stage, manifest)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        params = {
-            "inputs": [str(Path(p).resolve()) for p in inputs],
-            "input_kind": source.kind,
-            "vocab": str(Path(vocab).resolve()) if vocab else None,
-            "vocab_size": source.vocab_size,
-            **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
-            "seconds": round(time.time() - t0, 2),
-        }
-        manifest = _manifest(schema, opts, passes, source.rows, params)
-        write_manifest(stage, manifest)
         replace_dataset(out, stage, old_files, [e.file for _, e in manifest.entries()])
     return manifest
 

@@ -15,6 +15,7 @@ import zstandard
 from ..store.format import Block, Field, concat_blocks, decode_block, encode_block
 from ..store.manifest import ShardEntry, Split
 from ..store.shardfile import write_shard
+from ..store.writes import WriteFailed, writing
 
 REMAINDER = "remainder.tar"
 
@@ -23,17 +24,29 @@ class Spill:
 
     def __init__(self, root: Path, buckets: int, schema: Sequence[Field]):
         self.paths = [root / f"bucket-{b:05d}.bin" for b in range(buckets)]
-        self.files = [open(p, "wb") for p in self.paths]
+        self.files = []
+        with writing(root):
+            for p in self.paths:
+                self.files.append(open(p, "wb"))  # noqa: SIM115 - open until close(), one per bucket
         self.schema = schema
         self.cctx = zstandard.ZstdCompressor(level=1)
 
     def add(self, bucket: int, block: Block) -> None:
         data = self.cctx.compress(encode_block(block, self.schema))
-        self.files[bucket].write(struct.pack("<Q", len(data)) + data)
+        with writing(self.paths[bucket]):
+            self.files[bucket].write(struct.pack("<Q", len(data)) + data)
 
     def close(self) -> None:
-        for fh in self.files:
-            fh.close()
+        """Close every bucket file (each flushes, which may fail too); a failure is raised once all are closed."""
+        failed: WriteFailed | None = None
+        for path, fh in zip(self.paths, self.files, strict=False):
+            try:
+                with writing(path):
+                    fh.close()
+            except WriteFailed as e:
+                failed = failed or e
+        if failed:
+            raise failed
 
     def read(self, bucket: int) -> list[Block]:
         dctx = zstandard.ZstdDecompressor()

@@ -1,5 +1,6 @@
-"""``shardify embeddings verify`` (every person of the dataset's splits exactly once, whole and finite) and
-``shardify embeddings merge`` (one file ordered by person id, streamed). No torch here."""
+"""``shardify embeddings verify`` (every person of the dataset's splits exactly once, whole and finite, every file
+what its stamp says) and ``shardify embeddings merge`` (every file checked against its stamp first, then one file
+ordered by person id, streamed). No torch here."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tqdm import tqdm
 from ..store.manifest import Manifest, ManifestError
 from ..store.remote import dataset_url, is_local, read_manifest
 from ..store.shardfile import read_shard_blocks
+from ..store.writes import writing
+from .stamp import content_problem, provenance_problem
 from .store import (
     _TMP,
     ID_COLUMN,
@@ -52,6 +55,7 @@ def verify_embeddings(out: str | Path, data: str, progress: bool = True) -> list
     if missing_splits:
         return [f"{out}: embeddings of splits {list(spec.splits)}, but {data} has no {missing_splits}"]
     problems: list[str] = []
+    listed = shard_files(out)
     expected = expected_shards(manifest, spec.splits)
     names = {output_name(e) for _, e in expected}
     for path in sorted(out.rglob("*.parquet")):
@@ -64,7 +68,7 @@ def verify_embeddings(out: str | Path, data: str, progress: bool = True) -> list
         if not (out / rel).is_file():
             problems.append(f"{rel}: missing ({entry.samples} persons of {entry.file} not embedded)")
             continue
-        problems += _check_file(out / rel, rel, spec, _input_ids(data, manifest, entry.file))
+        problems += _check_file(out / rel, rel, spec, _input_ids(data, manifest, entry.file), listed.get(rel, -1))
     return problems
 
 
@@ -74,15 +78,18 @@ def _input_ids(data: str, manifest: Manifest, file: str) -> np.ndarray:
     return np.sort(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
 
 
-def _check_file(path: Path, rel: str, spec: EmbeddingSpec, want_ids: np.ndarray) -> list[str]:
+def _check_file(path: Path, rel: str, spec: EmbeddingSpec, want_ids: np.ndarray, listed: int) -> list[str]:
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
         return [f"{rel}: unreadable ({e})"]
     if table.schema != spec.schema():
         return [f"{rel}: columns {_describe(table.schema)}, {OUT_MANIFEST} says {_describe(spec.schema())}"]
+    problem, stamp = provenance_problem(path, rel, spec, listed)
+    if problem is None and stamp is not None:
+        problem = content_problem(rel, table.to_batches(), spec, stamp)
+    problems = [problem] if problem else []
     ids = table.column(ID_COLUMN).to_numpy()
-    problems = []
     repeated = ids[1:][np.diff(ids) == 0]
     if len(repeated):
         problems.append(f"{rel}: person {int(repeated[0])} appears more than once ({len(repeated)} repeats)")
@@ -110,9 +117,11 @@ def _describe(schema: pa.Schema) -> str:
 
 def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True) -> int:
     """Every finished shard file of ``out`` merged into ``target`` (one Parquet file, the same columns), ordered by
-    person id; persons written returned. The shard files are each sorted, so this is a k-way merge that holds
-    about one shard's rows at a time (a slice of each file). ``target`` appears only once complete. Refused unless
-    every input shard's file is there (run ``shardify embeddings verify`` first to check them whole)."""
+    person id; persons written returned. Every file is first checked against its stamp and ``_embeddings.json``
+    (model, dataset, shard, person count, contents' digest): on a problem, :class:`EmbeddingsError` naming the
+    file, and nothing is written. The shard files are each sorted, so this is a k-way merge that holds about one
+    shard's rows at a time (a slice of each file). ``target`` appears only once complete. Refused unless every
+    input shard's file is there (``shardify embeddings verify`` also checks them against the dataset's persons)."""
     out, target = Path(out), Path(target)
     spec = _open(out)
     files = shard_files(out)
@@ -121,14 +130,14 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
     if missing:
         raise EmbeddingsError(f"{out}: {len(missing)} shard files missing (first {missing[0]}): the job has not "
                               "finished; run it again (it resumes), then merge")
-    budget = max(files.values(), default=1)
-    per_file = max(256, budget // max(1, len(paths)))
+    per_file = max(256, max(files.values(), default=1) // max(1, len(paths)))
+    _check_all(out, spec, files, per_file, progress)
     tmp = target.with_name(target.name + _TMP + uuid.uuid4().hex)
     total = 0
     try:
-        with pq.ParquetWriter(tmp, spec.schema()) as writer, tqdm(total=sum(files.values()),
-                                                                  desc="merge", unit="person",
-                                                                  disable=not progress) as bar:
+        with writing(target, "nothing merged (free space, then run merge again)"), \
+                pq.ParquetWriter(tmp, spec.schema()) as writer, \
+                tqdm(total=sum(files.values()), desc="merge", unit="person", disable=not progress) as bar:
             last = None
             for table in _merged(paths, per_file):
                 ids = table.column(ID_COLUMN).to_numpy()
@@ -139,10 +148,29 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
                 last = int(ids[-1]) if len(ids) else last
                 total += len(ids)
                 bar.update(len(ids))
-        os.replace(tmp, target)
+            os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     return total
+
+
+def _check_all(out: Path, spec: EmbeddingSpec, files: dict[str, int], batch_rows: int, progress: bool) -> None:
+    """Each file's stamp against ``_embeddings.json``, then its rows against the stamp's digest (streamed);
+    EmbeddingsError with the first problem, one line naming the file."""
+    problems = []
+    for rel, listed in tqdm(files.items(), desc="check", unit="file", disable=not progress):
+        problem, stamp = provenance_problem(out / rel, rel, spec, listed)
+        if problem is None and stamp is not None:
+            try:
+                problem = content_problem(rel, iter_rows(out / rel, batch_rows), spec, stamp)
+            except (OSError, pa.ArrowException) as e:
+                problem = f"{rel}: unreadable ({e})"
+        if problem:
+            problems.append(problem)
+    if problems:
+        more = f" (and {len(problems) - 1} more file(s); `shardify embeddings verify` lists them)" \
+            if len(problems) > 1 else ""
+        raise EmbeddingsError(f"{out}/{problems[0]}; nothing merged{more}")
 
 
 def _merged(paths: list[Path], per_file: int) -> Iterator[pa.Table]:

@@ -2,9 +2,10 @@
 
 ``OUT/_embeddings.json`` says what the directory holds (the dataset's fingerprint and splits, the model, the
 fields with their widths, the dtype); ``OUT/<split>/<shard>.parquet`` holds the persons of one input shard, sorted
-by person id: a column ``person_id`` (int64) and one ``fixed_size_list<dtype>[width]`` column per field. A shard's
-file is written under a temporary name and renamed once all of its persons are in it, so a file under its final
-name is a finished shard, and a job started again skips it. No torch here: ``shardify embeddings`` uses it.
+by person id: a column ``person_id`` (int64) and one ``fixed_size_list<dtype>[width]`` column per field, stamped
+with where it comes from and a digest of its rows (:mod:`lifeseq_shards.embed.stamp`). A shard's file is written
+under a temporary name and renamed once all of its persons are in it, so a file under its final name is a
+finished shard, and a job started again skips it. No torch here: ``shardify embeddings`` uses it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store.manifest import Manifest, ShardEntry
+from ..store.writes import writing
+from .stamp import ID_COLUMN, OUT_MANIFEST, output_of, provenance_problem, stamp_table
 
-OUT_MANIFEST = "_embeddings.json"  # "_": pyarrow, pandas and polars read the directory as one table without it
 OUT_FORMAT = 1
-ID_COLUMN = "person_id"
 DTYPES = ("float16", "float32")
 FLOAT16_PYARROW = 15  # the first pyarrow that writes Parquet's float16
 _TMP = ".tmp-"  # in the name of a file being written (which also starts with "."): never a finished shard
@@ -86,7 +87,7 @@ def expected_shards(manifest: Manifest, splits: Sequence[str]) -> list[tuple[int
 
 def output_name(entry: ShardEntry) -> str:
     """The output file of an input shard: its path with ``.parquet`` for ``.tar``."""
-    return str(Path(entry.file).with_suffix(".parquet"))
+    return output_of(entry.file)
 
 
 def _read_json(out: Path) -> dict | None:
@@ -125,61 +126,62 @@ def _differences(old: EmbeddingSpec, new: EmbeddingSpec) -> list[str]:
 def open_output(out: Path, spec: EmbeddingSpec, manifest: Manifest) -> list[str]:
     """Make ``out`` hold ``spec``'s embeddings (a new directory, or one this spec wrote before) and return the input
     shards (manifest paths) whose output is finished. Leftover temporary files of a killed job are removed: call it
-    before any rank writes. Another spec's directory is refused, naming what differs."""
-    out.mkdir(parents=True, exist_ok=True)
-    old = read_spec(out)
-    if old is not None and old != spec:
-        raise EmbeddingsError(f"{out}: holds other embeddings ({'; '.join(_differences(old, spec))}): write them "
-                              "to another directory, or delete this one")
-    if old is None:
-        if any(p.suffix == ".parquet" for p in out.rglob("*")):
-            raise EmbeddingsError(f"{out}: holds .parquet files but no {OUT_MANIFEST}: not an embeddings "
-                                  "directory this package wrote; use an empty or new directory")
-        tmp = out / ("." + OUT_MANIFEST + _TMP + uuid.uuid4().hex)
-        files = {output_name(e): e.samples for _, e in expected_shards(manifest, spec.splits)}
-        tmp.write_text(json.dumps({**spec.to_json(), "shards": files}, indent=1))
-        os.replace(tmp, out / OUT_MANIFEST)
-    for stale in out.rglob(f"*{_TMP}*"):
-        stale.unlink()
+    before any rank writes. Another spec's directory is refused, naming what differs, and so is a finished file
+    that is not what its stamp and ``_embeddings.json`` say (from the footer: another model's, another shard's,
+    rows missing, cut short, or without a stamp); :func:`lifeseq_shards.embed.check.verify_embeddings` also checks
+    its contents against the stamp's digest."""
+    with writing(out, "no shard was embedded (free space or fix the directory, then run again)"):
+        out.mkdir(parents=True, exist_ok=True)
+        old = read_spec(out)
+        if old is not None and old != spec:
+            raise EmbeddingsError(f"{out}: holds other embeddings ({'; '.join(_differences(old, spec))}): write "
+                                  "them to another directory, or delete this one")
+        if old is None:
+            if any(p.suffix == ".parquet" for p in out.rglob("*")):
+                raise EmbeddingsError(f"{out}: holds .parquet files but no {OUT_MANIFEST}: not an embeddings "
+                                      "directory this package wrote; use an empty or new directory")
+            tmp = out / ("." + OUT_MANIFEST + _TMP + uuid.uuid4().hex)
+            files = {output_name(e): e.samples for _, e in expected_shards(manifest, spec.splits)}
+            try:
+                tmp.write_text(json.dumps({**spec.to_json(), "shards": files}, indent=1))
+                os.replace(tmp, out / OUT_MANIFEST)
+            finally:
+                tmp.unlink(missing_ok=True)
+        for stale in out.rglob(f"*{_TMP}*"):
+            stale.unlink()
     done = []
     for _, entry in expected_shards(manifest, spec.splits):
-        path = out / output_name(entry)
-        if not path.exists():
+        rel = output_name(entry)
+        if not (out / rel).exists():
             continue
-        rows = _rows(path)
-        if rows != entry.samples:
-            raise EmbeddingsError(f"{path}: {rows} rows, but its input shard {entry.file} has {entry.samples} "
-                                  "persons (damaged?): delete it and run again to embed that shard again")
+        problem, _ = provenance_problem(out / rel, rel, spec, entry.samples)
+        if problem:
+            raise EmbeddingsError(f"{out}/{problem}")
         done.append(entry.file)
     return done
 
 
-def _rows(path: Path) -> int | str:
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except (OSError, pa.ArrowException) as e:
-        return f"unreadable ({e})"
-
-
 def write_shard(out: Path, entry: ShardEntry, spec: EmbeddingSpec, ids: np.ndarray,
                 arrays: Mapping[str, np.ndarray]) -> Path:
-    """One input shard's embeddings, sorted by person id, written under a temporary name, flushed to disk and
-    renamed: a file under the final name is whole."""
+    """One input shard's embeddings, sorted by person id and stamped (:mod:`lifeseq_shards.embed.stamp`), written
+    under a temporary name, flushed to disk and renamed: a file under the final name is whole. A failed write
+    (a full disk) raises :class:`~lifeseq_shards.store.writes.WriteFailed` naming the file, and leaves none."""
     order = np.argsort(ids, kind="stable")
     columns = [pa.array(ids[order].astype(np.int64))]
     for name, width in spec.fields:
         flat = np.ascontiguousarray(arrays[name][order], dtype=spec.dtype).reshape(-1)
         columns.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), width))
-    table = pa.Table.from_arrays(columns, schema=spec.schema())
+    table = stamp_table(pa.Table.from_arrays(columns, schema=spec.schema()), spec, entry.file)
     final = out / output_name(entry)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name("." + final.name + _TMP + uuid.uuid4().hex)
     try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        with writing(final, f"its {len(ids)} persons are not kept: free space, then run the job again"):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                pq.write_table(table, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
     finally:  # a full disk or any failure: no temporary file left behind, and no final file
         tmp.unlink(missing_ok=True)
     return final

@@ -4,9 +4,9 @@ its position (its checkpoint state)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +19,7 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan import partition as plan
 from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
 from .dataset import ShardedDataset
+from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -36,17 +37,6 @@ class DatasetChanged(RuntimeError):
 
 def _as_is(batch: Any) -> Any:
     return batch
-
-
-def _refuse_a_main_script_from_stdin() -> None:
-    """The default forkserver workers re-run the main script, as spawn does; `python -` has none to re-run, and its
-    workers died with "No such file or directory: '.../<stdin>'" under torch's "DataLoader worker exited
-    unexpectedly". Say so in one line instead."""
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file == "<stdin>":
-        raise ValueError('ShardedLoader: workers start from a forkserver, which re-runs the main script, and a script '
-                         'read from stdin (python -) cannot be re-run: save it to a file, or pass '
-                         'multiprocessing_context="fork" (or num_workers=0)')
 
 
 def _quiet_lightning_len_warning() -> None:
@@ -100,7 +90,7 @@ class ShardedLoader(DataLoader):
             window_messages = -(-dataset.window // (dataset.batch_size * self._per_message))
             kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
             if "multiprocessing_context" not in kwargs:
-                _refuse_a_main_script_from_stdin()
+                refuse_a_main_script_from_stdin()
             kwargs.setdefault("multiprocessing_context", worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
@@ -147,6 +137,9 @@ class ShardedLoader(DataLoader):
         batches ahead of handing them out (:class:`~lifeseq_shards.device.prefetch.DevicePrefetcher`), which reports
         each one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if ds.num_workers:  # workers may be about to start (each pass, unless persistent)
+            context = self.multiprocessing_context
+            refuse_an_unguarded_main(context.get_start_method() if context else multiprocessing.get_start_method())
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
         epoch, batches = ds.next_pass()  # as the workers will compute it

@@ -32,6 +32,7 @@ from .format import (
     schema_tag,
 )
 from .shardfile import ShardFile
+from .writes import writing
 
 MANIFEST = "manifest.json"
 
@@ -221,10 +222,15 @@ def parse_manifest(data: bytes | str, where: str = MANIFEST) -> Manifest:
 
 
 def write_manifest(out: Path, manifest: Manifest) -> None:
-    """Written last, atomically: a directory without manifest.json is not a dataset."""
+    """Written last, atomically: a directory without manifest.json is not a dataset. A failed write raises
+    :class:`~lifeseq_shards.store.writes.WriteFailed` naming it, and leaves the manifest there before, if any."""
     tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=False))
-    os.replace(tmp, out / MANIFEST)
+    try:
+        with writing(out / MANIFEST):
+            tmp.write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=False))
+            os.replace(tmp, out / MANIFEST)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # What each part of a manifest holds (key: type); a key that is missing or of another type is refused in one line.

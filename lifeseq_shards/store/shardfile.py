@@ -19,6 +19,7 @@ import numpy as np
 import zstandard
 
 from .format import Block, Field, decode_member, encode_block, expand_runs
+from .writes import writing
 
 BLOCK_SUFFIX = ".block.zst"
 
@@ -30,20 +31,24 @@ def block_member_name(i: int) -> str:
 
 
 def write_shard(path: Path, blocks: Iterable[Block], schema: Sequence[Field], level: int = 9) -> dict[str, Any]:
-    """Write a shard atomically; returns its manifest entry (without the file name)."""
+    """Write a shard atomically; returns its manifest entry (without the file name). A failed write (a full disk)
+    raises :class:`~lifeseq_shards.store.writes.WriteFailed` naming it, and leaves neither it nor its temp file."""
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)  # decoding catches a flipped byte
     tmp = path.with_name(path.name + ".tmp")
     persons = tokens = 0
     checksums: list[int] = []
-    with open(tmp, "wb") as fh:
-        for i, block in enumerate(blocks):
-            data = cctx.compress(encode_block(block, schema))
-            checksums.append(frame_checksum(data))
-            fh.write(tar_member(block_member_name(i), data))
-            persons += block.n
-            tokens += int(block.columns["length"].sum(dtype=np.int64))
-        fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
-    os.replace(tmp, path)
+    try:
+        with writing(path), open(tmp, "wb") as fh:
+            for i, block in enumerate(blocks):
+                data = cctx.compress(encode_block(block, schema))
+                checksums.append(frame_checksum(data))
+                fh.write(tar_member(block_member_name(i), data))
+                persons += block.n
+                tokens += int(block.columns["length"].sum(dtype=np.int64))
+            fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path),
             "head_checksum": checksums[0] if checksums else None, "block_checksums": tuple(checksums)}
 

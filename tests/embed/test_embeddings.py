@@ -16,49 +16,17 @@ import pyarrow.dataset
 import pyarrow.parquet as pq
 import pytest
 import torch
+from embed_helpers import broken_copy, embed_in_process, model_for, verify
 from helpers import repo_first, shard_ids, shardify, split_ids, wait_for
 
 from lifeseq_shards import EmbeddingWriter, ShardedDataset, ShardedLoader
-from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
-from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.embed.store import EmbeddingsError, read_spec, write_shard
-from lifeseq_shards.model import EncoderConfig, LifeSeqPretrainModule
 from lifeseq_shards.reader import World
 from lifeseq_shards.store.remote import read_manifest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "ddp_scripts"
 JOB_S = 240  # one predict job of the tests below, at most (a hang fails)
-
-
-@pytest.fixture(scope="module")
-def ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """5 train shards of 124 + a remainder of 2, 5 val shards of 10: 11 shards, which 2 ranks do not divide."""
-    raw, out = tmp_path_factory.mktemp("raw"), tmp_path_factory.mktemp("ds")
-    synth_population(raw, 700, seed=3, progress=False)
-    convert_dataset([str(raw / "sequences.parquet")], out, vocab=str(raw / "vocab.csv"),
-                    opts=ConvertOptions(progress=False, shards=5, num_val=50, block_persons=16))
-    return out
-
-
-def model_for(root: Path) -> LifeSeqPretrainModule:
-    """The model of tests/ddp_scripts/embed_predict.py: the same weights in every process."""
-    torch.manual_seed(0)
-    return LifeSeqPretrainModule(EncoderConfig(16, 32, 1, 2), int(read_manifest(root).vocab_size), dropout=0.0).eval()
-
-
-def embed_in_process(root: Path, out: Path, dtype: str = "float32", batch_size: int = 64) -> EmbeddingWriter:
-    """The plain loop of docs/reference/ddp.md: one process, no Trainer."""
-    model = model_for(root)
-    writer = EmbeddingWriter(out, dtype=dtype)
-    dataset = writer.dataset(root, batch_size=batch_size, model=model, world=World(0, 1))
-    builder = BatchBuilder()
-    with torch.no_grad():
-        for i, batch in enumerate(ShardedLoader(dataset)):
-            model_batch = builder(batch, "cpu", 0)
-            writer.write(model.predict_step(model_batch, i), model_batch)
-    writer.finish()
-    return writer
 
 
 def every_person(root: Path) -> np.ndarray:
@@ -145,23 +113,6 @@ def test_a_plain_loop_writes_each_shard_sorted_and_a_second_run_skips_them(ds: P
     as_one = pyarrow.dataset.dataset(tmp_path / "emb").to_table()  # as docs/reference/ddp.md says: no merge needed
     assert sorted(as_one.column("person_id").to_pylist()) == all_ids.tolist()
     assert embed_in_process(ds, tmp_path / "emb", dtype="float16").written == []
-
-
-@pytest.fixture(scope="module")
-def done(ds: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("done") / "emb"
-    embed_in_process(ds, out)
-    return out
-
-
-def broken_copy(done: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "emb"
-    shutil.copytree(done, out)
-    return out
-
-
-def verify(out: Path, ds: Path) -> tuple[int, str]:
-    return shardify("embeddings", "verify", out, "--data", ds)
 
 
 def test_verify_names_a_damaged_shard(ds: Path, done: Path, tmp_path: Path) -> None:

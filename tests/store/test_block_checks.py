@@ -22,8 +22,8 @@ import torch
 from helpers import REPO, convert_nomlm, repo_first, serve_directory, shardify, to_format2
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
-from lifeseq_shards.store.manifest import ManifestError, parse_manifest
-from lifeseq_shards.store.shardfile import iter_tar_members, tar_member
+from lifeseq_shards.store.manifest import ManifestError, fingerprint, parse_manifest
+from lifeseq_shards.store.shardfile import iter_tar_members, sha256_file, tar_member
 
 SHARD, BLOCK = "train/shard-000003.tar", 3  # a full block in the middle of an 8-block shard
 
@@ -238,3 +238,33 @@ def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp
         rows = list(csv.DictReader(fh))
     assert [r["checks"] for r in rows] == list(bench_checks.VARIANTS)
     assert all(r["blocks_per_shard"] == "8" for r in rows) and rows[-1]["shard_ratio_vs_none"] == "1.0"
+
+
+def test_a_manifest_edited_to_match_a_spliced_block_is_read_but_verify_names_it(copy: Path, blocks16: Path) -> None:
+    """What docs/reference/format.md says the reader does not check: the fingerprint covers the schema and the
+    shards' sha256, not their block checksums, so a block copied in with its checksum copied into the manifest reads
+    as the conversion's (here the shard's own block 0 twice, block BLOCK never). `verify` names the shard by its
+    sha256, and, with the sha256, byte count and fingerprint edited to match as well, by the persons it repeats."""
+    spliced = members(copy / SHARD)[0]
+    put_block(copy / SHARD, BLOCK, spliced)
+
+    def splice_checksum(m: dict[str, Any]) -> None:
+        e = next(e for e in m["splits"]["train"]["shards"] if e["file"] == SHARD)
+        e["block_checksums"] = e["block_checksums"][: 8 * BLOCK] + e["block_checksums"][:8] + \
+            e["block_checksums"][8 * (BLOCK + 1) :]
+
+    edit(copy, splice_checksum)
+    assert sum(len(b["person_id"]) for b in epoch(copy)) == sum(len(b["person_id"]) for b in epoch(blocks16))
+    code, out = shardify("verify", str(copy))
+    assert code == 1 and f"{SHARD}: sha256 differs from the manifest" in out, out
+
+    def vouch_for_the_file(m: dict[str, Any]) -> None:
+        e = next(e for e in m["splits"]["train"]["shards"] if e["file"] == SHARD)
+        e["sha256"], e["bytes"] = sha256_file(copy / SHARD), (copy / SHARD).stat().st_size
+        entries = [e for info in m["splits"].values() for e in [*info["shards"], *filter(None, [info["remainder"]])]]
+        m["fingerprint"] = fingerprint(parse_manifest(json.dumps(m)).schema, [e["sha256"] for e in entries])
+
+    edit(copy, vouch_for_the_file)
+    code, out = shardify("verify", str(copy))
+    assert code == 1 and re.search(rf"{re.escape(SHARD)}: {BLOCK:06d}\.block\.zst: person \d+ \(record 0\) appears "
+                                   "twice", out), out
