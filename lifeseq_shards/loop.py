@@ -67,6 +67,19 @@ class LifeSeqData(DataParts):
         ``set_epoch`` or ``train()``)."""
         return self._train_loader_of().pass_start.batches
 
+    def schedule_steps(self, epochs: int) -> tuple[int, int]:
+        """(optimizer steps taken, optimizer steps in a run of ``epochs`` epochs) as this layout counts them, one
+        step a batch: ``epochs x len(train())`` and the batches before :attr:`epoch`'s position. A run resumed in
+        another layout (ranks, workers, batch size) has other steps left than the checkpoint's scheduler was sized
+        for: :func:`lifeseq_shards.schedule.resize_one_cycle` fits a restored OneCycleLR to these (call it after
+        ``load_state_dict``; it changes nothing in the checkpoint's own layout).
+
+        Args:
+            epochs: the epochs the whole run trains (the scheduler's ``epochs``).
+        """
+        per_epoch = len(self.train())
+        return self.epoch * per_epoch + self.resumed_batches, epochs * per_epoch
+
     def set_epoch(self, epoch: int) -> None:
         """The next ``train()`` reads epoch ``epoch`` from its start (or from the loaded position, when that is in
         ``epoch``). Refused when a loaded position is in another epoch: the run would skip or replay batches."""

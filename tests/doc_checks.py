@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import importlib
 import inspect
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +85,34 @@ def check_diff(path: Path) -> None:
     imports = re.findall(r"^(from lifeseq_shards\S* import [\w, ]+)", added, re.M)
     assert imports, f"{path}: no lifeseq_shards import added"
     check_python("\n".join(imports), Path("."))
+
+
+def diff_base(path: Path) -> tuple[str, str, str]:
+    """What a diff's header says it was made against: (the file's path in their repository, its sha256, the
+    abbreviated git blob of its ``index`` line)."""
+    text = path.read_text()
+    target = re.search(r"^diff --git a/(\S+) b/", text, re.M)
+    sha = re.search(r"^base-sha256: ([0-9a-f]{64})$", text, re.M)
+    index = re.search(r"^index ([0-9a-f]{7,40})\.\.", text, re.M)
+    assert target and sha and index, f"{path}: needs a 'base-sha256: <hex>' line before its one file's diff"
+    return target.group(1), sha.group(1), index.group(1)
+
+
+def check_diff_base(path: Path, base: Path, tree: Path) -> Path:
+    """``base`` is the file the diff ``path`` names by sha256 and git blob, and the diff applies to it: a copy of it
+    at its path under ``tree`` is patched (``git apply --check``, then applied); returns the patched file."""
+    target, sha, blob = diff_base(path)
+    got = hashlib.sha256(base.read_bytes()).hexdigest()
+    assert got == sha, f"{base}: sha256 {got}, but {path.name} was made against {sha}"
+    hashed = run(["git", "hash-object", str(base)], REPO).stdout.strip()
+    assert hashed.startswith(blob), f"{base}: git blob {hashed}, but {path.name}'s index line says {blob}"
+    copy = tree / target
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(base, copy)
+    for check in (["--check"], []):
+        r = run(["git", "apply", *check, str(path)], tree)
+        assert r.returncode == 0, f"git apply {' '.join(check)} {path.name} to {base}: {r.stderr.strip()}"
+    return copy
 
 
 def check_command(words: list[str], cwd: Path, where: str) -> None:

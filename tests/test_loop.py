@@ -4,6 +4,7 @@ host sync per step. The researcher-style loop under torchrun, killed and resumed
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from lifeseq_shards.device.prefetch import DevicePrefetcher
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.plan.resume import Position
 from lifeseq_shards.reader import World
+from lifeseq_shards.schedule import resize_one_cycle
 
 BATCH = 64
 
@@ -120,6 +122,46 @@ def test_the_state_resumes_the_datamodule_too(vocab_dataset: Path) -> None:
     dm.trainer = None
     dm.load_state_dict(state)
     assert ids(dm.builder(b, "cpu", 0) for b in dm.train_dataloader()) == ids(_epoch(vocab_dataset, 0))[3:]
+
+
+def test_a_schedule_saved_on_two_ranks_refitted_on_one_ends_with_the_run(vocab_dataset: Path) -> None:
+    """A OneCycleLR sized on 2 ranks (epochs x that rank's batches), saved mid-epoch and resumed on 1 rank, where the
+    epoch has about twice the batches: refitted to ``schedule_steps(epochs)`` it steps once per batch the resumed
+    run trains and ends exactly at its last step; restored as saved, it is refused (``Tried to step``)."""
+    epochs = 2
+
+    def sized(run: LifeSeqData) -> torch.optim.lr_scheduler.OneCycleLR:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.1, epochs=epochs, steps_per_epoch=len(run.train()))
+
+    two = data(vocab_dataset, world=World(0, 2))
+    scheduler = sized(two)
+    for i, _batch in enumerate(two.train(), start=1):
+        scheduler.optimizer.step()
+        scheduler.step()
+        if i == 3:
+            saved = {"data": two.state_dict(), "scheduler": scheduler.state_dict()}
+            break
+    for refit in (True, False):
+        one = data(vocab_dataset)
+        resumed = sized(one)
+        resumed.load_state_dict(saved["scheduler"])
+        one.load_state_dict(saved["data"])
+        if refit:
+            done, total = one.schedule_steps(epochs)
+            assert total == epochs * len(one.train()) and 0 < done < len(one.train())
+            resize_one_cycle(resumed, done, total)
+        steps = 0
+        with contextlib.nullcontext() if refit else pytest.raises(ValueError, match="Tried to step"):
+            for epoch in range(one.epoch, epochs):
+                one.set_epoch(epoch)
+                for _batch in one.train():
+                    resumed.optimizer.step()
+                    resumed.step()
+                    steps += 1
+        if refit:
+            assert resumed.last_epoch == resumed.total_steps == done + steps
+            assert resumed.get_last_lr()[0] < 1e-4  # annealed to the cycle's end
 
 
 def test_set_epoch_off_the_loaded_epoch_is_refused(vocab_dataset: Path) -> None:

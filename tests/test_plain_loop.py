@@ -1,8 +1,9 @@
-"""The researchers' plain loop (tests/ddp_scripts/plain_loop.py, their pytorch_port/pretrain.py as
-docs/port-pretrain.diff leaves it) under torchrun, 2 ranks on gloo, 2 workers each, validating and checkpointing
-mid-epoch: killed with SIGKILL after its checkpoint, resumed from it, it trains on exactly the batches the
-uninterrupted run trained on after that point (same persons, same masks), rank by rank; the next epoch is a new
-order."""
+"""The researchers' plain loop's data path (tests/ddp_scripts/plain_loop.py, their pytorch_port/pretrain.py as
+docs/port-pretrain.diff leaves it; the diff on their own file: tests/test_port_pretrain.py) under torchrun, 2 ranks
+on gloo, 2 workers each, validating and checkpointing mid-epoch: killed with SIGKILL after its checkpoint, resumed
+from it, it trains on exactly the batches the uninterrupted run trained on after that point (same persons, same
+masks), rank by rank; the next epoch is a new order. And docs/guides/train-plain-loop.md's script as written (a
+tiny model), resumed at the next epoch, and killed mid-epoch on 2 ranks then resumed on 1 and on 2 again."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from ddp_harness import SCRIPTS, TORCHRUN, WORKERS, launch
 from helpers import repo_first, shardify, wait_for
 
@@ -122,9 +125,10 @@ def guide_script(data: Path, stop_after: int) -> str:
 GUIDE_S = 300  # one launch of the guide's script: six workers a rank start, on a 2-core machine shared by others
 
 
-def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> str:
-    """``cmd`` (torchrun) to completion, its output; on the deadline SIGKILL torchrun and each rank's process group
-    (torchrun gives every rank one of its own) and fail."""
+def run_torchrun(cmd: list[str], cwd: Path, timeout: float, killed: bool = False) -> str:
+    """``cmd`` (torchrun, or one process) to completion, its output; on the deadline SIGKILL torchrun and each rank's
+    process group (torchrun gives every rank one of its own) and fail. ``killed``: the run must end killed (a
+    non-zero exit), not complete."""
     env = repo_first({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     with open(cwd / "launch.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -137,7 +141,7 @@ def run_torchrun(cmd: list[str], cwd: Path, timeout: float) -> str:
                 os.killpg(group, signal.SIGKILL)
         proc.wait()
     output = (cwd / "launch.log").read_text()
-    assert proc.returncode == 0, output[-4000:]
+    assert (proc.returncode != 0) if killed else (proc.returncode == 0), output[-4000:]
     return output
 
 
@@ -155,3 +159,62 @@ def test_the_guides_loop_runs_and_resumes_under_torchrun(ds1024: Path, tmp_path:
     persons = json.loads((ds1024 / "manifest.json").read_text())["totals"]["persons"]
     embedded = [int(n) for n in re.findall(r"^rank \d: (\d+) persons to embed", outputs[1], re.M)]
     assert len(embedded) == 2 and sum(embedded) == persons  # predict: everyone once
+
+
+# the guide's script, killed as a preemption kills a job: right after the first mid-epoch checkpoint of an epoch
+SAVED_MID_EPOCH = "                save()  # after this step: a resume goes on with the next batch\n"
+SCHEDULE_AT_END = "    embedded = sum("
+RESUME_S = 420  # one launch of it: the one-process resume trains twice a rank's batches, at 1,024 tokens
+
+
+def killed_in(script: str, epoch: int) -> str:
+    """``script`` SIGKILLed with its loader workers (its process group) after epoch ``epoch``'s first mid-epoch
+    checkpoint, every rank once rank 0's file is written; and printing where its schedule ended, if it gets there."""
+    kill = (f"                if epoch == {epoch}:  # preempted\n"
+            "                    if dist.is_initialized():\n"
+            "                        dist.barrier()  # rank 0 saved\n"
+            "                    os.killpg(os.getpgrp(), 9)\n")
+    return schedule_printed(script.replace(SAVED_MID_EPOCH, SAVED_MID_EPOCH + kill))
+
+
+def schedule_printed(script: str) -> str:
+    """``script`` printing, once trained, the scheduler's step, its length and this layout's steps in the run."""
+    line = ('    print(f"rank {rank}: schedule at {scheduler.last_epoch} of {scheduler.total_steps}, '
+            'run {EPOCHS * len(data.train())}", flush=True)\n')
+    return script.replace(SCHEDULE_AT_END, line + SCHEDULE_AT_END)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * RESUME_S + 60)
+def test_the_guides_loop_killed_resumes_on_another_number_of_ranks(ds1024: Path, tmp_path: Path) -> None:
+    """Two ranks killed after a mid-epoch checkpoint; one process (``python train.py``, no torchrun) goes on from it
+    to the end of the epoch; two ranks go on from that one process's checkpoint to the end of the run. Each resume
+    loads the model saved on the other rank count, and its OneCycleLR is the cycle of its own layout's steps (one
+    process trains about twice the batches an epoch that a rank of two does): half run at the end of epoch 0,
+    ended at the run's last step. Sized for the killed run's layout, it stops the last run ('Tried to step')."""
+    for run, (stop_after, cmd) in enumerate([(1, [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"]),
+                                             (0, [sys.executable, "train.py"]),
+                                             (1, [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"])]):
+        script = guide_script(ds1024, stop_after)  # batch 50: 6 batches a rank of two, 10 in one process
+        assert SAVED_MID_EPOCH in script and SCHEDULE_AT_END in script
+        (tmp_path / "train.py").write_text(killed_in(script, 0) if run == 0 else schedule_printed(script))
+        output = run_torchrun(cmd, tmp_path, RESUME_S, killed=run == 0)
+        if run == 0:  # killed at step 4 of epoch 0, its checkpoint saved there
+            ckpt = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)
+            assert (ckpt["data"]["train"]["epoch"], ckpt["data"]["train"]["batches"]) == (0, 4), ckpt["data"]
+            assert not [k for k in ckpt["model"] if k.startswith("module.")], "saved the DDP wrapper's keys"
+            continue
+        assert re.findall(r"^epoch (\d+):", output, re.M) == [str(stop_after)], output[-3000:]
+        ends = [tuple(map(int, row)) for row in re.findall(r"^rank \d: schedule at (\d+) of (\d+), run (\d+)",
+                                                          output, re.M)]
+        assert len(ends) == (1 if run == 1 else 2), output[-3000:]
+        for at, total, steps in ends:
+            assert total == steps, f"a cycle of {total} steps, the run has {steps} in this layout"
+            assert at * 2 == steps if run == 1 else at == steps, f"the cycle at {at} of {steps}"
+        if run == 1:
+            alone = ends[0][2]
+        else:
+            assert alone > ends[0][2], "one process should train more batches than a rank of two"
+    persons = json.loads((ds1024 / "manifest.json").read_text())["totals"]["persons"]
+    embedded = [int(n) for n in re.findall(r"^rank \d: (\d+) persons to embed", output, re.M)]
+    assert len(embedded) == 2 and sum(embedded) == persons  # loaded into two ranks, predict reads everyone once

@@ -145,7 +145,7 @@ class Check:
         for name, split in (("encoded_mlm.h5", "mlm"), ("encoded_nomlm.h5", "nomlm")):
             self.run([self.args.python, "-m", "lifeseq_shards.cli", "convert", str(out / name), "--vocab",
                       str(sample / "vocab.csv"), "-o", str(out / split), "--nodes", "1", "--gpus", str(RANKS),
-                      "--workers", "1", "--min-shard-persons", "50",
+                      "--workers", "2", "--min-shard-persons", "50",
                       # one val batch a rank: a val split the ranks cannot read in equal batches is refused
                       "--num-val", str(RANKS * self.args.batch_size)], out / f"convert-{split}.log")
             shards[split] = json.loads((out / split / "manifest.json").read_text())

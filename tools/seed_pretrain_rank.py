@@ -83,8 +83,7 @@ def predict(config: str, checkpoint: str, emb: str, data: str) -> None:
     from lifeseq_shards.pl import EmbeddingWriter, LifeSeqDataModule
 
     cfg = read_json(config)
-    num_workers = max(len(os.sched_getaffinity(0)) - 2, 1)
-    dm = LifeSeqDataModule(data, batch_size=512, num_workers=num_workers)
+    dm = LifeSeqDataModule(data, batch_size=512, num_workers=2)  # as converted (--workers 2): guides/tune-gpu.md
     model = TransformerEncoder.load_from_checkpoint(checkpoint, hparams=read_hparams(cfg["HPARAMS_PATH"]))
     width = model.hparams["hidden_size"]
     writer = EmbeddingWriter(emb, fields={"cls_emb": width, "mean_emb": width}, dtype="float16", id_key="sequence_id")

@@ -13,7 +13,7 @@ from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
 from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
 from .resume import Layout, RestPlan, Stage
-from .slots import Segment, num_batches, num_slots, slot_persons
+from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
 
 _MAX_SLOT_LINES = 16
 _MAX_SEGMENTS_SHOWN = 6
@@ -136,7 +136,7 @@ def describe(
         if ok:
             lines += ["", f"EXACT: every person once, {per_rank[0]} batches on every rank."]
     elif num_shards % slots:
-        fits = [w for w in range(1, 17) if num_shards % (world * w) == 0]
+        fits = dividing_workers(num_shards, world)
         loss = (
             f"{dropped} persons per epoch are left out (others each epoch)"
             if dropped

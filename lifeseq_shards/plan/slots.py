@@ -39,6 +39,11 @@ def num_slots(world_size: int, num_workers: int) -> int:
     return world_size * max(num_workers, 1)
 
 
+def dividing_workers(num_shards: int, world_size: int, most: int = 16) -> list[int]:
+    """The worker counts in 1..``most`` whose ``world_size`` x workers readers divide ``num_shards`` shards."""
+    return [w for w in range(1, most + 1) if num_shards % (world_size * w) == 0]
+
+
 def slot_index(rank: int, worker: int, num_workers: int) -> int:
     """Rank-major numbering, so a rank's slots are contiguous: slots [rank*K, (rank+1)*K)."""
     k = max(num_workers, 1)

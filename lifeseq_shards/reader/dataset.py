@@ -229,17 +229,21 @@ class ShardedDataset(IterableDataset):
                             "or is not one `shardify convert` wrote; `shardify verify` checks it against the files")
 
     def _warn_static_balance(self, remainder: int) -> None:
-        if self.mode != BALANCED or not self.sizes:
+        """Say once a job, on rank 0 (every rank has the same layout), when the workers do not divide the shards as
+        converted, and which worker counts would."""
+        if self.mode != BALANCED or not self.sizes or self.rank != 0:
             return
         slots = plan_slots.num_slots(self.world_size, self.num_workers)
         lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode, remainder)
         if len(self.sizes) % slots:
             lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
                          if lost else "no person is left out, but some shards are split between readers")
+            fits = ", ".join(map(str, plan_slots.dividing_workers(len(self.sizes), self.world_size))) or "none"
             warnings.warn(
                 f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
                 f"{max(1, self.num_workers)} workers); balancing statically from the manifest, the {remainder}-person "
-                f"remainder shard included: {lost_text}. `shardify plan` lists worker counts that divide exactly.",
+                f"remainder shard included: {lost_text}. num_workers that divide them on {self.world_size} ranks: "
+                f"{fits}; or convert with --workers as you run (docs/guides/tune-gpu.md: 2 a GPU).",
                 stacklevel=3,
             )
 

@@ -1,7 +1,8 @@
-"""The researchers' plain-PyTorch loop (pytorch_port/pretrain.py) as docs/port-pretrain.diff leaves it, around a tiny
-model with their model's interface, run under torchrun: LifeSeqData for the batches, set_epoch each epoch, validation
-every ``--val-every`` batches with a checkpoint saved by rank 0 (their Checkpointer's layout plus ``"data"``),
-DeviceMetrics for the losses, resume from ``--resume CKPT``.
+"""The data path of the researchers' plain-PyTorch loop (pytorch_port/pretrain.py) as docs/port-pretrain.diff leaves
+it, around a tiny model with their model's interface, run under torchrun (the diff's DDP wrapper, early stop and
+schedule refit run on their own file, in tests/test_port_pretrain.py): LifeSeqData for the batches, set_epoch each
+epoch, validation every ``--val-every`` batches with a checkpoint saved by rank 0 (their Checkpointer's layout plus
+``"data"``), DeviceMetrics for the losses, resume from ``--resume CKPT``.
 
 Each rank appends a line per training batch to ``OUT/rank<r>.jsonl`` as it trains (epoch, batch index, person ids,
 a digest of the masked input and targets), so a run killed with SIGKILL leaves what it trained. ``--pause-at STEP``

@@ -133,6 +133,23 @@ def test_train_ranks_read_every_person_once_the_remainder_too(mlm_dataset: Path,
     assert len(ranks[0]) == max(1, workers) * -(-(TRAIN_READ + len(rem)) // slots // bs)
 
 
+def test_a_non_dividing_worker_count_is_said_once_on_rank_0_with_the_counts_that_divide(mlm_dataset: Path) -> None:
+    """Workers that do not divide the shards as converted: rank 0 says so at construction, naming the worker counts
+    that divide them on this many ranks; the other ranks, in the same layout, say nothing (one line a job, not one a
+    rank)."""
+    shards = len(read_manifest(str(mlm_dataset)).splits["train"].shards)
+    world, workers = 2, 5
+    assert shards % (world * workers), "the layout must not divide for this test"
+    fits = [w for w in range(1, 17) if shards % (world * w) == 0]  # counted here, not by the reader
+    with pytest.warns(UserWarning, match=rf"num_workers that divide them on {world} ranks: "
+                                         rf"{', '.join(map(str, fits))};.*tune-gpu\.md") as said:
+        ShardedDataset(mlm_dataset, world=World(0, world), num_workers=workers)
+    assert len([w for w in said if "do not divide" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ShardedDataset(mlm_dataset, world=World(1, world), num_workers=workers)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world", "workers"), [(7, 0), (5, 2)])
 def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
