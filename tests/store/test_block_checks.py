@@ -19,25 +19,24 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, convert_nomlm, repo_first, serve_directory, shardify, to_format2
+from helpers import (
+    REPO,
+    ManifestJSON,
+    copy_of,
+    edit_manifest,
+    read_all,
+    repo_first,
+    serve_directory,
+    shardify,
+    swap_fields,
+    to_format2,
+)
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 from lifeseq_shards.store.manifest import ManifestError, parse_manifest
 from lifeseq_shards.store.shardfile import iter_tar_members, tar_member
 
 SHARD, BLOCK = "train/shard-000003.tar", 3  # a full block in the middle of an 8-block shard
-
-
-@pytest.fixture(scope="module")
-def blocks16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """encoded_nomlm.h5 in 16-person blocks: each 115-person shard has 8 blocks (7 of 16 persons, one of 3)."""
-    return convert_nomlm(sample, tmp_path_factory.mktemp("blocks16"), block_persons=16)
-
-
-@pytest.fixture(scope="module")
-def reseeded16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same input converted with another seed: same shard names, sizes and schema, other persons in them."""
-    return convert_nomlm(sample, tmp_path_factory.mktemp("reseeded16"), block_persons=16, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +237,57 @@ def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp
         rows = list(csv.DictReader(fh))
     assert [r["checks"] for r in rows] == list(bench_checks.VARIANTS)
     assert all(r["blocks_per_shard"] == "8" for r in rows) and rows[-1]["shard_ratio_vs_none"] == "1.0"
+
+
+# -- whole shards and counts that are not the manifest's --------------------------------------------------------------
+def test_a_shard_copied_over_another_is_refused(nomlm_copy: Path) -> None:
+    """Before: shard 3's persons read twice, shard 7's never."""
+    shutil.copy(nomlm_copy / "train" / "shard-000003.tar", nomlm_copy / "train" / "shard-000007.tar")
+    with pytest.raises(OSError, match=r"train/shard-000007\.tar: block 0: not the shard the manifest names"):
+        read_all(nomlm_copy)
+
+
+def test_a_same_named_shard_from_another_conversion_is_refused(nomlm_copy: Path, reseeded: Path) -> None:
+    """Before: read without a word (115 persons of another split and shuffle)."""
+    shutil.copy(reseeded / "train" / "shard-000003.tar", nomlm_copy / "train" / "shard-000003.tar")
+    with pytest.raises(OSError, match=r"train/shard-000003\.tar: block 0: not the shard the manifest names"):
+        read_all(nomlm_copy)
+
+
+@pytest.mark.parametrize("fields", [("age", "segment"), ("tokens", "masked_tokens")])
+def test_a_schema_with_swapped_fields_is_refused(mlm_dataset: Path, tmp_path: Path, fields: tuple[str, str]) -> None:
+    """Before: every person's values read into the other field. The fingerprint is refitted, so only the blocks'
+    schema tag tells; verify says so too."""
+    ds = copy_of(mlm_dataset, tmp_path)
+    edit_manifest(ds, swap_fields(*fields), refit=True)
+    with pytest.raises(OSError, match=r"shard-\d+\.tar: block 0: block written with another schema"):
+        read_all(ds)
+    code, out = shardify("verify", str(ds))
+    assert code == 1 and "block written with another schema" in out
+
+
+def test_lowered_counts_are_refused(nomlm_copy: Path) -> None:
+    """Before: 15 persons of each 115-person shard silently not read (13 %)."""
+    def lower(m: ManifestJSON) -> None:
+        info = m["splits"]["train"]
+        for e in info["shards"]:
+            e["samples"] = 100
+        info["shard_persons"], info["persons"] = 100, info["persons"] - 15 * len(info["shards"])
+
+    edit_manifest(nomlm_copy, lower)
+    with pytest.raises(OSError, match=r"shard-\d+\.tar: block 0: 115 persons, where the manifest's 100 persons"):
+        read_all(nomlm_copy)
+
+
+def test_counts_lowered_by_whole_blocks_are_refused(blocks16: Path, tmp_path: Path) -> None:
+    """115 -> 112 persons: 7 whole blocks of 16, so every block read holds what the manifest says; the shard's
+    8th block, which the manifest does not have, gives it away."""
+    ds = copy_of(blocks16, tmp_path)
+
+    def lower(m: ManifestJSON) -> None:
+        for e in m["splits"]["train"]["shards"]:
+            e["samples"] = 112
+
+    edit_manifest(ds, lower)
+    with pytest.raises(OSError, match=r"block 7: more blocks than the manifest's 112 persons in blocks of 16 make"):
+        read_all(ds)
