@@ -6,13 +6,9 @@ never. A dataset without the blocks' checksums (formats 1-3) is refused with the
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +16,10 @@ from typing import Any
 import pytest
 import torch
 from helpers import (
-    REPO,
     ManifestJSON,
     copy_of,
     edit_manifest,
     read_all,
-    repo_first,
     serve_directory,
     shardify,
     swap_fields,
@@ -209,34 +203,6 @@ def test_a_block_without_its_checksum_is_refused(copy: Path) -> None:
     code, out = shardify("verify", str(copy))
     assert code == 1 and f"{SHARD}: the manifest lists 7 block checksums, its 115 persons in blocks of 16 make 8 " \
                          "blocks" in out, out
-
-
-@pytest.mark.timeout(120)
-def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp_path: Path) -> None:
-    """tools/bench_checks: its variants check every block, format 3's checks and none (a block swapped inside a
-    shard fails the first only), and a run writes a row per dataset and variant."""
-    from lifeseq_shards.plan.slots import Segment
-    from lifeseq_shards.reader import read_segment
-    from tools import bench_checks
-
-    put_block(copy / SHARD, BLOCK, SWAPS["the shard's own block 0"](copy, copy))
-    ds = ShardedDataset(copy, batch_size=100, world=World(0, 1))
-    shard = next(s for s in ds.shards if s.url.endswith(SHARD))
-    for name, make in bench_checks.VARIANTS.items():
-        segment = Segment(make(shard), 0, shard.samples)
-        if name == "every block (format 4)":
-            with pytest.raises(OSError, match="not the block the manifest names"):
-                read_segment(segment, ds.schema)
-        else:
-            assert sum(b.n for b in read_segment(segment, ds.schema)) == shard.samples
-    run = subprocess.run([sys.executable, "-m", "tools.bench_checks", str(blocks16), "--repeats", "1", "--passes", "1",
-                          "--out", str(tmp_path)], cwd=REPO, env=repo_first(os.environ), capture_output=True, text=True,
-                         timeout=100)
-    assert run.returncode == 0, run.stderr
-    with open(tmp_path / "checks.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [r["checks"] for r in rows] == list(bench_checks.VARIANTS)
-    assert all(r["blocks_per_shard"] == "8" for r in rows) and rows[-1]["shard_ratio_vs_none"] == "1.0"
 
 
 # -- whole shards and counts that are not the manifest's --------------------------------------------------------------
