@@ -62,7 +62,6 @@ def person_ids(root: Path) -> list[int]:
     return sorted(int(p) for _, e in read_manifest(root).entries() for p in shard_ids(root / e.file))
 
 
-
 # Runs `shardify ARGS...` with a hook in the converter: argv[1] is a directory the hook reports into.
 HOOKED = """
 import os, sys, time

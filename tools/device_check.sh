@@ -76,9 +76,9 @@ case "$MODE" in pinned|pinned-cpu)
            --budget-s 150)
   fi
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
-    $PY -c "import torch, lightning, numpy; from lifeseq_shards import compat, model
+    $PY -c "import torch, lightning, numpy; from lifeseq_shards import compat
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__, 'numpy', numpy.__version__)
-print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLEN_ATTN is not None)"
+print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', compat.varlen_kernel() is not None)"
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "pytest -m cuda (torch 2.1)"
@@ -214,9 +214,9 @@ fi
 
 stamp env
 { nvidia-smi || true; nproc; df -h /dev/shm
-  $PY -c "import torch, lightning; from lifeseq_shards import model
+  $PY -c "import torch, lightning; from lifeseq_shards import compat
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)
-print('varlen_attn:', model._VARLEN_ATTN is not None)"
+print('varlen_attn:', compat.varlen_kernel() is not None)"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

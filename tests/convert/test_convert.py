@@ -1,4 +1,5 @@
-"""The converter: exact round trips of the seed's files, shard sizing, determinism."""
+"""The converter: exact round trips of the seed's files, shard sizing, determinism; options and inputs it refuses
+before any work (one line, exit 2); pool workers that die or are orphaned."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A loader state resumed in another layout (workers, ranks, batch size, message size, window): the rest of its
-epoch through the real reader and its DataLoader workers.
+epoch through the real reader and its DataLoader workers; another split, or a state too old to say its window, is
+refused.
 
 The truth is the shard files (``split_ids``) and what the interrupted run returned; rank 0's state serves every new
 rank, as Lightning's checkpoint does.

@@ -1,4 +1,5 @@
-"""The reader: DDP/worker partition, epochs, exact resume, batch contents, remote shards, rank capture.
+"""The reader: DDP/worker partition, epochs, exact resume, batch contents, remote shards, rank capture, workers
+that die with a killed process, positions and arguments refused.
 
 Expectations come from the files, not from the reader's code path: person ids are decoded by hand from the shard
 tars (the documented block layout), values are compared with the seed's h5 rows, counts are worked out from the

@@ -2,7 +2,8 @@
 another shard's block, for a block of another conversion of the same input, or for a copy of the shard's own block
 0 fails the epoch in one line naming the shard and the block, before a wrong person is yielded, locally, over
 http(s) and through a `pipe:` command. Before, each was read on: the block's persons twice, the swapped-out block's
-never. A dataset without the blocks' checksums (formats 1-3) is refused with the command that adds them."""
+never. A dataset without the blocks' checksums (formats 1-3) is refused with the command that adds them. Whole
+shards copied over others, a schema edited under the blocks, and counts lowered are refused the same way."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The typed manifest: parsed from JSON and written back byte for byte, read at the I/O edge, and the old dict-style
-and format-module ways in still working (with a DeprecationWarning)."""
+and format-module ways in still working (with a DeprecationWarning); a manifest edited by hand (paths leaving the
+dataset, counts, keys, types, the schema) refused in one line naming it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Remote reads at their edges (lifeseq_shards/store/remote.py): a `pipe:` command that stops sending fails after
 LIFESEQ_HTTP_STALL_S instead of hanging the job, the command dies with the process that reads it (however that
-one dies), a stall setting that cannot work is refused naming the variable, a failed manifest command is one line.
+one dies), a stall setting that cannot work is refused naming the variable, a failed manifest command is one line;
+a read that has its blocks and closes a command still sending is no failure, a command that sends nothing is.
 """
 
 from __future__ import annotations
