@@ -90,7 +90,7 @@ def unsigned(view: torch.Tensor) -> torch.Tensor:
 
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's variable-length kernel, torch >= 2.10), or None;
-    :func:`lifeseq_shards.model.varlen_backend` names the fallback when it would have been used."""
+    :func:`lifeseq_shards.encoder.varlen_backend` names the fallback when it would have been used."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

@@ -64,6 +64,7 @@ SIZES: dict[str, EncoderConfig] = {
 
 
 def resolve_size(size: str | EncoderConfig) -> EncoderConfig:
+    """``size``: a name of :data:`SIZES`, or an :class:`EncoderConfig`, returned as it is."""
     return size if isinstance(size, EncoderConfig) else SIZES[size]
 
 
@@ -74,7 +75,8 @@ def model_flops_per_token(
 
     N counts the matmul weights of the layers (embedding lookups are not matmuls); attention adds QK^T and PV,
     2 * 2 * seq_len * hidden per layer forward. The MLM decoder runs only on the masked share of the tokens
-    (`target_fraction`, targets / tokens), so its h x vocab matmul is counted at that share.
+    (`target_fraction`, targets / tokens), so its h x vocab matmul is counted at that share. ``cfg``: the
+    encoder's sizes; ``vocab_size``: the decoder's output width (its h x vocab matmul).
     """
     h, layers = cfg.hidden, cfg.layers
     layer_weights = 4 * h * h + 2 * h * cfg.ff
@@ -221,7 +223,10 @@ class EncoderLayer(nn.Module):
 
 
 class LifeSeqEncoder(nn.Module):
-    """Embeddings, `layers` pre-norm layers, final norm; MLM decoder tied to the token embedding; CLS head."""
+    """Embeddings, `layers` pre-norm layers, final norm; MLM decoder tied to the token embedding; CLS head.
+
+    ``cfg``: the sizes (hidden, ff, layers, heads); ``vocab_size``: the token ids the embedding and the decoder
+    cover (the manifest's); ``dropout``: after the embeddings and in every layer."""
 
     def __init__(self, cfg: EncoderConfig, vocab_size: int, dropout: float = 0.1) -> None:
         super().__init__()

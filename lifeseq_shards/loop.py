@@ -128,7 +128,7 @@ class LifeSeqData(DataParts):
 
 
 class DeviceMetrics:
-    """Running sums of named scalars on ``device``: ``add`` queues a few device ops and never waits for the
+    """Running sums of the scalars ``names`` on ``device``: ``add`` queues a few device ops and never waits for the
     device; ``compute`` reads the means with one host sync (and, across ranks, one all-reduce), then starts over.
 
     """

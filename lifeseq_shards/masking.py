@@ -62,8 +62,9 @@ def _words(v):
 
 
 def person_keys(seed: int, epoch: int, streams: tuple[int, ...], person_id: torch.Tensor) -> torch.Tensor:
-    """(S, B) 32-bit keys, one per stream and person, for one (seed, epoch): the batch-independent part of every
-    draw. All streams go through one set of kernels; only the first word differs per stream."""
+    """(S, B) 32-bit keys, one per stream and person (``person_id``, (B,)), for one (seed, epoch): the
+    batch-independent part of every draw. All streams go through one set of kernels; only the first word differs per
+    stream."""
     starts = []
     for stream in streams:
         h = 0
@@ -84,6 +85,12 @@ def random_bits(keys: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True, kw_only=True)
 class MaskingConfig:
     """The seed's defaults; ``keep`` and ``mask`` are shares of the targets, the rest get a random token.
+
+    ``kind``: ``"random"`` (single tokens) or ``"event"`` (whole events) as targets; ``ratio``: the targets' share of
+    a person's tokens (at most ``floor(ratio * length)``); ``cls_task``: draw the CLS task first, the event groups
+    reversed with probability ``p_reverse`` and shuffled with ``p_shuffle``; ``n_special``: the ids below it are
+    special tokens, never targets or replacements (at least 5: [PAD] [CLS] [SEP] [MASK] [UNK]); ``seed``: with the
+    epoch and the person id, what every draw depends on (docs/reference/masking.md gives each rule).
 
     ``vocab_size`` is the number of token ids (the largest id + 1; random replacements are drawn below it). Leave it
     unset with ``LifeSeqDataModule``, which fills it in from the dataset's manifest.
@@ -178,7 +185,8 @@ def _floor_share(share: float, n: torch.Tensor) -> torch.Tensor:
 
 
 class DynamicMasker:
-    """Per-step MLM masking with the seed's rules; see the module docstring for the reproducibility contract.
+    """Per-step MLM masking with the seed's rules (``cfg``, a :class:`MaskingConfig` whose ``vocab_size`` is set);
+    see the module docstring for the reproducibility contract.
 
     Two opt-in ways to launch fewer kernels, for a host-bound step (docs/results/training-gpu.md), each the same masks
     bit for bit and each opt-in until a GPU run says it pays:

@@ -28,7 +28,8 @@ __all__ = ["SIZES", "EncoderConfig", "LifeSeqEncoder", "LifeSeqPretrainModule", 
 def pool(states: Tensor, layout: Tensor | Packed, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """(CLS, mean) embeddings (B, hidden) in fp32 from the encoder's states: each person's first token's state,
     and the mean over its real tokens (a person without tokens gets zeros), as the seed's ``infer_embedding.py``
-    pools them. ``layout``: the padding mask (padded states (B, L, hidden)) or :class:`Packed` ((N, hidden))."""
+    pools them. ``layout``: the padding mask (padded states (B, L, hidden)) or :class:`Packed` ((N, hidden));
+    ``lengths``: each person's real tokens (B,)."""
     states = states.float()
     if isinstance(layout, Packed):
         starts = layout.cu_seqlens[:-1].long()
@@ -52,7 +53,8 @@ def model_inputs(batch: Mapping[str, Any]) -> tuple[Tensor, Tensor | Packed, Ten
 
 
 def pretrain_losses(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy.
+    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy, of
+    ``model`` (a :class:`LifeSeqEncoder`) on a model ``batch`` with targets.
 
     The MLM loss is the sum over the used slots divided by their count, at least 1: a batch without any target
     (short persons, ``ratio=0``) gets 0, not the NaN of a mean over nothing, which would turn every weight NaN at

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import SMALL_SHARDS, SeedRows
+from helpers import SMALL_SHARDS, SeedRows, copy_of
 from hypothesis import settings
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
@@ -45,6 +46,14 @@ def mlm_rows(sample: Path) -> SeedRows:
     return SeedRows.from_h5(sample / "encoded_mlm.h5")
 
 
+# -- the sample converted: each conversion once per session, read-only (a test that edits one edits a copy) ---------
+def _nomlm(sample: Path, out: Path, **opts: Any) -> Path:
+    """encoded_nomlm.h5 converted in SMALL_SHARDS (``opts``: more ConvertOptions)."""
+    convert_dataset([str(sample / "encoded_nomlm.h5")], out,
+                    opts=ConvertOptions(progress=False, **SMALL_SHARDS, **opts))
+    return out
+
+
 @pytest.fixture(scope="session")
 def mlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """encoded_mlm.h5 converted: 48 train shards of 115 persons + a 45-person remainder, 2 val shards (small shards,
@@ -56,24 +65,55 @@ def mlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def nomlm_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("nomlm")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out,
-                    opts=ConvertOptions(progress=False, with_all=True, **SMALL_SHARDS))
-    return out
+    """encoded_nomlm.h5 in SMALL_SHARDS (115-person shards, one block each), with the `all` split."""
+    return _nomlm(sample, tmp_path_factory.mktemp("nomlm"), with_all=True)
+
+
+@pytest.fixture(scope="session")
+def reseeded(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """encoded_nomlm.h5 converted again with another seed: same shard names and sizes, other persons in them."""
+    return _nomlm(sample, tmp_path_factory.mktemp("reseeded"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def blocks16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """encoded_nomlm.h5 in 16-person blocks: each 115-person shard has 8 blocks (7 of 16 persons, one of 3)."""
+    return _nomlm(sample, tmp_path_factory.mktemp("blocks16"), block_persons=16)
+
+
+@pytest.fixture(scope="session")
+def reseeded16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``blocks16`` converted with another seed: same shard names, sizes and schema, other persons in them (other
+    content, other fingerprint)."""
+    return _nomlm(sample, tmp_path_factory.mktemp("reseeded16"), block_persons=16, seed=1)
 
 
 def _with_vocab(sample: Path, out: Path, shards: int) -> Path:
-    """encoded_nomlm.h5 in ``shards`` train shards, converted with --vocab: the manifest knows the vocabulary size."""
+    """encoded_nomlm.h5 in ``shards`` train shards, converted with --vocab: the manifest knows the vocabulary size
+    (which dynamic masking takes)."""
     convert_dataset([str(sample / "encoded_nomlm.h5")], out, str(sample / "vocab.csv"),
                     opts=ConvertOptions(progress=False, shards=shards))
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vocab_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _with_vocab(sample, tmp_path_factory.mktemp("vocab"), 4)
 
 
-@pytest.fixture(scope="module")
-def vocab_ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="session")
+def ds8(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 train shards of 695 + a 5-person remainder, 8 val shards of 35: divides 2 ranks x 2 workers and 4 x 2."""
     return _with_vocab(sample, tmp_path_factory.mktemp("ds8"), 8)
+
+
+@pytest.fixture(scope="session")
+def ds7(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """7 train shards, 7 val shards: does not divide 2 ranks x 2 workers."""
+    return _with_vocab(sample, tmp_path_factory.mktemp("ds7"), 7)
+
+
+@pytest.fixture
+def nomlm_copy(nomlm_dataset: Path, tmp_path: Path) -> Path:
+    """A copy of ``nomlm_dataset`` that the test may edit."""
+    return copy_of(nomlm_dataset, tmp_path)

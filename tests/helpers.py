@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import struct
 import tarfile
 import threading
@@ -32,15 +33,6 @@ U16 = compat.torch_dtype("uint16")
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
-
-
-def convert_nomlm(sample: Path, out: Path, **opts: Any) -> Path:
-    """encoded_nomlm.h5 converted in SMALL_SHARDS (``opts``: more ConvertOptions)."""
-    from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
-
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, **SMALL_SHARDS,
-                                                                                 **opts))
-    return out
 FIELDS = ("tokens", "abspos", "age", "segment")  # the rows of the seed's input_ids
 
 
@@ -228,3 +220,46 @@ def shm_files(pids: set[int]) -> set[Path]:
                 if path and path[0].startswith("/dev/shm/") and not path[0].endswith("(deleted)"):
                     out.add(Path(path[0]))
     return out
+
+
+# -- a dataset edited as a hostile user would ------------------------------------------------------------------------
+ManifestJSON = dict[str, Any]
+
+
+def copy_of(root: Path, tmp_path: Path) -> Path:
+    shutil.copytree(root, tmp_path / "ds")
+    return tmp_path / "ds"
+
+
+def edit_manifest(root: Path, change: Callable[[ManifestJSON], object], refit: bool = False) -> None:
+    """Edit the manifest; with ``refit``, recompute its fingerprint too (an edit that hides itself)."""
+    from lifeseq_shards.store.manifest import Manifest, fingerprint
+
+    m = json.loads((root / "manifest.json").read_text())
+    change(m)
+    if refit:
+        typed = Manifest.from_json(m)
+        m["fingerprint"] = fingerprint(typed.schema, [e.sha256 for _, e in typed.entries()])
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def swap_fields(a: str, b: str) -> Callable[[ManifestJSON], None]:
+    """A manifest edit: fields ``a`` and ``b`` swap names in the schema."""
+    def change(m: ManifestJSON) -> None:
+        for f in m["schema"]:
+            f["name"] = {a: b, b: a}.get(f["name"], f["name"])
+    return change
+
+
+def read_all(root: Path | str, split: str = "train") -> list[dict[str, Any]]:
+    """One reader's whole epoch of ``split`` in batches of 100."""
+    from lifeseq_shards.reader import ShardedDataset, World
+
+    return list(ShardedDataset(root, split, batch_size=100, world=World(0, 1)))
+
+
+def assert_one_line_exit_2(args: list[str], needle: str) -> None:
+    """`shardify ARGS` exits 2 with one line of output, an error holding ``needle``."""
+    code, out = shardify(*args)
+    assert code == 2, out
+    assert out.count("\n") == 1 and out.startswith("error: ") and needle in out, out

@@ -91,29 +91,3 @@ def test_base_width_trains_at_1024_on_cpu(ds1024: Path, layout: str, batch_size:
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     if layout == "padded":
         assert first["input_ids"].shape == (batch_size, 4, L)
-
-
-@pytest.mark.slow
-def test_bench_1024_measures_both_lengths_and_layouts(ds1024: Path) -> None:
-    """docs/guides/train-plain-loop.md's `python -m tools.bench_1024 DATA`, on two batches: one table row per
-    (L, layout), with floor(0.3 L) target slots, and the packed batch's bus bytes the same at either L."""
-    from click.testing import CliRunner
-
-    from tools.bench_1024 import main
-
-    result = CliRunner().invoke(main, [str(ds1024), "--batches", "2"])
-    assert result.exit_code == 0, result.output
-    rows = [line.split("|")[1:-1] for line in result.output.splitlines() if line.startswith("| 512") or
-            line.startswith("| 1024")]
-    assert [(int(r[0]), r[1].strip(), int(r[2])) for r in rows] == [
-        (512, "padded", 153), (512, "packed", 153), (1024, "padded", 307), (1024, "packed", 307)]
-    assert rows[1][5] == rows[3][5]  # packed: only real tokens cross, whatever the cap
-
-
-def test_bench_1024_refuses_data_at_another_cap(mlm_dataset: Path) -> None:
-    from click.testing import CliRunner
-
-    from tools.bench_1024 import main
-
-    result = CliRunner().invoke(main, [str(mlm_dataset)])
-    assert result.exit_code == 2 and "--max-seq-len 512: convert with --max-seq-len 1024" in result.output

@@ -28,12 +28,6 @@ PAUSE_AT = 14  # the killed run trains 4 batches past its checkpoint at step 10:
 RUN_S = 150
 
 
-@pytest.fixture(scope="module")
-def ds8(vocab_ds8: Path) -> Path:
-    """8 train shards converted with --vocab (dynamic masks need the vocabulary size)."""
-    return vocab_ds8
-
-
 def loop(data: Path, out: Path, *extra: str) -> list[str]:
     return [*TORCHRUN, "--standalone", "--nproc_per_node=2", "plain_loop.py", str(data), str(out), "--workers",
             str(WORKERS), "--val-every", str(VAL_EVERY), *extra]

@@ -23,12 +23,6 @@ STARTED = 2 + 2 + 2 * 2  # the ranks, their forkservers and workers (and the res
 FIT = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
 
 
-@pytest.fixture(scope="module")
-def ds8(vocab_ds8: Path) -> Path:
-    """8 train shards converted with --vocab (dynamic masks need the vocabulary size)."""
-    return vocab_ds8
-
-
 def sigterm_mid_fit(data: Path, tmp_path: Path, flavour: str, delay: float) -> tuple[float, set[int], set[Path]]:
     """Start a 50-epoch fit in a process group of its own, SIGTERM the group ``delay`` s after its workers run;
     (seconds until its last process was gone or the bound passed, the survivors, the /dev/shm files left)."""

@@ -14,8 +14,7 @@ from pathlib import Path
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.store.manifest import Manifest
-from tools.bench_loader import read_persons, write_seed_h5
-from tools.tables import write_csv
+from tools.common import read_persons, write_csv, write_seed_h5
 
 
 def timed_convert(inputs: list[str], out: Path, vocab: str | None, processes: int) -> tuple[float, Manifest]:

@@ -1,4 +1,4 @@
-"""Embedding benchmark (issue 23): our EmbeddingWriter on 2 ranks against the researchers' pattern, same persons.
+"""Embedding benchmark: our EmbeddingWriter on 2 ranks against the researchers' pattern, same persons.
 
 One command, one run. Per population size a synthetic dataset is converted once (short sequences, ``--seq``
 tokens, shards of about ``--shard-persons``), then each contender embeds every person with the same reference model
@@ -39,7 +39,7 @@ from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.device.batch import PaddedModelBatch
 from lifeseq_shards.reader import World
 from lifeseq_shards.store.remote import read_manifest
-from tools.tables import write_csv
+from tools.common import write_csv
 
 BATCH = 512
 SIZE = (16, 32, 1, 2)  # hidden, ff, layers, heads: a tiny reference model, so 3M persons take minutes on CPU

@@ -1,4 +1,5 @@
-"""The parts of a GPU step that issue 13 changes, timed one by one on real batches (tools/device_check.sh runs it):
+"""The parts of a GPU step that the padding-free layout changes, timed one by one on real batches
+(tools/device_check.sh runs it):
 
 - ``prep``: a batch's preparation (copy, unpack, masking, and the packing for the padding-free layout) per layout,
   host time to launch it and device time to run it; the masker alone, eager against its eager kernels replayed as
@@ -30,7 +31,7 @@ from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backe
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import ShardedDataset
 from lifeseq_shards.store.remote import read_manifest
-from tools.tables import write_csv
+from tools.common import write_csv
 
 # (name, hidden, heads) of every size, narrowest first, so each seed size sits beside its tensor-core twin
 HEAD_LAYOUTS = tuple(sorted(((name, cfg.hidden, cfg.heads) for name, cfg in SIZES.items()), key=lambda x: x[1]))

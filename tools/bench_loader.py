@@ -1,4 +1,4 @@
-"""Loader benchmark (issue 5): our reader against the seed's h5 pattern, webdataset and LitData, on the same persons.
+"""Loader benchmark: our reader against the seed's h5 pattern, webdataset and LitData, on the same persons.
 
 One command, one run: a synthetic population is converted once per format, then every contender iterates the train
 persons into padded batches of 256 in a fresh subprocess (so its peak RSS is its own). Machines are shared and
@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import io
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -40,22 +42,18 @@ from lifeseq_shards.store.format import (
     MIN_SHARD_PERSONS,
     Block,
     Field,
-    concat_blocks,
     decode_block,
     decompress,
     make_schema,
     token_schema,
 )
 from lifeseq_shards.store.remote import read_manifest
-from lifeseq_shards.store.shardfile import iter_tar_members, read_shard_blocks
-from tools.bench_layouts import npy_members, person_arrays, write_tar
-from tools.tables import write_csv
+from lifeseq_shards.store.shardfile import iter_tar_members
+from tools.common import NARROW, bars, ratio, read_persons, train_shards, write_csv, write_seed_h5
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 256
-SEQ = 512
 SEED_KEYS = ("input_ids", "padding_mask", "original_sequence", "sequence_id")
-NARROW = {"tokens": np.uint16, "abspos": np.int16, "age": np.uint8, "segment": np.uint8}
 # our dataset: no val split; shards a multiple of 2, so both the 1- and the 2-worker reader divide them
 OURS_OPTIONS: dict[str, Any] = {"num_val": 0, "workers": 2, "min_shard_persons": MIN_SHARD_PERSONS}
 WDS_SHARD_PERSONS = 10_000
@@ -66,47 +64,34 @@ MANY_SHARDS = 10_000
 # Data: one population, every format.
 
 
-def train_shards(ours: Path) -> list[Path]:
-    """The train split's files, the remainder shard last (training reads it too)."""
-    return [ours / e.file for e in read_manifest(ours).splits["train"].entries()]
+RAGGED_FIELDS = ("tokens", "abspos", "age", "segment")
 
 
-def read_persons(ours: Path) -> Block:
-    """The train persons, remainder included, in shard order."""
-    schema = read_manifest(ours).schema
-    blocks = [b for path in train_shards(ours) for b in read_shard_blocks(path, schema)]
-    return concat_blocks(blocks, token_schema(schema))
-
-
-def seed_rows(block: Block, start: int, stop: int) -> dict[str, np.ndarray]:
-    """Persons [start, stop) in the seed's encoded.h5 layout: int64, padded to 512, original_sequence included."""
-    n = stop - start
-    ids = np.zeros((n, 4, SEQ), dtype=np.int64)
+def person_arrays(block: Block) -> Iterable[tuple[int, dict[str, np.ndarray]]]:
     offs = block.offsets()
-    for r, i in enumerate(range(start, stop)):
-        a, b = offs[i], offs[i + 1]
-        for row, f in enumerate(NARROW):
-            ids[r, row, : b - a] = block.columns[f][a:b]
-    mask = (np.arange(SEQ) < block.columns["length"][start:stop, None]).astype(np.int64)
-    return {"input_ids": ids, "padding_mask": mask, "original_sequence": ids[:, 0].copy(),
-            "sequence_id": block.columns["person_id"][start:stop].astype(np.int64)}
+    for i, pid in enumerate(block.columns["person_id"].tolist()):
+        yield pid, {f: block.columns[f][offs[i]:offs[i + 1]] for f in RAGGED_FIELDS}
 
 
-def write_seed_h5(path: Path, block: Block, gzip: bool) -> None:
-    """The seed's encoded.h5 (gzip level 4, chunks of 64 rows), or the same uncompressed (its in-memory variant)."""
-    tmp = path.with_name(path.name + ".tmp")
-    n = block.n
-    with h5py.File(tmp, "w") as f:
-        shapes = {"input_ids": (n, 4, SEQ), "padding_mask": (n, SEQ), "original_sequence": (n, SEQ),
-                  "sequence_id": (n,)}
-        dsets = {k: f.create_dataset(k, shape=s, dtype="int64", chunks=(min(64, n), *s[1:]),
-                                     compression="gzip" if gzip else None, compression_opts=4 if gzip else None)
-                 for k, s in shapes.items()}
-        for start in range(0, n, 4096):
-            stop = min(start + 4096, n)
-            for k, v in seed_rows(block, start, stop).items():
-                dsets[k][start:stop] = v
-    tmp.rename(path)
+def npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def write_tar(path: Path, members: Iterable[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def npy_members(block: Block) -> Iterable[tuple[str, bytes]]:
+    """Layout (a): webdataset samples ``<person_id>.<field>.npy`` (the key carries the person id)."""
+    for pid, arrays in person_arrays(block):
+        for f, a in arrays.items():
+            yield f"{pid}.{f}.npy", npy_bytes(a)
 
 
 def write_wds(out: Path, block: Block) -> None:
@@ -332,7 +317,6 @@ CONTENDERS: dict[str, tuple[str, Callable[[Path], Iterable[Any]], str]] = {
 OURS = ("ours-w0", "ours-w1", "ours-w2", "ours-10k-shards")
 LIMITS = ("zstd-limit", "memcpy-limit", "ours-2x-w0")  # bounds, drawn grey
 SIDE_BY_SIDE = 2  # processes of "ours-2x-w0", run at once
-RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")
 
 
 def processes(name: str) -> int:
@@ -456,34 +440,6 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     row["first_batch_s"] = max(p["first_batch_s"] for p in parts)
     row["peak_rss_mb"] = max(p["peak_rss_mb"] for p in parts)
     return row
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def bars(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None, str, bool | None]]:
-    """(claim, measured ratio, threshold, pass) for each bar of issue 5."""
-    def get(name: str, col: str) -> float | None:
-        v = rows.get(name, {}).get(col)
-        return float(v) if v is not None else None
-
-    rival = max((get(n, "persons_per_s") or 0.0 for n in RIVALS), default=0.0) or None
-    w1 = get("ours-w1", "persons_per_s")
-    first = get("ours-10k-shards", "first_batch_s")
-    checks = [
-        ("our reader (1 worker) vs fastest of contenders 2-5, persons/s", ratio(w1, rival), ">= 3", 3.0, True),
-        ("our reader (1 worker) vs zstd-decompress limit", ratio(w1, get("zstd-limit", "persons_per_s")), ">= 0.3",
-         0.3, True),
-        ("bytes on disk/person vs seed gzip h5", ratio(get("ours-w0", "disk_bytes_per_person"),
-                                                       get("seed-h5", "disk_bytes_per_person")), "<= 0.5", 0.5, False),
-        ("host->device bytes/person vs seed batch", ratio(get("ours-w0", "h2d_bytes_per_person"),
-                                                         get("seed-h5", "h2d_bytes_per_person")), "<= 0.1", 0.1, False),
-        ("time to first batch (s), dataset of many shards", first, "< 2", 2.0, False),
-        ("our reader 2 workers vs 1 worker, persons/s", ratio(get("ours-w2", "persons_per_s"), w1), ">= 1.5", 1.5,
-         True),
-    ]
-    return [(c, v, t, None if v is None else (v >= lim if higher else v <= lim)) for c, v, t, lim, higher in checks]
 
 
 def ceiling(rows: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:

@@ -5,7 +5,7 @@ Each round runs ``tools/bench_loader`` (the contenders named by ``--only``) in a
 working tree, on the same converted data (``--work``; with ``--work-per-revision``, each revision's own conversion of
 the same persons, for a change of the format version that the other revision does not read). This machine is shared
 and noisy, so the verdict is read from neighbouring runs: each run's own ratio bars (computed by this tree's
-``bench_loader.bars``), and per contender the working tree's rate over the old revision's in the same round. With
+``tools.common.bars``), and per contender the working tree's rate over the old revision's in the same round. With
 ``--cpu-pairs N``, then N pairs of one in-process pass each (packed batches of 256), old and new in turn: the
 process's CPU time of its fastest of ``--passes`` passes, which the machine's other jobs disturb less than the
 loader bench's wall-clock rates.
@@ -27,8 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tools.bench_loader import bars
-from tools.tables import write_csv
+from tools.common import bars, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONTENDERS = ("ours-w0", "ours-w1", "ours-w2", "seed-mem", "zstd-limit")

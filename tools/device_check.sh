@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one prepared run for a lent GPU machine that has no network (issue 13: the padded
+# The checks that need a GPU, as one prepared run for a lent GPU machine that has no network (the padded
 # vs padding-free step). Most important first, every result written as soon as it is measured, so a time limit
 # still returns data. About 5-6 minutes on one H200. Into $OUT (8 files at most come back):
 #   log.txt      everything below, as it ran (PYTHONUNBUFFERED)
@@ -12,12 +12,12 @@
 #
 #   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python),
 #   the sample into .devshared/lifeseq-sample and the bench's 20,000 synthetic persons into .devshared/bench-data
-#   (`python -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+#   (`python -c 'from pathlib import Path; from tools.common import synth_dataset
 #   synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/); all three are
 #   in .git/info/exclude. Then run `bash tools/device_check.sh` there, carrying .whl and .devshared.
 #   A dry run on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python OUT=/tmp/dc bash tools/device_check.sh cpu
 #
-# `bash tools/device_check.sh small` runs only what decides issue 13's small-tc bars after two runs missed them,
+# `bash tools/device_check.sh small` runs only what decides the small-tc bars after two runs missed them,
 # in at most DEADLINE_S (230) seconds from its start, wheel install included (every stage's timeout is cut to what
 # is left): the `small` preset of train_bench (8 small-tc points: padded eager, then the padding-free step with the
 # CUDA-graphed or compiled masker, the prefetch thread, the compiled model, ~2 minutes), bench_kernels' prep part
@@ -31,9 +31,9 @@
 # large-tc, padded and padding-free (torch 2.1 has no varlen kernel: the padded-sdpa path), bf16, L=512, batch 256.
 # Its torch is 2.5 GB, more than a lent machine takes along: that machine must already have it (PINNED_PYTHON).
 # Dry run: OUT=/tmp/dcp bash tools/device_check.sh pinned-cpu
-# `bash tools/device_check.sh embed`: issue 23's stage (below), embed-cpu its dry run.
-# `bash tools/device_check.sh base` measures issue 24 in at most DEADLINE_S (430) seconds: train_bench's `base`
-# preset (the researchers' BERT-base at batch 50, L=1,024 then 512, fp32 / tf32 / bf16, padded and padding-free;
+# `bash tools/device_check.sh embed`: the embedding stage (below), embed-cpu its dry run.
+# `bash tools/device_check.sh base` measures BERT-base at 1,024 tokens in at most DEADLINE_S (430) seconds:
+# train_bench's `base` preset (the researchers' BERT-base at batch 50, L=1,024 then 512, fp32 / tf32 / bf16, padded and padding-free;
 # on .devshared/bench-data-1024, the bench's persons converted with --max-seq-len 1024, synthesised here if not
 # carried) into $OUT/base, then the `batch` preset (small / medium and their -tc twins, batch 256-4,096, bf16) into
 # $OUT/batch, then `pytest -m cuda` on the plain loop's tests. Dry run: ... bash tools/device_check.sh base-cpu
@@ -60,7 +60,7 @@ fi
 DATA=${DATA:-.devshared/bench-data/shards}  # DATA=...: another converted dataset (a dry run's small one)
 if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
-  $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+  $PY -c 'from pathlib import Path; from tools.common import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
 fi
 
@@ -76,9 +76,9 @@ case "$MODE" in pinned|pinned-cpu)
            --budget-s 150)
   fi
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
-    $PY -c "import torch, lightning, numpy; from lifeseq_shards import compat, model
+    $PY -c "import torch, lightning, numpy; from lifeseq_shards import compat
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__, 'numpy', numpy.__version__)
-print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLEN_ATTN is not None)"
+print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', compat.varlen_kernel() is not None)"
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "pytest -m cuda (torch 2.1)"
@@ -93,7 +93,7 @@ print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', model._VARLE
   exit 0;;
 esac
 
-case "$MODE" in embed|embed-cpu)  # issue 23: the reference model at the seed's `large` sizes embeds the bench data
+case "$MODE" in embed|embed-cpu)  # the reference model at the seed's `large` sizes embeds the bench data
   # on one GPU, bf16 autocast then fp32, through EmbeddingWriter (packed batches, padding-free path); each output
   # verified, and the two precisions compared (cosine of each person's CLS and mean). About 2 minutes on one H200.
   # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dce EMBED_DATA=<a few hundred persons> DEADLINE_S=900 \
@@ -131,7 +131,7 @@ case "$MODE" in base|base-cpu)
   DATA1024=.devshared/bench-data-1024/shards
   if [ ! -e "$DATA1024/manifest.json" ]; then
     stamp "no carried 1,024-token bench data: synthesising it"
-    $PY -c 'from pathlib import Path; from tools.train_bench import synth_dataset
+    $PY -c 'from pathlib import Path; from tools.common import synth_dataset
 synth_dataset(Path(".devshared/bench-data-1024"), 20000, 0, max_seq_len=1024)'
   fi
   if [ "$MODE" = base-cpu ]; then  # the same stages and code paths at sizes a 2-core CPU runs
@@ -214,9 +214,9 @@ fi
 
 stamp env
 { nvidia-smi || true; nproc; df -h /dev/shm
-  $PY -c "import torch, lightning; from lifeseq_shards import model
+  $PY -c "import torch, lightning; from lifeseq_shards import compat
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__)
-print('varlen_attn:', model._VARLEN_ATTN is not None)"
+print('varlen_attn:', compat.varlen_kernel() is not None)"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

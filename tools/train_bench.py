@@ -32,13 +32,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
-from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
-from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule, model_flops_per_token, resolve_size
 from lifeseq_shards.store.remote import read_manifest
-from tools.tables import write_csv
+from tools.common import synth_dataset, write_csv
 
 PRECISIONS = ("32-true", "tf32", "bf16-mixed")
 ATTENTION = ("padded", "varlen")
@@ -120,8 +118,9 @@ PRESETS: dict[str, Preset] = {
         ),
         steps=30, warmup=5, people=20000, budget_s=540,
     ),
-    # issue 13's bars, most important first (tools/device_check.sh; the budget drops what does not fit): bf16,
-    # L=512, batch 256; the old path (padded, no prefetch) against the padding-free one in the same run.
+    # the padding-free step's bars (docs/results/training-gpu.md), most important first (tools/device_check.sh; the
+    # budget drops what does not fit): bf16, L=512, batch 256; the old path (padded, no prefetch) against the
+    # padding-free one in the same run.
     "varlen": Preset(
         tuple(_grid((size,), (512,), (256,), ("bf16-mixed",), compile=(comp,), attention=(attn,), prefetch=(pre,))
               for size, attn, pre, comp in (
@@ -135,7 +134,7 @@ PRESETS: dict[str, Preset] = {
               )),
         steps=40, warmup=5, people=20000, budget_s=200,
     ),
-    # issue 13's small-tc bars after two runs missed them (host-bound step): the reference, then the padding-free step
+    # the small-tc bars after two runs missed them (host-bound step): the reference, then the padding-free step
     # with the host-cost levers, most decisive first (tools/device_check.sh small): the CUDA-graphed masker with the
     # compiled model, and in a thread, then with the eager model; the compiled masker; the eager (fewer-launch)
     # masker as in the second run.
@@ -450,19 +449,6 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
-
-
-def synth_dataset(root: Path, people: int, seed: int, max_seq_len: int = 512) -> Path:
-    """`shardify synth` + `shardify convert --max-seq-len` into root/shards (kept: a second run with the same --out
-    reuses it)."""
-    shards = root / "shards"
-    if (shards / "manifest.json").exists():
-        return shards
-    raw = root / "raw"
-    synth_population(raw, people, seed, progress=False)
-    convert_dataset([str(raw / "sequences.parquet")], shards, vocab=str(raw / "vocab.csv"),
-                    opts=ConvertOptions(seed=seed, overwrite=True, progress=False, max_seq_len=max_seq_len))
-    return shards
 
 
 def environment(device: torch.device, ceilings: dict[str, float], preset: str, steps: int, warmup: int) -> dict:

@@ -1,6 +1,6 @@
-"""docs/results/training-gpu.md's padding-free tables from one tools/device_check.sh run: issue 13's bars (met or not),
-the sweep's
-points, attention per head layout and the batch preparation, as markdown on stdout.
+"""docs/results/training-gpu.md's padding-free tables from one tools/device_check.sh run: the padding-free
+step's bars (met or not), the sweep's points, attention per head layout and the batch preparation, as
+markdown on stdout.
 
 Usage: python -m tools.varlen_tables DIR   (DIR holds results.csv and, when measured, attn.csv and prep.csv)
 """
@@ -68,7 +68,7 @@ NUMBERS = ("tokens_per_s", "step_time_s", "data_wait_frac", "device_gap_frac", "
 
 
 def bars(rows: list[dict[str, str]]) -> list[str]:
-    """Each bar of issue 13 as (what, measured, target, met) from the sweep's rows."""
+    """Each bar of the padding-free step as (what, measured, target, met) from the sweep's rows."""
     big_pad, big_var = _point(rows, "large-tc", "padded", False, False), _point(rows, "large-tc", "varlen", True, False)
     big_comp = _point(rows, "large-tc", "varlen", True, True)
     small_pad, small_var = _point(rows, "small-tc", "padded", False, False), _point(rows, "small-tc", "varlen", True,
@@ -154,7 +154,7 @@ def prep(rows: list[dict[str, str]]) -> list[str]:
 
 def main(folder: Path) -> str:
     results = _read(folder / "results.csv")
-    parts = ["### Bars (issue 13)", "", *bars(results), "", "### Sweep (train_bench)", "",
+    parts = ["### Bars (the padding-free step)", "", *bars(results), "", "### Sweep (train_bench)", "",
              *sweep(results)]
     if phases := host_phases(results):
         parts += ["", "### Host time per step, by phase (ms)", "", *phases]

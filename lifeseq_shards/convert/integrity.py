@@ -23,7 +23,7 @@ from .outdir import LOCK
 from .sources import drops
 
 KIND_MARK = {RAGGED: "[L]", RUNS: "[runs]"}  # per token; once per run of tokens sharing the value
-__all__ = ["require_block_checks", "summarize", "upgrade_dataset", "verify_dataset"]
+__all__ = ["summarize", "upgrade_dataset", "verify_dataset"]
 
 
 def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
@@ -35,17 +35,6 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
         problems.append(f"manifest: format {manifest.format_version}, without per-block checksums: the reader refuses "
                         f"it; `shardify upgrade {root}` adds them")
     return problems
-
-
-def require_block_checks(manifest: Manifest, shards: Sequence[ShardFile], root: str) -> None:
-    """ManifestError (one line, with the command that fixes it) unless the reader can check every block of
-    ``shards`` against the manifest: without the blocks' checksums, a block swapped inside a shard is read without a
-    word (its persons twice, the block's own never)."""
-    if all(s.block_checksums is not None for s in shards):
-        return
-    run = f"`shardify upgrade {root}`" if is_local(root) else "`shardify upgrade DIR` where its files are"
-    raise ManifestError(f"{root}: a format-{manifest.format_version} dataset without per-block checksums (a block "
-                        f"swapped inside a shard would be read without a word): run {run} to verify it and add them")
 
 
 def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, list[str]]:

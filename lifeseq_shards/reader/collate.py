@@ -1,6 +1,6 @@
 """Persons of a decoded block -> one batch, in narrow dtypes: packed into one buffer of real tokens (which the
 device pads) or padded here. Everything a batch's shape depends on is in a small frozen :class:`BatchSpec`, so the
-functions run without a dataset (tools/bench_stamps.py times them alone)."""
+functions run without a dataset (a benchmark can time them alone)."""
 
 from __future__ import annotations
 

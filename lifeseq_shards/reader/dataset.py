@@ -16,14 +16,13 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..convert.integrity import require_block_checks
 from ..plan import order as plan_order
 from ..plan import partition as plan
 from ..plan import slots as plan_slots
 from ..plan.partition import BALANCED, COMPLETE
 from ..plan.resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from ..store.manifest import MANIFEST, Manifest, ManifestError
-from ..store.remote import dataset_url, read_manifest
+from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
 from .launch import World
 from .stages import batches, load_windows, messages, slot_windows, with_shard_field

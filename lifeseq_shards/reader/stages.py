@@ -58,9 +58,10 @@ def load_windows(src: Iterator[Ordered], shards: Sequence[ShardFile], schema: Se
 
 
 def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[Block]:
-    """The blocks holding persons [start, stop) of one shard file, each cut to that range (views, no copy). Every
-    member met is checked against the manifest (:class:`ShardFile`), and a read of the shard's last block makes sure
-    that none follows it: a shard that is not the manifest's, or holds other counts, fails here, naming it."""
+    """The blocks holding persons [start, stop) of one shard file (``segment``), decoded by ``schema`` and each cut
+    to that range (views, no copy). Every member met is checked against the manifest (:class:`ShardFile`), and a
+    read of the shard's last block makes sure that none follows it: a shard that is not the manifest's, or holds
+    other counts, fails here, naming it."""
     shard, bp = segment.shard, segment.shard.block_persons
     first, last = segment.start // bp, (segment.stop - 1) // bp
     blocks = []

@@ -4,7 +4,7 @@ manifest.py).
 A shard is a plain tar file. Each member ``NNNNNN.block.zst`` holds a *block* of persons, zstd-compressed, in a
 columnar layout that ``np.frombuffer`` reads without parsing (docs/reference/format.md gives it byte for byte).
 Persons are never one tar member each: a tar header and an ``np.load`` per person make that layout slow and large
-(tools/bench_layouts.py).
+(docs/results/reader.md, "Layouts").
 """
 
 from __future__ import annotations

@@ -19,11 +19,12 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from .manifest import MANIFEST, Manifest, ManifestError, parse_manifest
+from .shardfile import ShardFile
 
 STALL_ENV = "LIFESEQ_HTTP_STALL_S"
 DEFAULT_STALL_S = 60
@@ -217,3 +218,14 @@ class CommandStream:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def require_block_checks(manifest: Manifest, shards: Sequence[ShardFile], root: str) -> None:
+    """ManifestError (one line, with the command that fixes it) unless the reader can check every block of
+    ``shards`` against the manifest: without the blocks' checksums, a block swapped inside a shard is read without a
+    word (its persons twice, the block's own never)."""
+    if all(s.block_checksums is not None for s in shards):
+        return
+    run = f"`shardify upgrade {root}`" if is_local(root) else "`shardify upgrade DIR` where its files are"
+    raise ManifestError(f"{root}: a format-{manifest.format_version} dataset without per-block checksums (a block "
+                        f"swapped inside a shard would be read without a word): run {run} to verify it and add them")

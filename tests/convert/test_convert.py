@@ -1,9 +1,12 @@
-"""The converter: exact round trips of the seed's files, shard sizing, determinism."""
+"""The converter: exact round trips of the seed's files, shard sizing, determinism; options and inputs it refuses
+before any work (one line, exit 2); pool workers that die or are orphaned."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import tarfile
 from pathlib import Path
@@ -11,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
-from helpers import FIELDS, SeedRows, shardify
+from helpers import FIELDS, SeedRows, shardify, wait_for
+from small_inputs import assert_refused, hooked, write_h5, write_parquet
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset, shard_count
 from lifeseq_shards.store.format import MIN_SHARD_PERSONS, token_schema
@@ -207,3 +211,148 @@ def test_convert_says_what_the_filter_drops(sample: Path, nomlm_rows: SeedRows, 
     # an encoded .h5 is the seed's output already: nothing is dropped, and convert says that too
     code, out = shardify("convert", sample / "encoded_nomlm.h5", "-o", tmp_path / "h5")
     assert out.strip().splitlines()[-1].endswith(f"dropped none of {len(nomlm_rows.row):,} input rows")
+
+
+# -- options and inputs refused before any work: one line, exit 2 ---------------------------------------------
+def test_duplicate_id_across_files_names_both(tmp_path: Path) -> None:
+    a, b = write_h5(tmp_path / "a.h5"), write_h5(tmp_path / "b.h5", sequence_id=np.array([7, 8, 9, 101]))
+    assert_refused(*shardify("convert", a, b, "-o", tmp_path / "out"),
+                   f"{a}: row 1: person id 101 occurs 2 times (also {b}: row 3)")
+
+
+OPTION_CASES = [
+    (["--num-val", "-5"], "--num-val"),
+    (["--max-seq-len", "5"], "--max-seq-len 5"),
+    (["--shards", "-3"], "--shards"),
+    (["--block-persons", "0"], "--block-persons"),
+    (["--val-fraction", "1"], "--val-fraction"),
+    (["--val-fraction", "-0.1"], "--val-fraction"),
+    (["--zstd-level", "99"], "--zstd-level"),
+    (["--processes", "0"], "--processes"),
+    (["--dtype", "abspos=float32"], "--dtype abspos=float32: not an integer dtype"),
+    (["--dtype", "abspos=bogus"], "--dtype abspos=bogus: not an integer dtype"),
+    (["--dtype", "lenght=int32"], "--dtype lenght=int32: no field 'lenght'"),
+    # both asked for and they disagree: --shards used to win silently, and training then left persons out
+    (["--shards", "3", "--gpus", "2"], "--shards 3 does not divide into 1 x 2 x 1 = 2 readers"),
+]
+
+
+@pytest.mark.parametrize("args, part", OPTION_CASES, ids=[" ".join(a) for a, _ in OPTION_CASES])
+def test_convert_option_refused(args: list[str], part: str, small_vocab: Path, tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "in.parquet")
+    assert_refused(*shardify("convert", path, "--vocab", small_vocab, "-o", tmp_path / "out", *args), part)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, part", [
+    (["--shards", "4"], "--shards 4 is more than the 2 persons of split val"),
+    (["--gpus", "2", "--workers", "2"], "4 readers (nodes x gpus x workers) is more than the 2 persons of split val"),
+])
+def test_too_few_persons_for_the_shards_names_the_split(args: list[str], part: str, tmp_path: Path) -> None:
+    """The split that cannot be cut is named, with what to change (it said "of a split": train or val?)."""
+    path = write_h5(tmp_path / "in.h5", n=40)
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", "--num-val", 2, *args), part, "--num-val")
+
+
+@pytest.mark.parametrize("args, part", [
+    (["--num-val", "4"], "--num-val 4 leaves no training persons (4 in all)"),
+    (["--val-fraction", "0.999"], "--val-fraction 0.999 leaves no training persons (4 in all)"),
+])
+def test_a_split_that_leaves_no_training_persons_is_refused(args: list[str], part: str, tmp_path: Path) -> None:
+    """Both ways of sizing val refuse to leave train empty (--val-fraction wrote a dataset without a train split)."""
+    assert_refused(*shardify("convert", write_h5(tmp_path / "in.h5"), "-o", tmp_path / "out", *args), part)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("args", [["--max-seq-len", "256"], ["--time-range-start", "100"],
+                                  ["--time-range-end", "5"]], ids=" ".join)
+def test_parquet_only_options_refused_for_h5(args: list[str], tmp_path: Path) -> None:
+    """An encoded .h5 keeps its width and its events: an option that would cut them is refused, not ignored."""
+    path = write_h5(tmp_path / "in.h5")
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "out", *args), str(path), args[0], "parquet input only")
+    assert not (tmp_path / "out").exists()
+
+
+def test_dtype_length_int32_holds_long_sequences(tmp_path: Path) -> None:
+    """The error for a sequence over 65,535 tokens says `--dtype length=int32`; that option is honoured (every count
+    and position in a sequence widens with it) and the long sequence comes back whole."""
+    width = 70_000
+    ids = np.zeros((2, 4, width), dtype=np.int64)
+    ids[:, 0] = 5
+    ids[:, 1] = np.arange(width) // 3  # runs of 3 tokens
+    path = write_h5(tmp_path / "long.h5", n=2, width=width, input_ids=ids, original_sequence=ids[:, 0],
+                    padding_mask=np.ones((2, width), np.int64))
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "narrow", "--dtype", "abspos=int32"),
+                   "field 'length' value 70000 does not fit uint16", "--dtype length=int32")
+    code, out = shardify("convert", path, "-o", tmp_path / "out", "--val-fraction", 0, "--dtype", "length=int32",
+                    "--dtype", "abspos=int32")
+    assert code == 0, out
+    m = read_manifest(tmp_path / "out")
+    dtypes = {f.name: f.dtype for f in m.schema}
+    assert dtypes["length"] == dtypes["n_runs"] == dtypes["run_length"] == "int32"
+    assert shardify("verify", tmp_path / "out")[0] == 0
+    blocks = [b for _, e in m.entries() for b in read_shard_blocks(tmp_path / "out" / e.file, m.schema)]
+    assert [int(x) for b in blocks for x in b.columns["length"]] == [width, width]
+    np.testing.assert_array_equal(blocks[0].columns["abspos"][:width], ids[0, 1])
+
+
+# -- pool workers (slow: real subprocess conversions) -------------------------------------------------------------
+# each pool worker reports its pid and then works for two minutes
+STALL = """
+def stalled(args):
+    (report / str(os.getpid())).touch()
+    time.sleep(120)
+c._encode_and_narrow = stalled
+"""
+
+
+# the pool worker that encodes the second input dies as an out-of-memory kill would end it
+DIE_IN_WORKER = """
+real = c._encode_and_narrow
+def dying(args):
+    if args[1][0].endswith("1.h5"):
+        os._exit(9)
+    return real(args)
+c._encode_and_narrow = dying
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_pool_worker_that_dies_is_one_line(tmp_path: Path) -> None:
+    """A pool worker killed mid-conversion (the OOM killer) ends the conversion with one line and exit 2, not a
+    BrokenProcessPool traceback, and leaves no dataset."""
+    inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(3)]
+    proc = hooked(DIE_IN_WORKER, tmp_path / "report", "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
+    _, err = proc.communicate(timeout=60)
+    assert_refused(proc.returncode, err.decode(), f"{tmp_path / 'ds'}: a conversion process died", "--processes")
+    assert {p.name for p in (tmp_path / "ds").iterdir()} == {".conversion.lock"}
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (Z: exited, not yet reaped by its new parent), or None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_killed_conversion_leaves_no_pool_worker(tmp_path: Path) -> None:
+    """SIGKILL of `convert --processes 2` mid-way: both pool workers end with it (they used to run on, orphaned)."""
+    report = tmp_path / "report"
+    inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(4)]
+    proc = hooked(STALL, report, "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
+    workers: list[int] = []
+    try:
+        assert wait_for(lambda: len(list(report.iterdir())) >= 2, 60), proc.stderr
+        workers = [int(p.name) for p in report.iterdir()]
+        proc.kill()
+        proc.wait(10)
+        assert wait_for(lambda: all(state(w) in (None, "Z") for w in workers), 10), [state(w) for w in workers]
+    finally:
+        proc.kill()
+        for w in workers:
+            if state(w) not in (None, "Z"):
+                os.kill(w, signal.SIGKILL)

@@ -11,7 +11,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import serve_directory, shardify
+import torch
+from helpers import copy_of, edit_manifest, read_all, serve_directory, shardify, to_format2
 
 from lifeseq_shards.convert.passes import ConvertError, ConvertOptions, convert_dataset
 from lifeseq_shards.store.format import Block, decode_member
@@ -260,3 +261,33 @@ def test_inspect_says_how_many_training_leaves_out(sample: Path, tmp_path: Path)
     assert code == 0 and "training skips" not in out
     assert f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch: " \
            f"{train % 8} at the 8 readers converted for" in out
+
+
+# -- verify and upgrade check what the reader relies on ---------------------------------------------------------------
+def test_format2_datasets_still_read_once_upgraded(nomlm_copy: Path, nomlm_dataset: Path) -> None:
+    """`shardify upgrade` adds the blocks' checksums that the reader requires (tests/store/test_block_checks.py)."""
+    edit_manifest(nomlm_copy, to_format2)
+    assert shardify("upgrade", str(nomlm_copy))[0] == 0
+    got, want = read_all(nomlm_copy), read_all(nomlm_dataset)
+    assert len(got) == len(want) and all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(got, want, strict=True))
+
+
+def test_verify_names_a_shard_path_that_is_a_directory(nomlm_copy: Path) -> None:
+    """Before: a traceback (IsADirectoryError) from verify."""
+    edit_manifest(nomlm_copy, lambda m: m["splits"]["train"]["shards"][0].update(file="val"))
+    code, out = shardify("verify", str(nomlm_copy))
+    assert code == 1 and "val: missing (a directory)" in out, out
+    with pytest.raises(IsADirectoryError, match=r"Is a directory: .*/val"):
+        read_all(nomlm_copy)
+
+
+@pytest.mark.parametrize("block_persons", [8, 32])
+def test_verify_checks_block_persons(blocks16: Path, tmp_path: Path, block_persons: int) -> None:
+    """Before: verify said OK, and reading failed on a short block (or with an IndexError deep in numpy)."""
+    ds = copy_of(blocks16, tmp_path)
+    edit_manifest(ds, lambda m: m.update(block_persons=block_persons))
+    code, out = shardify("verify", str(ds))
+    needle = f"000000.block.zst: 16 persons, where the manifest's 115 persons in blocks of {block_persons}"
+    assert code == 1 and needle in out, out
+    with pytest.raises(OSError, match="persons, where the manifest's 115 persons"):
+        read_all(ds)

@@ -1,4 +1,5 @@
-"""The parquet source tokenises step-4 sequences exactly as the seed's step 5 did (checked on its own output)."""
+"""The parquet source tokenises step-4 sequences exactly as the seed's step 5 did (checked on its own output), and
+refuses in one line, naming file, row and column, a parquet file or vocab.csv it cannot store exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import SeedRows
+from helpers import SeedRows, shardify
+from small_inputs import BG, SMALL_VOCAB, N, assert_refused, person_ids, write_parquet
 
 from lifeseq_shards.convert.sources.errors import SourceError
 from lifeseq_shards.convert.sources.parquet import encode_parquet_task, parquet_tasks, read_vocab
@@ -17,7 +19,6 @@ VOCAB = (
     "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G,4\n"
     "a,E,5\nb,E,6\nm,B,7\ny,B,8\ng,B,9\no,B,10\n"
 )
-BG = {"birth_month": "m", "birth_year": "y", "gender": "g", "origin": "o"}
 
 
 def encode_file(path: Path, vocab: dict[str, int], **kw: object) -> dict[int, np.ndarray]:
@@ -161,3 +162,80 @@ def test_read_vocab_rejects(tmp_path: Path, text: str, message: str) -> None:
         read_vocab(path)
     with pytest.raises(SourceError, match="missing.csv"):
         read_vocab(tmp_path / "missing.csv")
+
+
+# -- input the converter cannot store exactly, or does not read: one line naming file, row, column -------------
+def strings(values: list[bytes]) -> pa.Array:
+    """A string array that may hold bytes that are not UTF-8 (parquet stores them; pyarrow's builders refuse)."""
+    return pa.array(values, pa.binary()).cast(pa.string(), safe=False)
+
+
+def nested(inner: pa.Array, per_event: int = 1, events: int = 5) -> pa.Array:
+    """Each person: ``events`` events of ``per_event`` tokens, tokens taken from ``inner`` in order."""
+    tok = pa.ListArray.from_arrays(pa.array(range(0, len(inner) + 1, per_event), pa.int32()), inner)
+    return pa.ListArray.from_arrays(pa.array(range(0, len(tok) + 1, events), pa.int32()), tok)
+
+
+NOT_UTF8 = strings([b"a"] * 5 + [b"a", b"a\xff", b"a", b"a", b"a"] + [b"a"] * 5)
+
+PARQUET_CASES = {
+    "id missing (null)": ({"RINPERSOON": pa.array([100.0, None, 102.0])}, ["row 1", "no person id"]),
+    "id NaN (pandas)": ({"RINPERSOON": pa.array([100.0, np.nan, 102.0], from_pandas=False)},
+                        ["row 1", "RINPERSOON", "nan"]),
+    "id with a fraction": ({"RINPERSOON": pa.array([100.0, 101.5, 102.0])}, ["row 1", "RINPERSOON", "101.5"]),
+    "id beyond 2^53 as float": ({"RINPERSOON": pa.array([100.0, 2.0**60, 102.0])}, ["row 1", "RINPERSOON"]),
+    "uint64 id >= 2^63": ({"RINPERSOON": pa.array([100, 2**63, 102], pa.uint64())},
+                          ["row 1", "RINPERSOON", str(2**63)]),
+    "ids as strings": ({"RINPERSOON": pa.array(["100", "x", "102"])}, ["column 'RINPERSOON' is string"]),
+    "float abspos": ({"abspos": pa.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 100.7], [1, 2, 3, 4, 5]])},
+                     ["row 1", "person 101", "abspos", "100.7"]),
+    "token not UTF-8": ({"sentence": nested(NOT_UTF8)}, ["row 1", "person 101", "sentence", "not UTF-8"]),
+    "tokens as bytes": ({"sentence": nested(pa.array([b"a"] * 15, pa.binary()))},
+                        ["binary>>, expected list<list<string>>"]),
+    "background not UTF-8": ({"background": pa.StructArray.from_arrays(
+        [strings([b"m", b"m", b"\xfe"]), *[pa.array(["y"] * 3)] * 3], names=list(BG))},
+        ["row 2", "background.birth_month", "not UTF-8"]),
+    "background lacks a field": ({"background": pa.array([{**{k: v for k, v in BG.items() if k != "gender"},
+                                                            "sex": "g"}] * N)},
+                                 ["column 'background'", "gender"]),
+    "sentence a flat string": ({"sentence": pa.array(["a a a a a"] * N)}, ["column 'sentence' is string"]),
+    "sentence of integers": ({"sentence": pa.array([[[5]] * 5] * N)}, ["int64>>, expected list<list<string>>"]),
+    "duplicate id": ({"RINPERSOON": pa.array([100, 101, 100])}, ["row 0: person id 100 occurs 2 times", "row 2"]),
+    # the copy in row 2 has too few events to be kept: which copy survived was the filter's silent choice
+    "duplicate id, one copy filtered out": ({"RINPERSOON": pa.array([100, 101, 100]), **{
+        c: pa.array([[1, 2, 3, 4, 5]] * 2 + [[1, 2, 3]]) for c in ("abspos", "age", "segment")},
+        "sentence": pa.array([[["a"]] * 5] * 2 + [[["a"]] * 3])}, ["row 0: person id 100 occurs 2 times", "row 2"]),
+}
+
+
+@pytest.mark.parametrize("case", PARQUET_CASES)
+def test_parquet_input_refused(case: str, small_vocab: Path, tmp_path: Path) -> None:
+    columns, parts = PARQUET_CASES[case]
+    path = write_parquet(tmp_path / "in.parquet", **columns)
+    code, out = shardify("convert", path, "--vocab", small_vocab, "-o", tmp_path / "out", "--val-fraction", 0)
+    assert_refused(code, out, str(path), *parts)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_integral_float_ids_are_kept_exactly(small_vocab: Path, tmp_path: Path) -> None:
+    """pandas makes an id column float: integral values below 2^53 are stored as the integers they are."""
+    path = write_parquet(tmp_path / "in.parquet", RINPERSOON=pa.array([100.0, 2.0**52 + 1, 102.0]))
+    code, out = shardify("convert", path, "--vocab", small_vocab, "-o", tmp_path / "out", "--val-fraction", 0)
+    assert code == 0, out
+    assert person_ids(tmp_path / "out") == [100, 102, 2**52 + 1]
+
+
+@pytest.mark.parametrize("text, parts", [
+    (SMALL_VOCAB.encode() + b"b\xe9,E,10\n", ["line 12", "not UTF-8"]),
+    (SMALL_VOCAB.encode() + b"b,E,4294967296\n", ["line 12", "ID 4294967296"]),
+    # the masker, the padding and the seed's step 5 take [PAD] [CLS] [SEP] [MASK] [UNK] to be ids 0-4
+    (SMALL_VOCAB.replace("[SEP],G,2", "[SEP],G,12").replace("a,E,5", "a,E,2").encode(), ["line 4", "[SEP] has ID 12",
+                                                                                     "IDs 0-4"]),
+    (b"TOKEN,CATEGORY,ID\n" + b"".join(b"%s,G,%d\n" % (s, i + 1) for i, s in enumerate(
+        [b"[PAD]", b"[CLS]", b"[SEP]", b"[MASK]", b"[UNK]", b"a", b"m", b"y", b"g", b"o"])), ["[PAD] has ID 1"]),
+])
+def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
+    (tmp_path / "v.csv").write_bytes(text)
+    path = write_parquet(tmp_path / "in.parquet")
+    assert_refused(*shardify("convert", path, "--vocab", tmp_path / "v.csv", "-o", tmp_path / "out"),
+                   str(tmp_path / "v.csv"), *parts)

@@ -1,6 +1,6 @@
 """Reads batches through 2 forkserver workers (shared-memory rings) until killed; says READY once they run.
 
-tests/reader/test_hostile_reader.py SIGKILLs it, as an out-of-memory kill would, and checks that nothing it started
+tests/reader/test_reader.py SIGKILLs it, as an out-of-memory kill would, and checks that nothing it started
 outlives it or keeps its stdout open."""
 
 import sys

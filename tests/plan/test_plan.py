@@ -11,6 +11,7 @@ import pytest
 from helpers import shardify
 from hypothesis import given
 from hypothesis import strategies as st
+from small_inputs import assert_refused
 
 from lifeseq_shards.plan import partition as plan_module
 from lifeseq_shards.plan.exact import exact_slot_persons
@@ -518,3 +519,8 @@ def test_plan_names_the_split_it_plans(nomlm_dataset: Path) -> None:
     code, out = shardify("plan", nomlm_dataset, "--split", "val", "--batch-size", 8)
     assert code == 0 and out.startswith("val split: 2 shards x 140 persons = 280")  # it said "train split"
     assert "mode exact (validation)" in out and "EXACT: every person once" in out  # as validation reads it
+
+
+@pytest.mark.parametrize("args", [["--gpus", "0"], ["--gpus", "-1"], ["--batch-size", "0"], ["--nodes", "0"]])
+def test_plan_option_refused(args: list[str], mlm_dataset: Path) -> None:
+    assert_refused(*shardify("plan", mlm_dataset, "--batch-size", "8", *args), args[0])

@@ -1,5 +1,6 @@
 """A loader state resumed in another layout (workers, ranks, batch size, message size, window): the rest of its
-epoch through the real reader and its DataLoader workers.
+epoch through the real reader and its DataLoader workers; another split, or a state too old to say its window, is
+refused.
 
 The truth is the shard files (``split_ids``) and what the interrupted run returned; rank 0's state serves every new
 rank, as Lightning's checkpoint does.
@@ -201,3 +202,49 @@ def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, 
                        ("weights.ckpt", "holds no loader states"), ("two.ckpt", "holds 2 loader states")):
         code, out = shardify("plan", nomlm_dataset, "--batch-size", 64, "--resume", tmp_path / name)
         assert code == 2 and said in out and len(out.strip().splitlines()) == 1, out
+
+
+# -- resume only into the same order, split and state -----------------------------------------------------------------
+def started_loader(root: Path, split: str = "train", **kw: Any) -> ShardedLoader:
+    ld = ShardedLoader(ShardedDataset(root, split, batch_size=100, world=World(0, 1), **kw))
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    return ld
+
+
+@pytest.mark.parametrize("change", [{"window": 8192}, {"window": 1000}, {"window": 40_000}])
+def test_resume_in_another_window_reads_the_rest_once(nomlm_dataset: Path, change: dict[str, int]) -> None:
+    """Before the window was recorded: resumed with some persons twice and as many missed. Then refused; now the
+    rest of the epoch, in the window it was begun in (tests/reader/test_elastic_resume.py has the other layout
+    changes)."""
+    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1)))
+    it = iter(ld)
+    trained = [i for _ in range(3) for i in next(it)["person_id"].tolist()]
+    state = ld.state_dict()
+    del it
+    again = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1), **change))
+    with pytest.warns(UserWarning, match=r"resumes in another layout \(window 4096 -> "):
+        again.load_state_dict(state)
+    rest = [i for b in again for i in b["person_id"].tolist()]
+    assert len(rest + trained) == len(set(rest + trained))
+    everyone, left = trained_ids(nomlm_dataset, 1, 0, 0)  # one reader: the whole split, remainder included
+    assert not left and set(rest + trained) == everyone
+
+
+def test_resume_refuses_another_split(nomlm_dataset: Path) -> None:
+    """Before: a val loader went on with train persons from batch 3."""
+    state = started_loader(nomlm_dataset).state_dict()
+    with pytest.raises(ValueError, match=re.escape(f"{nomlm_dataset}: cannot resume exactly: split ['train'] -> "
+                                                   "['val']") + ".*checkpoint's settings, or without the loader's"):
+        ShardedLoader(ShardedDataset(nomlm_dataset, "val", batch_size=100, world=World(0, 1))).load_state_dict(state)
+
+
+def test_resume_refuses_a_state_that_predates_the_window(nomlm_dataset: Path) -> None:
+    """An older loader state cannot say which window or split it was read with: refused, not guessed."""
+    state = started_loader(nomlm_dataset).state_dict()
+    for key in ("split", "window"):
+        state["layout"].pop(key, None)
+    ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1)))
+    with pytest.raises(ValueError, match="does not record split, window"):
+        ld.load_state_dict(state)

@@ -1,4 +1,5 @@
-"""The reader: DDP/worker partition, epochs, exact resume, batch contents, remote shards, rank capture.
+"""The reader: DDP/worker partition, epochs, exact resume, batch contents, remote shards, rank capture, workers
+that die with a killed process, positions and arguments refused.
 
 Expectations come from the files, not from the reader's code path: person ids are decoded by hand from the shard
 tars (the documented block layout), values are compared with the seed's h5 rows, counts are worked out from the
@@ -16,12 +17,13 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,22 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_SHARDS, U16, SeedRows, repo_first, serve_directory, shard_ids, split_ids, trained_ids
+from helpers import (
+    REPO,
+    U16,
+    SeedRows,
+    group_pids,
+    repo_first,
+    serve_directory,
+    shard_ids,
+    shm_files,
+    split_ids,
+    trained_ids,
+    wait_for,
+)
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
-from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.device.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.device.build import model_batch, padded_fields
 from lifeseq_shards.plan.resume import Position
@@ -48,15 +61,6 @@ from lifeseq_shards.store.shardfile import read_shard_blocks, write_shard
 Batch = PaddedBatch | PackedBatch
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
 SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target slots
-
-
-@pytest.fixture(scope="module")
-def other_dataset(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """encoded_nomlm.h5 converted with another seed (other content, other fingerprint) and 16-person blocks."""
-    out = tmp_path_factory.mktemp("other")
-    convert_dataset([str(sample / "encoded_nomlm.h5")], out, opts=ConvertOptions(progress=False, seed=1,
-                                                                                 block_persons=16, **SMALL_SHARDS))
-    return out
 
 
 # -- reading helpers ----------------------------------------------------------------------------------------------
@@ -364,11 +368,11 @@ def test_set_epoch_after_a_load_keeps_the_position_or_refuses(nomlm_dataset: Pat
     assert resumed.pass_start == resumed.position == Position(5, 0)
 
 
-def test_resume_refuses_another_dataset(nomlm_dataset: Path, other_dataset: Path) -> None:
+def test_resume_refuses_another_dataset(nomlm_dataset: Path, reseeded16: Path) -> None:
     ld = loader(nomlm_dataset, batch_size=100)
     take(iter(ld), 2)
     state = ld.state_dict()
-    other = loader(other_dataset, batch_size=100)
+    other = loader(reseeded16, batch_size=100)
     assert other.dataset.fingerprint != ld.dataset.fingerprint
     with pytest.raises(DatasetChanged, match="fingerprint") as err:
         other.load_state_dict(state)
@@ -457,20 +461,20 @@ def test_offline_mlm_pad_to_refuses_to_crop_naming_the_person(mlm_dataset: Path,
     assert mlm_rows.length[mlm_rows.row[person]] == n > 128
 
 
-def test_partial_reads_of_small_blocks(other_dataset: Path, nomlm_rows: SeedRows) -> None:
+def test_partial_reads_of_small_blocks(reseeded16: Path, nomlm_rows: SeedRows) -> None:
     """16-person blocks and pooled slices: reads start and stop inside shards, past their first block."""
-    shards, _ = split_ids(other_dataset, "train")
+    shards, _ = split_ids(reseeded16, "train")
     assert len(shards) == SHARDS
     world = 5  # 3 pooled shards cut into 69-person slices, then the remainder shared out
     got = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ranks = all_ranks(other_dataset, world, 0, batch_size=100)
+        ranks = all_ranks(reseeded16, world, 0, batch_size=100)
     for b in (b for r in ranks for b in r):
         check_batch(b, nomlm_rows)
         got.append(b.tensors["person_id"].numpy())
     ids = np.concatenate(got)
-    everyone, left = trained_ids(other_dataset, world, 0, 0)
+    everyone, left = trained_ids(reseeded16, world, 0, 0)
     assert len(ids) == len(np.unique(ids)) == len(everyone) - len(left) > TRAIN_READ
     assert set(ids.tolist()) == everyone - left
 
@@ -797,3 +801,73 @@ def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> N
     run = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True, timeout=100,
                          env=repo_first(os.environ))
     assert run.returncode == 0 and int(run.stdout.split()[-1]) > 0, run.stderr
+
+
+# -- 10. a killed training process takes everything it started along --------------------------------------------------
+SHM = Path("/dev/shm")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not SHM.is_dir(), reason="Linux /dev/shm and /proc")
+def test_a_killed_training_process_leaves_nothing_behind(nomlm_dataset: Path) -> None:
+    """`python train.py | tee log` after an out-of-memory kill: the pipe reaches EOF (no forkserver, worker or
+    resource tracker keeps it open), no process of the training's group survives, and its semaphores are gone
+    from /dev/shm."""
+    env = repo_first(os.environ)
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ddp_scripts" / "train_until_killed.py"),
+                             str(nomlm_dataset)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)  # its own process group: what it starts is found by group
+    assert proc.stdout is not None
+    shm: set[Path] = set()
+    try:
+        for line in proc.stdout:
+            if line.startswith(b"READY"):
+                break
+        else:
+            pytest.fail("the training script ended before reading 5 batches")
+        started = group_pids(proc.pid) - {proc.pid}
+        assert len(started) >= 3, started  # the forkserver, 2 workers (and the resource tracker)
+        shm = shm_files(started | {proc.pid})
+        assert shm, "expected the loader's queues to hold semaphores in /dev/shm"
+        proc.kill()
+        proc.wait()
+        eof = threading.Event()
+        threading.Thread(target=lambda: (proc.stdout.read(), eof.set()), daemon=True).start()  # type: ignore[union-attr]
+        assert eof.wait(20), f"the pipe stayed open 20 s after the kill: held by {group_pids(proc.pid)}"
+        assert wait_for(lambda: not group_pids(proc.pid), 10), f"survivors: {group_pids(proc.pid)}"
+        assert wait_for(lambda: not any(p.exists() for p in shm), 10), \
+            f"left in /dev/shm: {sorted(p.name for p in shm if p.exists())}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in shm:  # the test's own leftovers only (those its processes had mapped)
+            p.unlink(missing_ok=True)
+
+
+# -- 11. positions and arguments that cannot be: refused when given ---------------------------------------------------
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda ds: ds.resume_at(0, len(ds) + 5), r"cannot resume epoch 0 after 61 batches: this rank's epoch has 56 "
+                                              r"\(resume at 0\.\.56, or set_epoch\(1\) for the next\)"),
+    (lambda ds: ds.resume_at(2, -1), r"cannot resume epoch 2 after -1 batches"),
+    (lambda ds: ds.set_epoch(-1), r"epoch -1: epochs are numbered from 0"),
+])
+def test_a_position_outside_the_epoch_is_refused(nomlm_dataset: Path, call: Callable[[ShardedDataset], None],
+                                                 needle: str) -> None:
+    """Before: resuming past the epoch's end gave an empty epoch without a word (num_workers=0; workers failed
+    with 'batches consumed, but the workers only produce'), a negative epoch numpy's 'expected non-negative
+    integer' at the first batch; now the call refuses, naming the dataset."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1))
+    with pytest.raises(ValueError, match=re.escape(str(nomlm_dataset)) + ": " + needle):
+        call(ds)
+    ds.resume_at(0, len(ds))  # the end of the epoch: nothing left of it
+    assert list(ds) == []
+
+
+@pytest.mark.parametrize(("arg", "value"), [("pad_to", 0), ("pad_to", -8), ("pad_multiple", 0), ("batch_size", 0),
+                                            ("batch_size", -1), ("seed", -1), ("window", 0)])
+def test_arguments_that_cannot_be_are_refused_at_construction(nomlm_dataset: Path, arg: str, value: int) -> None:
+    """Before: pad_to=0 gave batches of persons cropped to no tokens, without a word; the others failed at the first
+    batch, in a worker (a ZeroDivisionError, numpy's 'expected non-negative integer') or in ShardedLoader."""
+    with pytest.raises(ValueError, match=rf"^{arg} must be an integer >= [01], not {value}$"):
+        ShardedDataset(nomlm_dataset, world=World(0, 1), **{arg: value})

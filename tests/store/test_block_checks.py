@@ -2,42 +2,36 @@
 another shard's block, for a block of another conversion of the same input, or for a copy of the shard's own block
 0 fails the epoch in one line naming the shard and the block, before a wrong person is yielded, locally, over
 http(s) and through a `pipe:` command. Before, each was read on: the block's persons twice, the swapped-out block's
-never. A dataset without the blocks' checksums (formats 1-3) is refused with the command that adds them."""
+never. A dataset without the blocks' checksums (formats 1-3) is refused with the command that adds them. Whole
+shards copied over others, a schema edited under the blocks, and counts lowered are refused the same way."""
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, convert_nomlm, repo_first, serve_directory, shardify, to_format2
+from helpers import (
+    ManifestJSON,
+    copy_of,
+    edit_manifest,
+    read_all,
+    serve_directory,
+    shardify,
+    swap_fields,
+    to_format2,
+)
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 from lifeseq_shards.store.manifest import ManifestError, fingerprint, parse_manifest
 from lifeseq_shards.store.shardfile import iter_tar_members, sha256_file, tar_member
 
 SHARD, BLOCK = "train/shard-000003.tar", 3  # a full block in the middle of an 8-block shard
-
-
-@pytest.fixture(scope="module")
-def blocks16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """encoded_nomlm.h5 in 16-person blocks: each 115-person shard has 8 blocks (7 of 16 persons, one of 3)."""
-    return convert_nomlm(sample, tmp_path_factory.mktemp("blocks16"), block_persons=16)
-
-
-@pytest.fixture(scope="module")
-def reseeded16(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same input converted with another seed: same shard names, sizes and schema, other persons in them."""
-    return convert_nomlm(sample, tmp_path_factory.mktemp("reseeded16"), block_persons=16, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -212,32 +206,58 @@ def test_a_block_without_its_checksum_is_refused(copy: Path) -> None:
                          "blocks" in out, out
 
 
-@pytest.mark.timeout(120)
-def test_the_checks_bench_compares_what_it_names(copy: Path, blocks16: Path, tmp_path: Path) -> None:
-    """tools/bench_checks: its variants check every block, format 3's checks and none (a block swapped inside a
-    shard fails the first only), and a run writes a row per dataset and variant."""
-    from lifeseq_shards.plan.slots import Segment
-    from lifeseq_shards.reader import read_segment
-    from tools import bench_checks
+# -- whole shards and counts that are not the manifest's --------------------------------------------------------------
+def test_a_shard_copied_over_another_is_refused(nomlm_copy: Path) -> None:
+    """Before: shard 3's persons read twice, shard 7's never."""
+    shutil.copy(nomlm_copy / "train" / "shard-000003.tar", nomlm_copy / "train" / "shard-000007.tar")
+    with pytest.raises(OSError, match=r"train/shard-000007\.tar: block 0: not the shard the manifest names"):
+        read_all(nomlm_copy)
 
-    put_block(copy / SHARD, BLOCK, SWAPS["the shard's own block 0"](copy, copy))
-    ds = ShardedDataset(copy, batch_size=100, world=World(0, 1))
-    shard = next(s for s in ds.shards if s.url.endswith(SHARD))
-    for name, make in bench_checks.VARIANTS.items():
-        segment = Segment(make(shard), 0, shard.samples)
-        if name == "every block (format 4)":
-            with pytest.raises(OSError, match="not the block the manifest names"):
-                read_segment(segment, ds.schema)
-        else:
-            assert sum(b.n for b in read_segment(segment, ds.schema)) == shard.samples
-    run = subprocess.run([sys.executable, "-m", "tools.bench_checks", str(blocks16), "--repeats", "1", "--passes", "1",
-                          "--out", str(tmp_path)], cwd=REPO, env=repo_first(os.environ), capture_output=True, text=True,
-                         timeout=100)
-    assert run.returncode == 0, run.stderr
-    with open(tmp_path / "checks.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [r["checks"] for r in rows] == list(bench_checks.VARIANTS)
-    assert all(r["blocks_per_shard"] == "8" for r in rows) and rows[-1]["shard_ratio_vs_none"] == "1.0"
+
+def test_a_same_named_shard_from_another_conversion_is_refused(nomlm_copy: Path, reseeded: Path) -> None:
+    """Before: read without a word (115 persons of another split and shuffle)."""
+    shutil.copy(reseeded / "train" / "shard-000003.tar", nomlm_copy / "train" / "shard-000003.tar")
+    with pytest.raises(OSError, match=r"train/shard-000003\.tar: block 0: not the shard the manifest names"):
+        read_all(nomlm_copy)
+
+
+@pytest.mark.parametrize("fields", [("age", "segment"), ("tokens", "masked_tokens")])
+def test_a_schema_with_swapped_fields_is_refused(mlm_dataset: Path, tmp_path: Path, fields: tuple[str, str]) -> None:
+    """Before: every person's values read into the other field. The fingerprint is refitted, so only the blocks'
+    schema tag tells; verify says so too."""
+    ds = copy_of(mlm_dataset, tmp_path)
+    edit_manifest(ds, swap_fields(*fields), refit=True)
+    with pytest.raises(OSError, match=r"shard-\d+\.tar: block 0: block written with another schema"):
+        read_all(ds)
+    code, out = shardify("verify", str(ds))
+    assert code == 1 and "block written with another schema" in out
+
+
+def test_lowered_counts_are_refused(nomlm_copy: Path) -> None:
+    """Before: 15 persons of each 115-person shard silently not read (13 %)."""
+    def lower(m: ManifestJSON) -> None:
+        info = m["splits"]["train"]
+        for e in info["shards"]:
+            e["samples"] = 100
+        info["shard_persons"], info["persons"] = 100, info["persons"] - 15 * len(info["shards"])
+
+    edit_manifest(nomlm_copy, lower)
+    with pytest.raises(OSError, match=r"shard-\d+\.tar: block 0: 115 persons, where the manifest's 100 persons"):
+        read_all(nomlm_copy)
+
+
+def test_counts_lowered_by_whole_blocks_are_refused(blocks16: Path, tmp_path: Path) -> None:
+    """115 -> 112 persons: 7 whole blocks of 16, so every block read holds what the manifest says; the shard's
+    8th block, which the manifest does not have, gives it away."""
+    ds = copy_of(blocks16, tmp_path)
+
+    def lower(m: ManifestJSON) -> None:
+        for e in m["splits"]["train"]["shards"]:
+            e["samples"] = 112
+
+    edit_manifest(ds, lower)
+    with pytest.raises(OSError, match=r"block 7: more blocks than the manifest's 112 persons in blocks of 16 make"):
+        read_all(ds)
 
 
 def test_a_manifest_edited_to_match_a_spliced_block_is_read_but_verify_names_it(copy: Path, blocks16: Path) -> None:

@@ -1,14 +1,17 @@
 """The typed manifest: parsed from JSON and written back byte for byte, read at the I/O edge, and the old dict-style
-and format-module ways in still working (with a DeprecationWarning)."""
+and format-module ways in still working (with a DeprecationWarning); a manifest edited by hand (paths leaving the
+dataset, counts, keys, types, the schema) refused in one line naming it."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import to_format2
+from helpers import ManifestJSON, assert_one_line_exit_2, edit_manifest, swap_fields, to_format2
 
 from lifeseq_shards import ShardedDataset
 from lifeseq_shards.reader import World
@@ -83,3 +86,83 @@ def test_moved_names_import_only_from_their_modules(name: str, home: str) -> Non
     assert hasattr(importlib.import_module(f"lifeseq_shards.store.{home}"), name)
     with pytest.raises(ImportError, match=f"cannot import name '{name}' from 'lifeseq_shards.store.format'"):
         exec(f"from lifeseq_shards.store.format import {name}")
+
+
+# -- a manifest edited by hand: refused in one line naming it (the CLI: exit 2) ---------------------------------------
+def test_an_edited_schema_is_given_away_by_the_fingerprint(nomlm_copy: Path) -> None:
+    """Without the refit, format-2 datasets (no schema tag in their blocks) are protected too."""
+    edit_manifest(nomlm_copy, lambda m: (to_format2(m), swap_fields("age", "segment")(m)))
+    with pytest.raises(ManifestError, match=r"manifest\.json: fingerprint does not match"):
+        ShardedDataset(nomlm_copy)
+
+
+def test_a_count_unlike_the_others_names_the_manifest_and_the_shard(nomlm_copy: Path) -> None:
+    """Before: `balanced mode needs shards of one size, got sizes [115, 116]`, naming no dataset or shard."""
+    def raise_one(m: ManifestJSON) -> None:
+        m["splits"]["train"]["shards"][5]["samples"] += 1
+
+    edit_manifest(nomlm_copy, raise_one)
+    with pytest.raises(ManifestError, match=rf"{re.escape(str(nomlm_copy))}/manifest\.json: split train: shard "
+                                            r"train/shard-000005\.tar counts 116 persons, the split's other shards "
+                                            r"115 each"):
+        ShardedDataset(nomlm_copy)
+
+
+@pytest.mark.parametrize("file", ["../escape.tar", "/etc/hostname", "train/../../escape.tar", "./train/x.tar",
+                                  "train/shard-000001.tar; touch pwned", ""])
+def test_a_shard_path_leaving_the_dataset_is_refused(nomlm_copy: Path, file: str) -> None:
+    """Before: the reader opened ../escape.tar (and a `pipe:` root would run what follows a ';')."""
+    edit_manifest(nomlm_copy, lambda m: m["splits"]["train"]["shards"][0].update(file=file))
+    needle = f"manifest.json: splits.train.shards[0].file {file!r} is not a plain relative path inside the dataset"
+    with pytest.raises(ManifestError) as err:
+        ShardedDataset(nomlm_copy)
+    assert needle in str(err.value)
+    assert_one_line_exit_2(["verify", str(nomlm_copy)], needle)
+
+
+def test_a_shard_listed_twice_is_refused(nomlm_copy: Path) -> None:
+    """Before: its persons read twice."""
+    edit_manifest(nomlm_copy, lambda m: m["splits"]["train"]["shards"][1].update(file="train/shard-000000.tar"))
+    with pytest.raises(ManifestError, match=r"shards\[1\]\.file 'train/shard-000000.tar' is listed twice"):
+        ShardedDataset(nomlm_copy)
+
+
+@pytest.mark.parametrize("params", [[], {"vocab_size": "2971"}])
+def test_conversion_params_of_another_type_are_one_line(nomlm_copy: Path, params: object) -> None:
+    """Before: a traceback from verify (a str compared with token ids) or from inspect."""
+    edit_manifest(nomlm_copy, lambda m: m.update(params=params))
+    assert_one_line_exit_2(["verify", str(nomlm_copy)], "manifest.json: params is")
+
+
+def test_verify_checks_the_format_version(nomlm_copy: Path) -> None:
+    """Before: verify said OK to a format-1 manifest whose schema stores runs."""
+    edit_manifest(nomlm_copy, lambda m: m.update(format_version=1))
+    needle = "manifest.json: schema: format 1 stores no runs, but run_length, abspos, age, segment are"
+    assert_one_line_exit_2(["verify", str(nomlm_copy)], needle)
+    with pytest.raises(ManifestError, match=needle):
+        ShardedDataset(nomlm_copy)
+
+
+@pytest.mark.parametrize(("where", "key", "at"), [
+    (("splits", "train", "shards", 0), "file", " in splits.train.shards[0]"),
+    (("splits", "val", "shards", 1), "samples", " in splits.val.shards[1]"),
+    (("splits", "train"), "remainder", " in splits.train"),
+    (("schema", 2), "dtype", " in schema[2]"),
+    (("totals",), "tokens", " in totals"),
+    ((), "block_persons", " in the manifest"),
+])
+def test_a_manifest_missing_a_key_is_one_line(nomlm_copy: Path, where: tuple[Any, ...], key: str, at: str) -> None:
+    """Before: KeyError in the reader, a traceback from verify, inspect and plan."""
+    def drop(m: ManifestJSON) -> None:
+        obj: Any = m
+        for k in where:
+            obj = obj[k]
+        del obj[key]
+
+    edit_manifest(nomlm_copy, drop)
+    needle = f"manifest.json: missing key '{key}'{at}"
+    with pytest.raises(ManifestError) as err:
+        ShardedDataset(nomlm_copy)
+    assert needle in str(err.value)
+    for args in (["verify"], ["inspect"], ["plan", "--batch-size", "64"]):
+        assert_one_line_exit_2([args[0], str(nomlm_copy), *args[1:]], needle)

@@ -1,10 +1,12 @@
 """Remote reads at their edges (lifeseq_shards/store/remote.py): a `pipe:` command that stops sending fails after
 LIFESEQ_HTTP_STALL_S instead of hanging the job, the command dies with the process that reads it (however that
-one dies), a stall setting that cannot work is refused naming the variable, a failed manifest command is one line.
+one dies), a stall setting that cannot work is refused naming the variable, a failed manifest command is one line;
+a read that has its blocks and closes a command still sending is no failure, a command that sends nothing is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -14,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import repo_first, shardify, wait_for
+import torch
+from helpers import read_all, repo_first, shardify, wait_for
 
 from lifeseq_shards.reader import ShardedDataset, World
 from lifeseq_shards.store.manifest import ManifestError
@@ -124,3 +127,39 @@ def test_a_failed_manifest_command_is_one_line_with_its_status(nomlm_dataset: Pa
     with pytest.raises(ManifestError, match=re.escape("pipe:exit 3 # manifest.json: cannot read the manifest (the "
                                                       "command exited with status 3)")):
         read_manifest("pipe:exit 3 # {}")
+
+
+# -- `pipe:` commands at the edges of a read --------------------------------------------------------------------------
+SLOWCAT = """import sys, time
+with open(sys.argv[1], "rb") as fh:
+    for chunk in iter(lambda: fh.read(2048), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        time.sleep(0.002)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pipe_read_that_stops_early_is_not_the_commands_failure(blocks16: Path, tmp_path: Path) -> None:
+    """A window that ends inside a shard reads only its first blocks and closes the stream while the command still
+    sends (as `aws s3 cp ... -` does over a network). Before: the command's exit status after that close
+    (BrokenPipeError: exit 1; only a shell's 141 was let through) failed the epoch with `exit 1 (read)`."""
+    script = tmp_path / "slowcat.py"
+    script.write_text(SLOWCAT)
+    root = f"pipe:{sys.executable} {script} {blocks16}/{{}}"
+    local = read_all(blocks16)
+    remote = read_all(root)  # type: ignore[arg-type]
+    assert len(remote) == len(local) == 56
+    assert all(torch.equal(a["person_id"], b["person_id"]) for a, b in zip(remote, local, strict=True))
+
+
+@pytest.mark.parametrize(("command", "status"), [("exit 3", " (the command exited with status 3)"), ("true", "")])
+def test_a_pipe_command_that_sends_nothing_is_one_line(nomlm_dataset: Path, command: str, status: str) -> None:
+    """The shards' command fails (or succeeds) without a byte: one line naming it, with its exit status when it
+    failed (the manifest was read; the shard reads go through the command)."""
+    ds = ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1))
+    ds.shards = [dataclasses.replace(s, url=f"pipe:{command} # {s.url}") for s in ds.shards]
+    with pytest.raises(OSError) as err:
+        list(ds)
+    assert re.fullmatch(rf"pipe:{command} # \S+/train/shard-\d+\.tar: ended after 0 blocks, needed 1"
+                        rf"{re.escape(status)}", str(err.value)), str(err.value)

@@ -18,7 +18,7 @@ from lifeseq_shards import compat
 from lifeseq_shards.convert.sources.parquet import read_vocab
 from lifeseq_shards.device.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.device.build import padded_fields
-from tools import bench_loader
+from tools import bench_loader, common
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(120)]
 if not compat.unsigned_tensors():  # the benchmark prepares every contender's files, LitData's among them
@@ -26,7 +26,7 @@ if not compat.unsigned_tensors():  # the benchmark prepares every contender's fi
                 "suite runs this", allow_module_level=True)
 PEOPLE, MANY = 700, 24
 LAYOUTS = {"ours-w0": (1, 0), "ours-w1": (1, 1), "ours-w2": (1, 2), "ours-2x-w0": (2, 0)}  # (ranks, workers)
-SEQ = bench_loader.SEQ
+SEQ = common.SEQ
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +116,6 @@ def test_bars_report_pass_and_fail() -> None:
             "seed-h5": {"persons_per_s": 100.0, "disk_bytes_per_person": 100.0, "h2d_bytes_per_person": 1000.0},
             "webdataset": {"persons_per_s": 400.0}, "zstd-limit": {"persons_per_s": 2000.0},
             "ours-10k-shards": {"first_batch_s": 0.5}}
-    verdicts = [ok for _, _, _, ok in bench_loader.bars(rows)]
+    verdicts = [ok for _, _, _, ok in common.bars(rows)]
     # 1000/400 = 2.5 < 3; 1000/2000 = 0.5; 40/100 = 0.4; 300/1000 = 0.3 > 0.1; 0.5 s; 1400/1000 = 1.4 < 1.5
     assert verdicts == [False, True, True, False, True, False]

@@ -24,6 +24,7 @@ from lifeseq_shards.model import (
     pretrain_losses,
 )
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
+from tools import common
 from tools import train_bench as bench
 from tools import varlen_tables as tables
 
@@ -240,5 +241,5 @@ def test_base_and_batch_presets_are_issue_24s_sweep(tmp_path: Path) -> None:
     batch = bench.PRESETS["batch"].points()
     for size in ("small", "medium", "small-tc", "medium-tc"):
         assert sorted({p.batch_size for p in batch if p.size == size}) == [256, 512, 1024, 2048, 4096]
-    shards = bench.synth_dataset(tmp_path, 30, 0, max_seq_len=bench.PRESETS["base"].max_seq_len)
+    shards = common.synth_dataset(tmp_path, 30, 0, max_seq_len=bench.PRESETS["base"].max_seq_len)
     assert json.loads((shards / "manifest.json").read_text())["params"]["max_seq_len"] == 1024
