@@ -3,7 +3,7 @@ their ``CustomInMemoryDataset`` / DataLoader) against the same script patched by
 (``LifeSeqDataModule`` on the shards converted from that very HDF5 file), on the same synthetic persons with the same
 masks, the same model, hyperparameters and precision (results: docs/results/training-gpu.md, "Their training").
 
-    python -m tools.seed_bench prepare REPO --work DIR [--commit 884ef02] [--persons 6000] [--lengths 512,1024]
+    python -m tools.seed_bench prepare REPO --work DIR [--commit 884ef02] [--persons 6000] [--long-persons 2000]
     python -m tools.seed_bench run --work DIR --out OUT [--plan gpu|cpu] [--python PY] [--deps DIR] [--budget-s S]
 
 ``prepare`` (here, with the network and git): their commit twice into DIR (``theirs/`` as it is, ``patched/`` with
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+THEIR_PATHS = ("pop2vec/__init__.py", "pop2vec/llm/src")  # what their pretrain.py imports (pop2vec.llm: a namespace)
 NUM_VAL = 64  # their NUM_VAL_ITEMS and the shards' val split: validation does not run in a point, so it is small
 
 # Their model sizes: overrides of their regular_hparams_small.txt (its other settings stay: swish, ReZero, dropouts
@@ -154,11 +155,12 @@ def prepare(args: argparse.Namespace) -> None:
 
     work = Path(args.work)
     for name, patch in (("theirs", False), ("patched", True)):
-        their_copy(Path(args.repo), args.commit, work / name, patch=patch)
+        their_copy(Path(args.repo), args.commit, work / name, patch=patch, paths=THEIR_PATHS)
     for width in map(int, args.lengths.split(",")):
         t = time.perf_counter()
-        prepare_data(work / f"data-{width}", args.persons, width, args.seed)
-        print(f"data-{width}: {args.persons} persons ({time.perf_counter() - t:.0f} s)", flush=True)
+        persons = args.persons if width <= 512 else args.long_persons  # the 1,024-token points run at batch 64
+        prepare_data(work / f"data-{width}", persons, width, args.seed)
+        print(f"data-{width}: {persons} persons ({time.perf_counter() - t:.0f} s)", flush=True)
 
 
 # -- run --------------------------------------------------------------------------------------------------------------
@@ -257,6 +259,7 @@ def main() -> None:
     prep.add_argument("--commit", default="884ef02")
     prep.add_argument("--work", required=True)
     prep.add_argument("--persons", type=int, default=6000)
+    prep.add_argument("--long-persons", type=int, default=2000, help="persons at lengths over 512")
     prep.add_argument("--lengths", default="512,1024")
     prep.add_argument("--seed", type=int, default=0)
     go = sub.add_parser("run", help="the plan's points, each in a process of its own")

@@ -280,12 +280,13 @@ class Check:
         return p.returncode
 
 
-def their_copy(repo: Path, commit: str, dest: Path, patch: bool) -> list[str]:
-    """``git archive`` of their ``commit`` into ``dest`` (emptied first); with ``patch``, docs/seed-pretrain.diff
-    applied there. Returns the files the diff changed (CheckFailed when the commit or the diff does not apply)."""
+def their_copy(repo: Path, commit: str, dest: Path, patch: bool, paths: tuple[str, ...] = ()) -> list[str]:
+    """``git archive`` of their ``commit`` (only ``paths``, if given) into ``dest`` (emptied first); with ``patch``,
+    docs/seed-pretrain.diff applied there. Returns the files the diff changed (CheckFailed when the commit or the
+    diff does not apply)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=False)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, *paths], capture_output=True, check=False)
     if archive.returncode:
         raise CheckFailed(f"git archive {commit} in {repo}: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
