@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one prepared run for a lent GPU machine that has no network. THE command (issue 31):
 #
-#   bash tools/device_check.sh all       every stage below, most important first, in at most DEADLINE_S (420) s
+#   bash tools/device_check.sh all       every stage below, most important first, in at most DEADLINE_S (480) s
 #
 # Stages, in order, each in a process of its own with its own deadline (cut to what is left of the whole), each
 # writing its results as it goes: $OUT/seed/ (seed.jsonl, one line per point, seed.md, env.txt, log.txt) directly,
@@ -9,36 +9,40 @@
 # returns 8 files at most), and everything as it ran in $OUT/log.txt. Budget on one lent H200 (seconds of the
 # machine's time; the device tool also counts ~60-120 s to start the machine and the idle wait after the call):
 #
-#   stage   budget  what (measured on a 2-core CPU as a dry run: docs/results/training-gpu.md, "Their training")
+#   stage   budget  what
 #   setup      15   wheels into /tmp/site (carried .whl/), the sample link
 #   seed      210   their pretrain.py, their loader against the diff's, 24 points in priority order (each ~15-25 s:
 #                   process start, their data, 15 steps); the points past the budget are left, not half-run
 #   pinned     10   their stack (torch 2.1.2 + Lightning 2.2.2): the lent machine has no such interpreter (its torch
 #                   wheel is 2.5 GB, xformers 0.0.23.post1's 213 MB, past the 64 MiB a call carries): prints so and
-#                   ends. Where PINNED_PYTHON exists (their cluster): give it DEADLINE_S (B_PINNED=400)
-#   small      85   the masker's CUDA graph: the small preset's first points, its prep table, the CUDA tests
-#   base       60   BERT-base at 1,024: the base preset's first points, the plain loop's CUDA tests
-#   embed      40   the embedding writer at the large size, bf16 and fp32, verified
+#                   ends. Where PINNED_PYTHON exists (their cluster): give it B_PINNED=400
+#   small     100   the masker's CUDA graph: the small preset's first points, its prep table, the CUDA tests
+#   base       80   BERT-base at 1,024: the base preset's first points, the plain loop's CUDA tests
+#   embed      60   the embedding writer at the large size, bf16 and fp32, verified (what is left of the 480)
 #   tokens      -   token-balanced batches have not landed: no stage yet (the loop says so in the log)
-#   total     420   + ~120 s start = ~9 min of the session's 15: a rerun of `STAGES=seed DEADLINE_S=240` (or of
-#                   any one stage) still fits on the warm machine
+#   total     480   + ~120 s start = ~10 min of the session's 15. The margin is for a partial rerun: every finished
+#                   point and stage is kept, so a rerun on the still-warm machine (it goes back 30 s after a call)
+#                   takes only what is missing, e.g. STAGES="small base" DEADLINE_S=200 with timeout_s=230
+#   CPU dry run of `all-cpu` (tiny sizes, 2 cores shared with other jobs): docs/results/training-gpu.md, "The dry
+#   run on CPU", has each stage's seconds
 #
 # Override: STAGES="seed small" (a subset, in the order given), B_SEED=... (a stage's budget), DEADLINE_S (the whole).
 # The device tool's call (from the checkout the session started in; .whl and .devshared ignored there, prepared as
-# below):  run(command="OUT=$OUT bash tools/device_check.sh all", carry=[".whl", ".devshared"], timeout_s=480)
+# below):  run(command="OUT=$OUT bash tools/device_check.sh all", carry=[".whl", ".devshared"], timeout_s=540)
 #
-#   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python
-#   3.12; performer-pytorch 1.1.4, local-attention 1.9.14, axial-positional-embedding 0.2.1 for their model: all
-#   --no-deps), the sample into .devshared/lifeseq-sample, the bench's 20,000 synthetic persons into
-#   .devshared/bench-data (`python -c 'from pathlib import Path; from tools.train_bench import synth_dataset
-#   synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/) and their code and data for the
-#   seed stage into .devshared/seed (`python -m tools.seed_bench prepare THEIR_REPO --work .devshared/seed`: their
-#   commit 884ef02 as it is and patched, 6,000 synthetic persons as their encoded_mlm.h5 and as shards, at 512 and
-#   1,024 tokens); all in .git/info/exclude. Their repository is never vendored: a clone or the fetched mirror.
-#   Dry run of everything on CPU (tiny sizes, same code paths; ~N minutes on 2 shared cores, per stage in
-#   docs/results/training-gpu.md): PYTHON=.venv/bin/python OUT=/tmp/dc DATA=<small shards> DATA1024=<small shards>
-#   EMBED_DATA=<small shards> SEED_WORK=<prepared with --lengths 64> SEED_DEPS=<their imports> bash \
-#   tools/device_check.sh all-cpu   (tests/tools/test_device_check.py runs the seed stage's dry run)
+#   Here, once: `THEIR_REPO=<their repository: a clone or the fetched mirror> bash tools/device_prep.sh` (its header
+#   lists what it puts where): wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for
+#   its Python 3.12; performer-pytorch 1.1.4, local-attention 1.9.14, axial-positional-embedding 0.2.1 for their
+#   model), the sample into .devshared/lifeseq-sample, the bench's 20,000 synthetic persons at 512 and 1,024 tokens
+#   into .devshared/bench-data and bench-data-1024, and their code and data for the seed stage into .devshared/seed
+#   (`python -m tools.seed_bench prepare`: their commit 884ef02 as it is and patched, 6,000 synthetic persons at 512
+#   and 2,000 at 1,024 tokens as their encoded_mlm.h5 and as shards); both folders in .git/info/exclude, their size
+#   checked against the 64 MiB a call carries. Their repository is never vendored.
+#   Dry run of everything on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python PINNED_PYTHON=... OUT=/tmp/dc
+#   DATA=<small shards> DATA1024=<small shards, 1,024> EMBED_DATA=<small shards> SEED_WORK=<seed_bench prepare
+#   --persons 400 --lengths 64> SEED_DEPS=<their imports> SEED_DEPS_PINNED=<the same for the pins> bash \
+#   tools/device_check.sh all-cpu   (tests/tools/test_seed_bench.py runs the seed stage's dry run where their
+#   repository is)
 #
 # `bash tools/device_check.sh seed`: the seed stage alone (issue 31): tools/seed_bench.py's plan with this Python,
 # each point's row into $OUT/seed.jsonl as it finishes. Dry run: ... bash tools/device_check.sh seed-cpu
@@ -108,7 +112,7 @@ esac
 
 case "$MODE" in all|all-cpu)  # every stage, most important first; the budget is the header's
   SUFFIX=${MODE#all}
-  DEADLINE=$((T0 + ${DEADLINE_S:-420}))
+  DEADLINE=$((T0 + ${DEADLINE_S:-480}))
   [ -n "$SUFFIX" ] && DEADLINE=$((T0 + ${DEADLINE_S:-7200}))  # a dry run: each stage's own CPU deadline
   WORK=${WORK:-/tmp/device-check}
   rm -rf "$WORK" && mkdir -p "$WORK"
@@ -119,7 +123,7 @@ case "$MODE" in all|all-cpu)  # every stage, most important first; the budget is
       continue
     fi
     VAR=B_${STAGE^^}
-    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=85;; base) B=60;; embed) B=40;; *) B=60;; esac
+    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; *) B=60;; esac
     B=${!VAR:-$B}
     [ -n "$SUFFIX" ] && B=${!VAR:-1800}  # CPU dry runs: minutes per stage on 2 shared cores
     LEFT=$((DEADLINE - SECONDS))
