@@ -29,7 +29,7 @@ if [ ! -e .whl/done ]; then
   touch .whl/done
 fi
 mkdir -p .devshared
-[ -e .devshared/lifeseq-sample ] || cp -r ../shared/data/lifeseq-sample .devshared/lifeseq-sample
+[ -e .devshared/lifeseq-sample ] || cp -r "${SAMPLE:-../shared/data/lifeseq-sample}" .devshared/lifeseq-sample
 for L in 512 1024; do
   DIR=.devshared/bench-data$([ $L = 1024 ] && echo -1024)
   [ -e "$DIR/shards/manifest.json" ] || $PY -c "from pathlib import Path; from tools.train_bench import synth_dataset
