@@ -30,11 +30,12 @@ if [ ! -e .whl/done ]; then
 fi
 mkdir -p .devshared
 [ -e .devshared/lifeseq-sample ] || cp -r "${SAMPLE:-../shared/data/lifeseq-sample}" .devshared/lifeseq-sample
-for L in 512 1024; do
-  DIR=.devshared/bench-data$([ $L = 1024 ] && echo -1024)
-  [ -e "$DIR/shards/manifest.json" ] || $PY -c "from pathlib import Path; from tools.train_bench import synth_dataset
-synth_dataset(Path('$DIR'), 20000, 0, max_seq_len=$L)"
-  rm -rf "$DIR/raw"
+for PART in "bench-data 512" "bench-data-1024 1024"; do
+  read -r NAME L <<<"$PART"
+  [ -e ".devshared/$NAME/shards/manifest.json" ] || $PY -c "from pathlib import Path
+from tools.train_bench import synth_dataset
+synth_dataset(Path('.devshared/$NAME'), 20000, 0, max_seq_len=$L)"
+  rm -rf ".devshared/$NAME/raw"
 done
 $PY -m tools.seed_bench prepare "$THEIR_REPO" --work .devshared/seed
 
