@@ -59,16 +59,17 @@ def read_persons(ours: Path) -> Block:
     return concat_blocks(blocks, token_schema(schema))
 
 
-def seed_rows(block: Block, start: int, stop: int) -> dict[str, np.ndarray]:
-    """Persons [start, stop) in the seed's encoded.h5 layout: int64, padded to 512, original_sequence included."""
+def seed_rows(block: Block, start: int, stop: int, width: int = SEQ) -> dict[str, np.ndarray]:
+    """Persons [start, stop) in the seed's encoded.h5 layout: int64, padded to ``width``, original_sequence
+    included."""
     n = stop - start
-    ids = np.zeros((n, 4, SEQ), dtype=np.int64)
+    ids = np.zeros((n, 4, width), dtype=np.int64)
     offs = block.offsets()
     for r, i in enumerate(range(start, stop)):
         a, b = offs[i], offs[i + 1]
         for row, f in enumerate(NARROW):
             ids[r, row, : b - a] = block.columns[f][a:b]
-    mask = (np.arange(SEQ) < block.columns["length"][start:stop, None]).astype(np.int64)
+    mask = (np.arange(width) < block.columns["length"][start:stop, None]).astype(np.int64)
     return {"input_ids": ids, "padding_mask": mask, "original_sequence": ids[:, 0].copy(),
             "sequence_id": block.columns["person_id"][start:stop].astype(np.int64)}
 

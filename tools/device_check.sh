@@ -1,7 +1,53 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one prepared run for a lent GPU machine that has no network (the padded
-# vs padding-free step). Most important first, every result written as soon as it is measured, so a time limit
-# still returns data. About 5-6 minutes on one H200. Into $OUT (8 files at most come back):
+# The checks that need a GPU, as one prepared run for a lent GPU machine that has no network. THE command:
+#
+#   bash tools/device_check.sh all       every stage below, most important first, in at most DEADLINE_S (480) s
+#
+# Stages, in order, each in a process of its own with its own deadline (cut to what is left of the whole), each
+# writing its results as it goes: $OUT/seed/ (seed.jsonl, one line per point, seed.md, env.txt, log.txt) directly,
+# the other stages into /tmp/device-check/<stage>/, packed into $OUT/stages.tgz after each stage (a lent machine
+# returns 8 files at most), and everything as it ran in $OUT/log.txt. Budget on one lent H200 (seconds of the
+# machine's time; the device tool also counts ~60-120 s to start the machine and the idle wait after the call):
+#
+#   stage   budget  what
+#   setup      15   wheels into /tmp/site (carried .whl/), the sample link
+#   seed      210   their pretrain.py, their loader against the diff's, 24 points in priority order (each ~15-25 s:
+#                   process start, their data, 15 steps); the points past the budget are left, not half-run
+#   pinned     10   their stack (torch 2.1.2 + Lightning 2.2.2): the lent machine has no such interpreter (its torch
+#                   wheel is 2.5 GB, xformers 0.0.23.post1's 213 MB, past the 64 MiB a call carries): prints so and
+#                   ends. Where PINNED_PYTHON exists (their cluster): give it B_PINNED=400
+#   small     100   the masker's CUDA graph: the small preset's first points, its prep table, the CUDA tests
+#   base       80   BERT-base at 1,024: the base preset's first points, the plain loop's CUDA tests
+#   embed      60   the embedding writer at the large size, bf16 and fp32, verified (what is left of the 480)
+#   tokens      -   token-balanced batches have not landed: no stage yet (the loop says so in the log)
+#   total     480   + ~120 s start = ~10 min of the session's 15. The margin is for a partial rerun: every finished
+#                   point and stage is kept, so a rerun on the still-warm machine (it goes back 30 s after a call)
+#                   takes only what is missing, e.g. STAGES="small base" DEADLINE_S=200 with timeout_s=230
+#   CPU dry run of `all-cpu` (tiny sizes, 2 cores shared with other jobs): docs/results/training-gpu.md, "The dry
+#   run on CPU", has each stage's seconds
+#
+# Override: STAGES="seed small" (a subset, in the order given), B_SEED=... (a stage's budget), DEADLINE_S (the whole).
+# The device tool's call (from the checkout the session started in; .whl and .devshared ignored there, prepared as
+# below):  run(command="OUT=$OUT bash tools/device_check.sh all", carry=[".whl", ".devshared"], timeout_s=540)
+#
+#   Here, once: `THEIR_REPO=<their repository: a clone or the fetched mirror> bash tools/device_prep.sh` (its header
+#   lists what it puts where): wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for
+#   its Python 3.12; performer-pytorch 1.1.4, local-attention 1.9.14, axial-positional-embedding 0.2.1 for their
+#   model), the sample into .devshared/lifeseq-sample, the bench's 20,000 synthetic persons at 512 and 1,024 tokens
+#   into .devshared/bench-data and bench-data-1024, and their code and data for the seed stage into .devshared/seed
+#   (`python -m tools.seed_bench prepare`: their commit 884ef02 as it is and patched, 6,000 synthetic persons at 512
+#   and 2,000 at 1,024 tokens as their encoded_mlm.h5 and as shards); both folders in .git/info/exclude, their size
+#   checked against the 64 MiB a call carries. Their repository is never vendored.
+#   Dry run of everything on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python PINNED_PYTHON=... OUT=/tmp/dc
+#   DATA=<small shards> DATA1024=<small shards, 1,024> EMBED_DATA=<small shards> SEED_WORK=<seed_bench prepare
+#   --persons 400 --lengths 64> SEED_DEPS=<their imports> SEED_DEPS_PINNED=<the same for the pins> bash \
+#   tools/device_check.sh all-cpu   (tests/tools/test_seed_bench.py runs the seed stage's dry run where their
+#   repository is)
+#
+# `bash tools/device_check.sh seed`: the seed stage alone: tools/seed_bench.py's plan with this Python,
+# each point's row into $OUT/seed.jsonl as it finishes. Dry run: ... bash tools/device_check.sh seed-cpu
+#
+# `bash tools/device_check.sh` (no mode: gpu) is the first GPU run's check: the padded vs padding-free step. Into $OUT:
 #   log.txt      everything below, as it ran (PYTHONUNBUFFERED)
 #   env.txt      nvidia-smi, CPUs, torch/CUDA/Lightning versions, which varlen attention this torch has
 #   tests.log    `pytest -m cuda`: the CUDA cases (flash varlen = padded model, prefetch, masking CPU = CUDA, ...)
@@ -9,12 +55,6 @@
 #   attn.csv, prep.csv        tools/bench_kernels.py (attention per head layout; batch prep, masker eager/graphed/
 #                             compiled)
 #   tables.md    tools/varlen_tables.py: the docs/results/training-gpu.md tables from the two above, ready to paste
-#
-#   Here, once: wheels of what that machine lacks into .whl/ (webdataset, braceexpand, zstandard for its Python),
-#   the sample into .devshared/lifeseq-sample and the bench's 20,000 synthetic persons into .devshared/bench-data
-#   (`python -c 'from pathlib import Path; from tools.common import synth_dataset
-#   synth_dataset(Path(".devshared/bench-data"), 20000, 0)'`, then delete its raw/); all three are
-#   in .git/info/exclude. Then run `bash tools/device_check.sh` there, carrying .whl and .devshared.
 #   A dry run on CPU (tiny sizes, same code paths): PYTHON=.venv/bin/python OUT=/tmp/dc bash tools/device_check.sh cpu
 #
 # `bash tools/device_check.sh small` runs only what decides the small-tc bars after two runs missed them,
@@ -46,6 +86,10 @@ export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log.txt") 2>&1
 T0=$SECONDS
 stamp() { echo "== $(date -u +%H:%M:%S) (+$((SECONDS - T0)) s) $*"; }
+case "$MODE" in pinned|pinned-cpu) if ! command -v "$PY" >/dev/null; then
+  echo "pinned: no interpreter $PY (set PINNED_PYTHON; a lent machine has none: torch 2.1.2 is too big to carry)"
+  exit 2
+fi;; esac
 DEADLINE=$((T0 + ${DEADLINE_S:-230}))
 cap() { local left=$((DEADLINE - SECONDS - ${2:-0})); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }  # cap T [RESERVE]
 
@@ -58,11 +102,70 @@ if [ ! -e ../shared/data/lifeseq-sample ]; then  # the tests read the sample whe
   mkdir -p ../shared/data && ln -s "$PWD/.devshared/lifeseq-sample" ../shared/data/lifeseq-sample
 fi
 DATA=${DATA:-.devshared/bench-data/shards}  # DATA=...: another converted dataset (a dry run's small one)
-if [ ! -e "$DATA/manifest.json" ]; then
+case "$MODE" in all|all-cpu|seed|seed-cpu) ;;  # the seed stage reads its own data; `all`'s stages see to theirs
+*) if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
   $PY -c 'from pathlib import Path; from tools.common import synth_dataset
 synth_dataset(Path(".devshared/bench-data"), 20000, 0)'
-fi
+fi;;
+esac
+
+case "$MODE" in all|all-cpu)  # every stage, most important first; the budget is the header's
+  SUFFIX=${MODE#all}
+  DEADLINE=$((T0 + ${DEADLINE_S:-480}))
+  [ -n "$SUFFIX" ] && DEADLINE=$((T0 + ${DEADLINE_S:-7200}))  # a dry run: each stage's own CPU deadline
+  WORK=${WORK:-/tmp/device-check}
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  export DATA PYTHONUNBUFFERED  # PYTHONPATH (the wheels, this checkout) is exported above
+  for STAGE in ${STAGES:-seed pinned small base embed tokens}; do
+    if [ "$STAGE" = tokens ]; then  # the last stage: only once token-balanced batches exist
+      stamp "tokens: not run: token-balanced batches have not landed, so there is nothing to measure yet"
+      continue
+    fi
+    VAR=B_${STAGE^^}
+    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; *) B=60;; esac
+    B=${!VAR:-$B}
+    [ -n "$SUFFIX" ] && B=${!VAR:-1800}  # CPU dry runs: minutes per stage on 2 shared cores
+    LEFT=$((DEADLINE - SECONDS))
+    if [ "$LEFT" -lt 10 ]; then stamp "$STAGE: skipped, the run's deadline is spent"; continue; fi
+    B=$((B < LEFT ? B : LEFT))
+    DIR=$WORK/$STAGE
+    [ "$STAGE" = seed ] && DIR=$OUT/seed  # its rows come back even if the call is cut short
+    mkdir -p "$DIR"
+    stamp "stage $STAGE: $B s"
+    OUT=$DIR DEADLINE_S=$B timeout -k 5 $((B + 20)) bash "$0" "$STAGE$SUFFIX"
+    stamp "stage $STAGE: exit $? after $((SECONDS - T0)) s of the run"
+    tar czf "$OUT/stages.tgz.tmp" -C "$WORK" . && mv "$OUT/stages.tgz.tmp" "$OUT/stages.tgz"
+  done
+  stamp done
+  exit 0;;
+esac
+
+case "$MODE" in seed|seed-cpu)  # their pretrain.py, their loader against the diff's (tools/seed_bench.py)
+  SEED=${SEED_WORK:-.devshared/seed}
+  if [ ! -e "$SEED/patched" ]; then
+    echo "seed: no $SEED/patched: run \`python -m tools.seed_bench prepare THEIR_REPO --work $SEED\` first"
+    exit 2
+  fi
+  if [ "$MODE" = seed-cpu ]; then
+    RUN=(--plan cpu --steps 4 --warmup 2 --point-timeout-s 300 --min-point-s 5)
+    DEADLINE=$((T0 + ${DEADLINE_S:-900}))
+  else
+    RUN=(--plan gpu --steps 15 --warmup 5 --point-timeout-s 60 --min-point-s 15)
+    DEADLINE=$((T0 + ${DEADLINE_S:-210}))
+  fi
+  { nvidia-smi --query-gpu=name,memory.total --format=csv || true; nproc
+    $PY -c "import torch, pytorch_lightning as pl; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'pytorch_lightning', pl.__version__)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "seed_bench: their loader, then the diff's, point by point"
+  timeout -k 5 "$(cap 100000 3)" $PY -m tools.seed_bench run --work "$SEED" --out "$OUT" --runs /tmp/seed-runs \
+    --python "$PY" --stack "${SEED_STACK:-newest}" --budget-s "$(cap 100000 5)" "${RUN[@]}" \
+    ${SEED_DEPS:+--deps "$SEED_DEPS"}
+  echo "seed exit $?"
+  stamp done
+  exit 0;;
+esac
 
 case "$MODE" in pinned|pinned-cpu)
   if ! $PY -c "import sys, torch, lightning; sys.exit(not torch.__version__.startswith('2.1.'))"; then
@@ -81,12 +184,19 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', light
 print('uint16 tensors:', compat.unsigned_tensors(), 'varlen_attn:', compat.varlen_kernel() is not None)"
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
+  [ "$MODE" = pinned-cpu ] && DEADLINE=$((T0 + ${DEADLINE_S:-2400})) || DEADLINE=$((T0 + ${DEADLINE_S:-600}))
   stamp "pytest -m cuda (torch 2.1)"
-  timeout 120 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py tests/device/test_device.py \
-    tests/test_masking.py >"$OUT/tests.log" 2>&1
+  timeout "$(cap 120 60)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_varlen.py \
+    tests/device/test_device.py tests/test_masking.py >"$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
+  # their own training on their stack: tools/seed_bench.py's points with this interpreter; the packed
+  # attention runs xformers' block-diagonal kernel where SEED_DEPS_PINNED (or the env) holds xformers 0.0.23.post1
+  stamp "seed_bench on torch 2.1"
+  mkdir -p "$OUT/seed"
+  PYTHON=$PY SEED_STACK=pinned SEED_DEPS=${SEED_DEPS_PINNED:-} OUT=$OUT/seed DEADLINE_S=$(cap 100000 60) \
+    bash "$0" "seed${MODE#pinned}"
   stamp "train_bench: padded and padding-free (torch 2.1)"
-  timeout 240 $PY -m tools.train_bench --preset tiny --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}" \
+  timeout "$(cap 240 1)" $PY -m tools.train_bench --preset tiny --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}" \
     --attention padded,varlen --prefetch off --prefetch-thread off --compile off
   echo "sweep exit $?"
   stamp done
@@ -98,14 +208,18 @@ case "$MODE" in embed|embed-cpu)  # the reference model at the seed's `large` si
   # verified, and the two precisions compared (cosine of each person's CLS and mean). About 2 minutes on one H200.
   # Dry run: PYTHON=.venv/bin/python OUT=/tmp/dce EMBED_DATA=<a few hundred persons> DEADLINE_S=900 \
   #   bash tools/device_check.sh embed-cpu
-  if [ "$MODE" = embed-cpu ]; then EMB=(--device cpu --size small --workers 1); else EMB=(--device cuda --size large --workers 4); fi
+  if [ "$MODE" = embed-cpu ]; then  # T_EMB: 180 s did not embed 600 persons on 2 cores shared with other jobs
+    EMB=(--device cpu --size small --workers 1) T_EMB=900
+  else
+    EMB=(--device cuda --size large --workers 4) T_EMB=180
+  fi
   WORK=/tmp/embed-work DATA=${EMBED_DATA:-$DATA}  # EMBED_DATA: a smaller dataset for the dry run
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
     $PY -c "import torch, lightning, pyarrow; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', lightning.__version__, 'pyarrow', pyarrow.__version__)"
   } >"$OUT/env.txt" 2>&1
   stamp env; cat "$OUT/env.txt"
   stamp "bench_embed ${EMB[*]}"
-  timeout "$(cap 180 30)" $PY -m tools.bench_embed "${EMB[@]}" --data "$DATA" --work "$WORK" --out "$OUT"
+  timeout "$(cap "$T_EMB" 30)" $PY -m tools.bench_embed "${EMB[@]}" --data "$DATA" --work "$WORK" --out "$OUT"
   echo "embed exit $?"
   for P in bf16 fp32; do
     stamp "verify $P"
@@ -128,7 +242,7 @@ PYEOF
 esac
 
 case "$MODE" in base|base-cpu)
-  DATA1024=.devshared/bench-data-1024/shards
+  DATA1024=${DATA1024:-.devshared/bench-data-1024/shards}  # DATA1024=...: a dry run's small one
   if [ ! -e "$DATA1024/manifest.json" ]; then
     stamp "no carried 1,024-token bench data: synthesising it"
     $PY -c 'from pathlib import Path; from tools.common import synth_dataset

@@ -109,20 +109,9 @@ class Check:
 
     # -- apply ------------------------------------------------------------------------------------------------
     def apply(self) -> tuple[str, Path]:
-        repo, commit = Path(self.args.repo), self.args.commit
         theirs = self.work / "their-repo"
-        shutil.rmtree(theirs, ignore_errors=True)
-        theirs.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=False)
-        if archive.returncode:
-            raise CheckFailed(f"git archive {commit} in {repo}: {archive.stderr.decode().strip()}")
-        subprocess.run(["tar", "-x", "-C", str(theirs)], input=archive.stdout, check=True)
-        applied = subprocess.run(["git", "apply", "-v", str(DIFF)], cwd=theirs, capture_output=True, text=True,
-                                 check=False)
-        if applied.returncode:
-            raise CheckFailed(f"{DIFF.name} does not apply to {commit}: {applied.stderr.strip()}")
-        files = [ln.split()[2] for ln in applied.stderr.splitlines() if ln.startswith("Applied patch")]
-        return f"{DIFF.name} applies to {commit} ({', '.join(files)})", theirs
+        files = their_copy(Path(self.args.repo), self.args.commit, theirs, patch=True)
+        return f"{DIFF.name} applies to {self.args.commit} ({', '.join(files)})", theirs
 
     # -- data -------------------------------------------------------------------------------------------------
     def data(self) -> tuple[str, dict[str, Any]]:
@@ -289,6 +278,25 @@ class Check:
             tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
             raise CheckFailed(f"{' '.join(cmd[:6])}... exited {p.returncode} (log: {log}):\n{tail}")
         return p.returncode
+
+
+def their_copy(repo: Path, commit: str, dest: Path, patch: bool, paths: tuple[str, ...] = ()) -> list[str]:
+    """``git archive`` of their ``commit`` (only ``paths``, if given) into ``dest`` (emptied first); with ``patch``,
+    docs/seed-pretrain.diff applied there. Returns the files the diff changed (CheckFailed when the commit or the
+    diff does not apply)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, *paths], capture_output=True, check=False)
+    if archive.returncode:
+        raise CheckFailed(f"git archive {commit} in {repo}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    if not patch:
+        return []
+    applied = subprocess.run(["git", "apply", "-v", str(DIFF)], cwd=dest, capture_output=True, text=True,
+                             check=False)
+    if applied.returncode:
+        raise CheckFailed(f"{DIFF.name} does not apply to {commit}: {applied.stderr.strip()}")
+    return [ln.split()[2] for ln in applied.stderr.splitlines() if ln.startswith("Applied patch")]
 
 
 class _gone:

@@ -228,7 +228,9 @@ class StepMeter(Callback):
             return
         self.wait += time.perf_counter() - self.last_end
         self.gaps.append((self.last_mark, _mark(pl_module.device)))  # before this hook queues its own kernels
-        lengths = batch["lengths"].long()  # as the model sees them (cropped to max_len) in both layouts
+        # as the model sees them (cropped to max_len) in both layouts; a batch of the researchers' own loader
+        # (tools/seed_bench.py) has no lengths: its padding mask holds them
+        lengths = (batch["lengths"] if "lengths" in batch else batch["padding_mask"].sum(1)).long()
         step = torch.stack([lengths.sum(), (lengths * lengths).sum(), (batch["target_tokens"] != 0).sum()])
         self.counts = step if self.counts is None else self.counts + step
         self.steps += 1
