@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lifeseq_shards.encoder import Packed, varlen_attention, varlen_backend
-from tools.train_bench import StepMeter, _peak_memory_mb, _reset_peak_memory
+from tools.meter import StepMeter, peak_memory_mb, reset_peak_memory
 
 UNUSED_IMPORTS = ("tkinter", "turtle", "polars")
 
@@ -143,7 +143,7 @@ def run(config: str, out: str, row: dict[str, Any], their_args: list[str]) -> No
 
     pl.Trainer = Trainer  # type: ignore[misc]  # their `from pytorch_lightning import Trainer` takes this one
     device = torch.device("cuda" if "gpu" in their_args else "cpu")
-    _reset_peak_memory(device)
+    reset_peak_memory(device)
     script = importlib.util.find_spec("pop2vec.llm.src.new_code.pretrain").origin
     sys.argv = [script, *their_args, "--config", config]
     t = time.perf_counter()
@@ -157,7 +157,7 @@ def run(config: str, out: str, row: dict[str, Any], their_args: list[str]) -> No
         step_time_s=elapsed / meter.steps, persons_per_s=meter.samples / elapsed,
         tokens_per_s=meter.totals[0] / elapsed, pad_frac=1 - meter.totals[0] / meter.padded,
         data_wait_frac=meter.wait / elapsed, device_gap_frac=meter.device_gap / elapsed,
-        peak_mem_mb=_peak_memory_mb(device), run_s=time.perf_counter() - t,
+        peak_mem_mb=peak_memory_mb(device), run_s=time.perf_counter() - t,
     )
     with open(out, "a") as f:  # one line per point, at once: a time limit keeps every finished point
         f.write(json.dumps(row) + "\n")
