@@ -16,7 +16,7 @@ from typing import Any
 import click
 import torch
 
-from lifeseq_shards.device.build import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.build import PACKED, PADDED, count_tokens, model_batch, to_device
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqEncoder, pretrain_losses, resolve_size
 from lifeseq_shards.reader import ShardedDataset
@@ -56,7 +56,7 @@ def host_ms(fn: Callable[[], Any], reps: int) -> float:
 def main(data: str, size: str, batch_size: int, max_len: int, reps: int) -> None:
     torch.manual_seed(0)
     vocab = int(read_manifest(data).vocab_size)
-    host = plan_tokens(next(iter(ShardedDataset(data, "train", batch_size, seed=0, packed=True))), max_len)
+    host = count_tokens(next(iter(ShardedDataset(data, "train", batch_size, seed=0, packed=True))), max_len)
     masker = DynamicMasker(MaskingConfig(vocab_size=vocab, seed=0))
     cpu = torch.device("cpu")
     rows: list[tuple[str, Callable[[], Any]]] = []
