@@ -18,7 +18,7 @@ from helpers import shardify, split_ids
 
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device.build import padded_fields
-from lifeseq_shards.masking import GRAPHED, DynamicMasker, MaskingConfig
+from lifeseq_shards.masking import GRAPHED, OFFLINE, DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -259,6 +259,19 @@ def test_dynamic_cls_task_on_an_offline_mlm_dataset_is_refused(mlm_dataset: Path
             module(mlm_dataset, masking=masking)
     dm = module(mlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS, cls_task=False))
     assert isinstance(dm.builder.masking, DynamicMasker) and not dm.builder.masking.cfg.cls_task
+
+
+def test_offline_masking_is_one_value_said_by_its_word_too(mlm_dataset: Path, nomlm_dataset: Path) -> None:
+    """masking=OFFLINE and masking="offline" are the same choice, the stored masks, and a dataset without them
+    refuses either; no other word is taken."""
+    for masking in (OFFLINE, "offline"):
+        dm = module(mlm_dataset, masking=masking)
+        assert dm.masking is OFFLINE and dm.builder.masking is OFFLINE
+        with pytest.raises(ValueError, match="masking='offline' but the dataset has no offline MLM fields"):
+            module(nomlm_dataset, masking=masking)
+    with pytest.raises(ValueError, match=r"masking must be None, 'offline' \(OFFLINE\) or a MaskingConfig, not "
+                                         "'stored'"):
+        module(mlm_dataset, masking="stored")
 
 
 # -- predict ------------------------------------------------------------------------------------------------------

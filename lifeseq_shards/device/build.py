@@ -245,6 +245,9 @@ class BatchBuilder:
     layout: str = PADDED
     max_len: int | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "masking", Offline.of(self.masking))  # the word "offline" says OFFLINE here too
+
     def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
         if isinstance(batch, ModelBatch):
             return batch
