@@ -117,7 +117,7 @@ class MaskingConfig:
     keep: float = 0.1
     mask: float = 0.8
     vocab_size: int | None = None
-    n_special: int = 5
+    n_special: int = len(SPECIAL_TOKENS)
     seed: int = 0
 
     def __post_init__(self) -> None:
