@@ -23,8 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-_SIGNED = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
-           np.dtype(np.uint64): np.dtype(np.int64)}
+# The one table of the unsigned dtypes wider than 8 bits (torch < 2.3 has none of them): bits -> the signed view of
+# the same width (the same bytes), and the signed dtype their values are widened to (a uint64's int64 view already
+# is what `.long()` of a uint64 gives). Every other table of them is derived here.
+_UNSIGNED_BITS = {16: (torch.int16, torch.int32), 32: (torch.int32, torch.int64), 64: (torch.int64, torch.int64)}
+_SIGNED = {np.dtype(f"uint{bits}"): np.dtype(f"int{bits}") for bits in _UNSIGNED_BITS}
+# a signed view widened one step
+_WIDER = {view: wider for view, wider in _UNSIGNED_BITS.values() if view != wider}
+# torch >= 2.3's unsigned dtypes -> (their signed view, their widened values)
+UNSIGNED: dict[torch.dtype, tuple[torch.dtype, torch.dtype]] = {
+    getattr(torch, f"uint{bits}"): views for bits, views in _UNSIGNED_BITS.items() if hasattr(torch, f"uint{bits}")}
 
 
 class FallbackNotice(UserWarning):
@@ -74,10 +82,6 @@ def _torch_dtype(numpy_dtype: str) -> torch.dtype:
 def is_view(stored: np.dtype | str) -> bool:
     """Whether a column stored as ``stored`` crosses as its signed view (:func:`to_tensor`)."""
     return host_dtype(stored) != np.dtype(stored)
-
-
-# a signed view widened one step (the int64 view of a uint64 is already what `.long()` of a uint64 gives)
-_WIDER = {torch.int16: torch.int32, torch.int32: torch.int64}
 
 
 def unsigned(view: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from . import compat
 from .datapath import DataParts
 from .device.build import BatchBuilder
-from .device.prefetch import DevicePrefetcher
+from .device.prefetch import OFF, DevicePrefetcher
 from .embed.writer import EmbeddingWriterHooks
 from .reader import ShardedLoader, World
 
@@ -28,23 +28,29 @@ from .reader import ShardedLoader, World
 class LifeSeqDataHooks(DataParts):
     """What ``LifeSeqDataModule`` does, for either Lightning package (docs/reference/ddp.md has the seed's diff).
 
-    ``masking``: None (no MLM targets), ``"offline"`` (the masks converted from the seed's encoded_mlm.h5, bit for
-    bit), or a :class:`MaskingConfig` (fresh masks every epoch, drawn on the device from (seed, epoch, person id);
-    its ``vocab_size`` comes from the dataset's manifest; on an offline-MLM dataset, whose sequences are stored after
-    the seed's CLS task, only with ``cls_task=False``). Validation reads every val person once, unshuffled, in the same
-    number of batches on every rank (``mode="exact"``: a val step that logs with ``sync_dist=True`` would otherwise
-    hang), or refuses the layout saying what to change. ``drop_last`` drops each slot's short last batch in training
-    only: validation loses no one. Predict reads every person once (train and val with their remainders, unless
-    ``predict_split`` names others), never masked and never permuted; with an
+    Arguments (built into one frozen :class:`~lifeseq_shards.datapath.DataConfig` at construction, the manifest read
+    once): ``data_dir``, ``batch_size``, ``num_workers``, ``seed`` (the shuffle's), ``pin_memory`` and
+    ``persistent_workers`` (the loaders'), ``batches_per_message`` (a worker's message; ``ShardedLoader``'s).
+    ``masking``: None (no MLM targets), :data:`~lifeseq_shards.masking.OFFLINE` or its word ``"offline"`` (the masks
+    converted from the seed's encoded_mlm.h5, bit for bit), or a :class:`MaskingConfig` (fresh masks every epoch,
+    drawn on the device from (seed, epoch, person id); its ``vocab_size`` comes from the dataset's manifest; on an
+    offline-MLM dataset, whose sequences are stored after the seed's CLS task, only with ``cls_task=False``); a
+    :class:`~lifeseq_shards.masking.DynamicMasker` stands for its configuration, launched its way (``"compiled"`` or
+    ``"graphed"`` draw the same masks with fewer kernel launches). Validation reads every val person once,
+    unshuffled, in the same number of batches on every rank (``mode="exact"``: a val step that logs with
+    ``sync_dist=True`` would otherwise hang), or refuses the layout saying what to change. ``drop_last`` drops each
+    slot's short last batch in training only: validation loses no one. Predict reads every person once (train and
+    val with their remainders, unless ``predict_split`` names others), never masked and never permuted; with an
     :class:`~lifeseq_shards.EmbeddingWriter` among the Trainer's callbacks, only the shards it has not written yet,
     each person with its ``shard``.
 
-    ``layout="packed"`` hands the model only the real tokens (``device.model_batch``; ``pad_to`` then crops without
-    padding) for the encoder's padding-free path. ``prefetch`` (default: on when training on CUDA) builds the next
-    training batch on a side CUDA stream during the current step (``prefetch.DevicePrefetcher``);
-    ``prefetch_thread=True`` also launches it from a background thread (opt-in until a GPU run says it pays:
-    docs/results/training-gpu.md). A ``masking`` given as a :class:`~lifeseq_shards.masking.DynamicMasker` (its
-    configuration, ``compile=True`` or ``graph=True``) draws the same masks with fewer kernel launches.
+    ``layout`` is the model batch's: ``"padded"`` (the seed's) or ``"packed"``, which hands the model only the real
+    tokens (``device.model_batch``; ``pad_to`` then crops without padding) for the encoder's padding-free path.
+    ``pad_to``: the padded width (``device.build.Padding`` says which side pads and crops). ``prefetch``: how the
+    training batches are built (``device.prefetch.DevicePrefetcher``): ``"off"`` (by Lightning's hooks),
+    ``"stream"`` (the next on a side CUDA stream during the current step) or ``"thread"`` (and launched from a
+    background thread: opt-in until a GPU run says it pays, docs/results/training-gpu.md); None, the default, is
+    ``"stream"`` when training on CUDA, else ``"off"``; ``True`` and ``False`` say ``"stream"`` and ``"off"``.
 
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
@@ -63,11 +69,12 @@ class LifeSeqDataHooks(DataParts):
     def train_dataloader(self) -> ShardedLoader | DevicePrefetcher:
         loader = self._train_loader()
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        if self._prefetching(device):
-            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
-                                           threaded=self.prefetch_thread)
-        else:
+        prefetch = self._prefetch(device)
+        if prefetch == OFF:  # the hooks build each batch (transfer_batch_to_device, on_after_batch_transfer)
             self._train = loader
+        else:
+            self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, self._epoch()), device,
+                                           prefetch)
         return self._train
 
     def val_dataloader(self) -> ShardedLoader:
@@ -79,7 +86,8 @@ class LifeSeqDataHooks(DataParts):
             return self._predict_loader()
         # an EmbeddingWriter: only the shards it has not written, each person with its shard
         self._check_predictable()  # before the writer opens its directory
-        done = writers[0].open(self.data_dir, self.predict_split, self.trainer.lightning_module, self._world())
+        done = writers[0].open(self.data_dir, self.predict_splits, self.trainer.lightning_module, self._world(),
+                               manifest=self.manifest)
         return self._predict_loader(skip_files=done, shard_field=True)
 
     def _epoch(self) -> int:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .device.batch import check_schema
-from .device.build import PACKED, BatchBuilder
-from .device.prefetch import DevicePrefetcher
-from .masking import DynamicMasker, MaskingConfig
+from .device.build import PADDED, BatchBuilder, Padding
+from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
+from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
+from .reader.options import ReadOptions, predict_splits
 from .store.manifest import Manifest
 from .store.remote import read_manifest
 
@@ -27,21 +29,22 @@ _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stor
                    "10% with their events reversed or shuffled)")
 
 
-def resolve_masking(masking: str | MaskingConfig | DynamicMasker | None, manifest: Manifest,
-                    root: str) -> str | MaskingConfig | None:
+def resolve_masking(masking: str | Offline | MaskingConfig | DynamicMasker | None, manifest: Manifest,
+                    root: str) -> Offline | MaskingConfig | None:
     """The masking with the dataset's vocabulary size filled in (random replacements are drawn below it); a
     configuration that names another size is refused, since ids past the model's embedding crash it. A
-    :class:`DynamicMasker` stands for its configuration."""
+    :class:`DynamicMasker` stands for its configuration; the word ``"offline"`` for :data:`OFFLINE`."""
     if isinstance(masking, DynamicMasker):
         masking = masking.cfg
-    if masking == "offline":
+    masking = Offline.of(masking)
+    if masking is OFFLINE:
         if not manifest.offline_mlm:
             raise ValueError(f"{root}: masking='offline' but the dataset has no offline MLM fields")
         return masking
     if masking is None:
         return None
     if not isinstance(masking, MaskingConfig):
-        raise ValueError(f"masking must be None, 'offline' or a MaskingConfig, not {masking!r}")
+        raise ValueError(f"masking must be None, 'offline' (OFFLINE) or a MaskingConfig, not {masking!r}")
     if masking.cls_task and manifest.offline_mlm:
         # ~10% of the stored sequences are already reversed or shuffled: a new CLS task would mislabel them
         raise ValueError(f"{root}: {_AFTER_CLS_TASK}, so a new CLS task would label them wrongly: convert "
@@ -59,86 +62,117 @@ def resolve_masking(masking: str | MaskingConfig | DynamicMasker | None, manifes
     return masking
 
 
-def _masker(given: str | MaskingConfig | DynamicMasker | None,
-            resolved: str | MaskingConfig | None) -> str | DynamicMasker | None:
+def _masker(given: str | Offline | MaskingConfig | DynamicMasker | None,
+            resolved: Offline | MaskingConfig | None) -> Offline | DynamicMasker | None:
     """The device's masker for ``resolved`` (the masking :func:`resolve_masking` returned for ``given``), launched as
-    a given :class:`DynamicMasker` is (compiled, CUDA-graphed or eager)."""
+    a given :class:`DynamicMasker` is (eager, compiled or CUDA-graphed)."""
     if not isinstance(resolved, MaskingConfig):
         return resolved
-    if isinstance(given, DynamicMasker):
-        return DynamicMasker(resolved, compile=given.compile, graph=given.graph)
-    return DynamicMasker(resolved)
+    return DynamicMasker(resolved, given.launch if isinstance(given, DynamicMasker) else EAGER)
 
 
 @dataclass(frozen=True)
 class Reading:
-    """How every loader of a data path reads, fixed once at construction (the settings are ``LifeSeqDataModule``'s
-    arguments of the same names). ``host_pad_to``: the length the host pads (and crops) each batch to, None when
-    the device does; ``bus_packed``: the host sends packed buffers of the real tokens only, which the device
-    unpacks (``ShardedDataset(packed=True)``)."""
+    """How every loader of a data path reads, fixed once at construction: ``options``, the training loader's (the
+    train split, balanced, shuffled; the other loaders replace what differs), and the loader's settings (the
+    ``LifeSeqDataModule`` arguments of the same names)."""
 
     data_dir: str
-    batch_size: int
-    num_workers: int
-    seed: int
-    drop_last: bool  # training's: validation and predict lose no one
-    host_pad_to: int | None
-    bus_packed: bool
+    options: ReadOptions
     pin_memory: bool
     persistent_workers: bool
     batches_per_message: int | None  # None: ShardedLoader's default
 
-    def loader(self, manifest: Manifest, split: str | tuple[str, ...], mode: str, shuffle: bool, world: World,
-               drop_last: bool = False, **dataset: Any) -> ShardedLoader:
-        """A loader of ``split`` for ``world``'s rank, over the manifest read once."""
-        ds = ShardedDataset(self.data_dir, split, self.batch_size, world=world,
-                            num_workers=self.num_workers, mode=mode, shuffle=shuffle, seed=self.seed,
-                            drop_last=drop_last, pad_to=self.host_pad_to, packed=self.bus_packed,
-                            manifest=manifest, **dataset)
-        extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if self.num_workers else {}
+    def loader(self, manifest: Manifest, world: World, **changes: Any) -> ShardedLoader:
+        """A loader for ``world``'s rank, over the manifest read once, of the training options with ``changes``."""
+        ds = ShardedDataset.of(self.data_dir, dataclasses.replace(self.options, **changes), world, manifest)
+        extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if ds.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
                              batches_per_message=self.batches_per_message, **extra)
 
 
+@dataclass(frozen=True)
+class DataConfig:
+    """A front end's arguments resolved against its dataset in one step (:meth:`resolve`): the manifest read once,
+    the masking checked against it, the predict splits, the padding and the prefetch choice. Each part a front end
+    builds takes its values from here; none is derived again."""
+
+    manifest: Manifest
+    reading: Reading
+    padding: Padding
+    masking: Offline | MaskingConfig | None
+    masker: Offline | DynamicMasker | None  # the device's: the masking, launched as a given DynamicMasker is
+    predict_splits: tuple[str, ...]
+    prefetch: str | None  # device.prefetch.PREFETCH, or None: by the device (prefetch.on_device)
+
+    @classmethod
+    def resolve(cls, reading: Reading, padding: Padding, masking: str | Offline | MaskingConfig | DynamicMasker | None,
+                predict_split: str | Sequence[str] | None, prefetch: str | bool | None) -> DataConfig:
+        """Read ``reading.data_dir``'s manifest and resolve the rest against it (refusing what it cannot hold)."""
+        prefetch = prefetch_choice(prefetch)  # checked before the manifest is read
+        root = reading.data_dir
+        manifest = read_manifest(root)
+        resolved = resolve_masking(masking, manifest, root)
+        check_schema(manifest.schema, root)  # a field the model batch cannot hold: refused now
+        # the packed layout crops on the device, where no person can be named
+        if manifest.offline_mlm and padding.max_len is not None:
+            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
+                             "layout='padded' (it refuses only a person longer than pad_to, by name)")
+        return cls(manifest, reading, padding, resolved, _masker(masking, resolved),
+                   predict_splits(manifest, predict_split), prefetch)
+
+
 class DataParts:
     """The configuration both front ends take (``LifeSeqDataModule``'s arguments; its docstring says what each
-    does), the parts built from it, and this rank's loaders. A front end says where its :class:`World`
-    (:meth:`_world`) and its epoch (:meth:`_epoch`) come from."""
+    does), resolved once into a :class:`DataConfig` (:attr:`config`), the parts built from it, and this rank's
+    loaders. A front end says where its :class:`World` (:meth:`_world`) and its epoch (:meth:`_epoch`) come from."""
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
-                 seed: int = 0, masking: str | MaskingConfig | DynamicMasker | None = None,
+                 seed: int = 0, masking: str | Offline | MaskingConfig | DynamicMasker | None = None,
                  pad_to: int | None = None,
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
-                 batches_per_message: int | None = None, layout: str = "padded",
-                 prefetch: bool | None = None, prefetch_thread: bool = False) -> None:
+                 batches_per_message: int | None = None, layout: str = PADDED,
+                 prefetch: str | bool | None = None) -> None:
         super().__init__()
-        self.data_dir = str(data_dir)
-        self.reading = Reading(self.data_dir, batch_size, num_workers, seed, drop_last,
-                               None if layout == PACKED else pad_to, pad_to is None or layout == PACKED,
-                               pin_memory, persistent_workers, batches_per_message)
-        self.manifest = read_manifest(self.data_dir)  # once: every loader's dataset takes it
-        # predict embeds every person by default: train and val together, remainders included
-        self.predict_split = predict_split or tuple(s for s in ("train", "val") if s in self.manifest.splits)
-        self.masking = resolve_masking(masking, self.manifest, self.data_dir)
-        check_schema(self.manifest.schema, self.data_dir)  # a field the model batch cannot hold: refused now
-        self.offline_mlm = self.manifest.offline_mlm
-        # the packed layout crops on the device, where no person can be named
-        if self.offline_mlm and layout == PACKED and pad_to is not None:
-            raise ValueError("pad_to would crop sequences whose offline MLM targets point past the crop; use "
-                             "layout='padded' (it refuses only a person longer than pad_to, by name)")
-        masker = _masker(masking, self.masking)
-        max_len = pad_to if layout == PACKED else None
-        self.builder = BatchBuilder(masker, layout, max_len)
-        self.predict_builder = BatchBuilder(None, layout, max_len)  # predict embeds the sequences as they are
-        if prefetch_thread and prefetch is False:
-            raise ValueError("prefetch_thread=True launches the prefetched batches from a thread: it needs prefetch")
-        self.prefetch, self.prefetch_thread = prefetch, prefetch_thread
-        self.vocab_size = self.manifest.vocab_size
+        padding = Padding(layout, pad_to)
+        train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
+                            shuffle=True, seed=seed, drop_last=drop_last, pad_to=padding.host_pad_to,
+                            packed=padding.host_packed)
+        reading = Reading(str(data_dir), train, pin_memory, persistent_workers, batches_per_message)
+        self.config = DataConfig.resolve(reading, padding, masking, predict_split, prefetch)
+        self.builder = BatchBuilder(self.config.masker, layout, padding.max_len)
+        self.predict_builder = BatchBuilder(None, layout, padding.max_len)  # predict embeds the sequences as they are
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
         # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
         self._renumber: tuple[int, int, int] | None = None
+
+    # -- the configuration's values, read where the parts and the front ends need them ---------------------------
+    @property
+    def data_dir(self) -> str:
+        return self.config.reading.data_dir
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.config.manifest
+
+    @property
+    def masking(self) -> Offline | MaskingConfig | None:
+        """The masking resolved against the dataset (a :class:`MaskingConfig` with its ``vocab_size``)."""
+        return self.config.masking
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.config.manifest.vocab_size
+
+    @property
+    def offline_mlm(self) -> bool:
+        return self.config.manifest.offline_mlm
+
+    @property
+    def predict_splits(self) -> tuple[str, ...]:
+        return self.config.predict_splits
 
     def _world(self) -> World:
         raise NotImplementedError
@@ -146,13 +180,12 @@ class DataParts:
     def _epoch(self) -> int:
         raise NotImplementedError
 
-    def _loader(self, split: str | tuple[str, ...], mode: str, shuffle: bool, drop_last: bool = False,
-                **dataset: Any) -> ShardedLoader:
-        return self.reading.loader(self.manifest, split, mode, shuffle, self._world(), drop_last, **dataset)
+    def _loader(self, **changes: Any) -> ShardedLoader:
+        return self.config.reading.loader(self.config.manifest, self._world(), **changes)
 
     def _train_loader(self) -> ShardedLoader:
         """The train split shuffled, at the front end's epoch, or at the restored position waiting for it."""
-        loader = self._loader("train", BALANCED, shuffle=True, drop_last=self.reading.drop_last)
+        loader = self._loader()
         if self._resume is not None:
             self._load_position(loader, self._resume)
             self._resume = None
@@ -167,13 +200,13 @@ class DataParts:
         at = loader.position
         self._renumber = (at.epoch, int(state["batches"]), at.batches) if at.batches != int(state["batches"]) else None
 
-    def _prefetching(self, device: torch.device) -> bool:
-        """Whether training batches are built a step ahead: ``prefetch``, by default on CUDA."""
-        return self.prefetch if self.prefetch is not None else device.type == "cuda"
+    def _prefetch(self, device: torch.device) -> str:
+        """How training batches are built on ``device`` (``prefetch``: by default a step ahead on CUDA, else not)."""
+        return on_device(self.config.prefetch, device)
 
     def _val_loader(self) -> ShardedLoader:
         # every val person once, the same batches on every rank (a sync_dist log waits for every rank), or refused
-        return self._loader("val", EXACT, shuffle=False)
+        return self._loader(split="val", mode=EXACT, shuffle=False, drop_last=False)
 
     def _check_predictable(self) -> None:
         if self.offline_mlm:
@@ -181,6 +214,7 @@ class DataParts:
                 f"{self.data_dir}: {_AFTER_CLS_TASK}: predict would embed those. Predict "
                 "from the unmasked file converted (encoded_nomlm.h5, or the step-4 parquet)")
 
-    def _predict_loader(self, **dataset: Any) -> ShardedLoader:
+    def _predict_loader(self, skip_files: Collection[str] = (), shard_field: bool = False) -> ShardedLoader:
         self._check_predictable()
-        return self._loader(self.predict_split, COMPLETE, shuffle=False, **dataset)
+        return self._loader(split=self.predict_splits, mode=COMPLETE, shuffle=False, drop_last=False,
+                            skip_files=skip_files, shard_field=shard_field)

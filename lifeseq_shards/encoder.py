@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from . import compat
 from .device.index import packed_slots, padded_rows
+from .store.format import PAD
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
 N_SEGMENTS = 3  # 0 = padding / background prefix, 1 = same day as the previous event, 2 = a later day
-PAD_ID = 0
 INIT_STD = 0.02  # BERT's weight initialisation (see _init_weights)
 
 
@@ -99,7 +99,7 @@ class Embeddings(nn.Module):
     def __init__(self, cfg: EncoderConfig, vocab_size: int, dropout: float) -> None:
         super().__init__()
         self.hidden = cfg.hidden
-        self.token = nn.Embedding(vocab_size, cfg.hidden, padding_idx=PAD_ID)
+        self.token = nn.Embedding(vocab_size, cfg.hidden, padding_idx=PAD)
         self.segment = nn.Embedding(N_SEGMENTS, cfg.hidden)
         self.time = nn.Linear(2 * cfg.hidden, cfg.hidden)
         self.norm = nn.LayerNorm(cfg.hidden)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .datapath import DataParts
-from .device.prefetch import DevicePrefetcher
+from .device.prefetch import OFF, STREAM, DevicePrefetcher
 from .reader import ShardedLoader, World
 
 
@@ -92,9 +92,8 @@ class LifeSeqData(DataParts):
             loader = self._train_loader()
             device = self.device
             # each batch masked with its own pass's epoch, whatever the loop told set_epoch
-            ahead = self._prefetching(device)
             self._train = DevicePrefetcher(loader, lambda batch: self.builder(batch, device, loader.position.epoch),
-                                           device, threaded=self.prefetch_thread and ahead, ahead=ahead)
+                                           device, self._prefetch(device))
         return self._train  # type: ignore[return-value]
 
     def _train_loader_of(self) -> ShardedLoader:
@@ -107,14 +106,16 @@ class LifeSeqData(DataParts):
         return self._val
 
     def predict(self) -> DevicePrefetcher:
-        """Every person once (``predict_split``), never masked or permuted; ranks may differ in batch counts."""
+        """Every person once (``predict_split``: :attr:`predict_splits`), never masked or permuted; ranks may differ
+        in batch counts."""
         if self._predict is None:
             self._predict = self._built(self._predict_loader(),
                                         lambda batch: self.predict_builder(batch, self.device, 0))
         return self._predict
 
     def _built(self, loader: ShardedLoader, build: Any) -> DevicePrefetcher:
-        return DevicePrefetcher(loader, build, self.device, ahead=self._prefetching(self.device))
+        # val and predict build ahead on a side stream or not at all: the background thread is training's
+        return DevicePrefetcher(loader, build, self.device, STREAM if self._prefetch(self.device) != OFF else OFF)
 
     # -- the position, for the loop's own checkpoint ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ own files.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,9 +23,28 @@ from typing import Any
 import torch
 
 from .device.cudagraph import GraphedFunction
+from .store.format import MASK, SEP, SPECIAL_TOKENS, STAMPS, UNK
 
-PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
 DEFAULT_RATIO = 0.30
+
+
+class Offline(enum.Enum):
+    """``masking=OFFLINE``: the masks stored in the dataset (converted from the seed's encoded_mlm.h5), bit for bit;
+    the word ``"offline"`` says the same (``Offline.of``)."""
+
+    OFFLINE = "offline"
+
+    @classmethod
+    def of(cls, masking: Any) -> Any:
+        """:data:`OFFLINE` for it or for its word ``"offline"``; any other masking as it is."""
+        return cls.OFFLINE if masking is cls.OFFLINE or masking == cls.OFFLINE.value else masking
+
+
+OFFLINE = Offline.OFFLINE
+
+# how a DynamicMasker launches its kernels: one by one, through torch.compile, or replayed as a CUDA graph
+EAGER, COMPILED, GRAPHED = "eager", "compiled", "graphed"
+LAUNCHES = (EAGER, COMPILED, GRAPHED)
 
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # added before each mix so that the all-zero input is not a fixed point
@@ -104,7 +124,7 @@ class MaskingConfig:
     keep: float = 0.1
     mask: float = 0.8
     vocab_size: int | None = None
-    n_special: int = 5
+    n_special: int = len(SPECIAL_TOKENS)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -114,7 +134,8 @@ class MaskingConfig:
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} {getattr(self, name)} is not a finite number")
         if self.n_special < UNK + 1:  # the ids below are fixed: [MASK]/[UNK] would be targets and replacements
-            raise ValueError(f"n_special {self.n_special} is below 5: ids 0-4 are [PAD] [CLS] [SEP] [MASK] [UNK]")
+            raise ValueError(f"n_special {self.n_special} is below {UNK + 1}: ids 0-{UNK} are "
+                             f"{' '.join(SPECIAL_TOKENS)}")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"ratio {self.ratio} is not in [0, 1]")
         if min(self.keep, self.mask, self.p_reverse, self.p_shuffle) < 0:
@@ -165,11 +186,11 @@ def _sort_sizes(order: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, 
     width = order.shape[1]
     bits = max(width - 1, 1).bit_length()
     if 33 + 2 * bits > 63:
-        raise ValueError(f"{width} columns do not fit the packed sort key; at most {2**15}")
+        raise ValueError(f"{width} columns do not fit the combined sort key; at most {2**15}")
     low = (1 << bits) - 1
     col = torch.arange(width, device=order.device)
-    packed = torch.sort((order << (2 * bits)) | (col << bits) | size, dim=1).values  # distinct keys: stable anyway
-    return (packed >> bits) & low, packed & low
+    keys = torch.sort((order << (2 * bits)) | (col << bits) | size, dim=1).values  # distinct keys: stable anyway
+    return (keys >> bits) & low, keys & low
 
 
 def _behind(candidate: torch.Tensor, key: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -188,30 +209,32 @@ class DynamicMasker:
     """Per-step MLM masking with the seed's rules (``cfg``, a :class:`MaskingConfig` whose ``vocab_size`` is set);
     see the module docstring for the reproducibility contract.
 
-    Two opt-in ways to launch fewer kernels, for a host-bound step (docs/results/training-gpu.md), each the same masks
-    bit for bit and each opt-in until a GPU run says it pays:
+    ``cfg``: the rules (its ``vocab_size`` set). ``launch``: how its kernels are launched, the same masks bit for bit
+    each way; the two that launch fewer kernels, for a host-bound step (docs/results/training-gpu.md), are opt-in
+    until a GPU run says they pay:
 
-    - ``compile=True`` runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes static), built on
-      the first call: a few fused kernels. Each new (B, L) and each epoch (a Python int, so a constant of the graph)
-      compiles once more, and past dynamo's recompile limit the masker runs eagerly.
-    - ``graph=True`` replays the eager kernels as a CUDA graph
+    - ``"eager"`` (:data:`EAGER`, the default): :meth:`draw` as it is, kernel by kernel.
+    - ``"compiled"`` (:data:`COMPILED`) runs :meth:`draw` through ``torch.compile`` (inductor's default mode, shapes
+      static), built on the first call: a few fused kernels. Each new (B, L) and each epoch (a Python int, so a
+      constant of the graph) compiles once more, and past dynamo's recompile limit the masker runs eagerly.
+      (Compiled and CUDA-graphed at once is torch.compile's mode='reduce-overhead'.)
+    - ``"graphed"`` (:data:`GRAPHED`) replays the eager kernels as a CUDA graph
       (:class:`~lifeseq_shards.device.cudagraph.GraphedFunction`), captured once per (B, L) and epoch: one launch, no
-    compiler. Eager off CUDA. """
+      compiler. Eager off CUDA."""
 
-    def __init__(self, cfg: MaskingConfig, compile: bool = False, graph: bool = False) -> None:
+    def __init__(self, cfg: MaskingConfig, launch: str = EAGER) -> None:
         if cfg.vocab_size is None:
             raise ValueError("MaskingConfig.vocab_size is unset: pass the number of token ids (LifeSeqDataModule "
                              "fills it in from the dataset's manifest)")
-        if compile and graph:
-            raise ValueError("compile=True and graph=True: choose one (compile=True with CUDA graphs is "
-                             "torch.compile's mode='reduce-overhead')")
-        self.cfg, self.compile, self.graph = cfg, compile, graph
+        if launch not in LAUNCHES:
+            raise ValueError(f"launch must be one of {', '.join(map(repr, LAUNCHES))}, not {launch!r}")
+        self.cfg, self.launch = cfg, launch
         self._run: Callable[..., dict[str, torch.Tensor]] | None = None  # built lazily: the masker pickles
 
     def __call__(self, *args: Any) -> dict[str, torch.Tensor]:
         if self._run is None:
-            self._run = (torch.compile(self.draw, dynamic=False) if self.compile
-                         else GraphedFunction(self.draw) if self.graph else self.draw)
+            self._run = (torch.compile(self.draw, dynamic=False) if self.launch == COMPILED
+                         else GraphedFunction(self.draw) if self.launch == GRAPHED else self.draw)
         return self._run(*args)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -260,9 +283,7 @@ class DynamicMasker:
         return {
             "masked_tokens": masked,
             "original": tokens,
-            "abspos": stamps[0],
-            "age": stamps[1],
-            "segment": stamps[2],
+            **dict(zip(STAMPS, stamps, strict=True)),
             "target_pos": target_pos,
             "target_tokens": target_tokens,
             "target_cls": target_cls,

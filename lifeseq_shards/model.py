@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .device.batch import ModelBatch, PackedModelBatch
-from .encoder import PAD_ID, SIZES, EncoderConfig, LifeSeqEncoder, Packed, model_flops_per_token, resolve_size
+from .encoder import SIZES, EncoderConfig, LifeSeqEncoder, Packed, model_flops_per_token, resolve_size
 from .schedule import resize_one_cycle
+from .store.format import PAD
 
 __all__ = ["SIZES", "EncoderConfig", "LifeSeqEncoder", "LifeSeqPretrainModule", "PretrainSteps",
            "model_flops_per_token", "model_inputs", "pool", "pretrain_losses", "resolve_size"]
@@ -61,8 +62,8 @@ def pretrain_losses(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor,
     the next optimizer step. The count stays on the device (no sync)."""
     mlm, cls = model(*model_inputs(batch))
     targets = batch["target_tokens"].flatten()
-    total = F.cross_entropy(mlm.flatten(0, 1).float(), targets, ignore_index=PAD_ID, reduction="sum")
-    mlm_loss = total / (targets != PAD_ID).sum().clamp(min=1)
+    total = F.cross_entropy(mlm.flatten(0, 1).float(), targets, ignore_index=PAD, reduction="sum")
+    mlm_loss = total / (targets != PAD).sum().clamp(min=1)
     return mlm_loss, F.cross_entropy(cls.float(), batch["target_cls"])
 
 

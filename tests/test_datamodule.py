@@ -18,7 +18,7 @@ from helpers import shardify, split_ids
 
 from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device.build import padded_fields
-from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.masking import GRAPHED, OFFLINE, DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -83,12 +83,12 @@ def test_the_manifest_is_read_once(vocab_dataset: Path, monkeypatch: pytest.Monk
 
 
 def test_a_dynamic_masker_is_launched_as_given(vocab_dataset: Path) -> None:
-    """masking=DynamicMasker(cfg, graph=True): the configuration checked against the manifest as any, the masker
+    """masking=DynamicMasker(cfg, GRAPHED): the configuration checked against the manifest as any, the masker
     launched as given (a public option, not a swapped builder), the same masks as the eager one."""
     cfg = MaskingConfig(vocab_size=SAMPLE_IDS, seed=2)
-    graphed = module(vocab_dataset, masking=DynamicMasker(cfg, graph=True))
+    graphed = module(vocab_dataset, masking=DynamicMasker(cfg, GRAPHED))
     assert graphed.masking == cfg
-    assert isinstance(graphed.builder.masking, DynamicMasker) and graphed.builder.masking.graph
+    assert isinstance(graphed.builder.masking, DynamicMasker) and graphed.builder.masking.launch == GRAPHED
     with pytest.raises(ValueError, match=f"vocab_size=2971.*has {SAMPLE_IDS} ids"):
         module(vocab_dataset, masking=DynamicMasker(MaskingConfig(vocab_size=SAMPLE_IDS + 1)))
     eager = module(vocab_dataset, masking=cfg)
@@ -259,6 +259,19 @@ def test_dynamic_cls_task_on_an_offline_mlm_dataset_is_refused(mlm_dataset: Path
             module(mlm_dataset, masking=masking)
     dm = module(mlm_dataset, masking=MaskingConfig(vocab_size=SAMPLE_IDS, cls_task=False))
     assert isinstance(dm.builder.masking, DynamicMasker) and not dm.builder.masking.cfg.cls_task
+
+
+def test_offline_masking_is_one_value_said_by_its_word_too(mlm_dataset: Path, nomlm_dataset: Path) -> None:
+    """masking=OFFLINE and masking="offline" are the same choice, the stored masks, and a dataset without them
+    refuses either; no other word is taken."""
+    for masking in (OFFLINE, "offline"):
+        dm = module(mlm_dataset, masking=masking)
+        assert dm.masking is OFFLINE and dm.builder.masking is OFFLINE
+        with pytest.raises(ValueError, match="masking='offline' but the dataset has no offline MLM fields"):
+            module(nomlm_dataset, masking=masking)
+    with pytest.raises(ValueError, match=r"masking must be None, 'offline' \(OFFLINE\) or a MaskingConfig, not "
+                                         "'stored'"):
+        module(mlm_dataset, masking="stored")
 
 
 # -- predict ------------------------------------------------------------------------------------------------------

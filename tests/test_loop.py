@@ -14,7 +14,7 @@ import torch
 
 from lifeseq_shards import DeviceMetrics, LifeSeqData, LifeSeqDataModule, ShardedDataset, ShardedLoader
 from lifeseq_shards.device.build import host_sync_guard
-from lifeseq_shards.device.prefetch import DevicePrefetcher
+from lifeseq_shards.device.prefetch import OFF, STREAM, THREAD, DevicePrefetcher
 from lifeseq_shards.masking import MaskingConfig
 from lifeseq_shards.plan.resume import Position
 from lifeseq_shards.reader import World
@@ -198,14 +198,16 @@ def test_each_rank_of_the_world_reads_its_own_share(vocab_dataset: Path) -> None
     assert not shares[0] & shares[1]
 
 
-def test_prefetcher_ahead_false_builds_in_turn() -> None:
+def test_prefetcher_off_builds_in_turn() -> None:
     built: list[int] = []
     loader = [{"x": i} for i in range(3)]
-    prefetcher = DevicePrefetcher(loader, lambda b: built.append(b["x"]) or b, "cpu", ahead=False)
+    prefetcher = DevicePrefetcher(loader, lambda b: built.append(b["x"]) or b, "cpu", OFF)
     for i, batch in enumerate(prefetcher):
         assert built == list(range(i + 1)) and batch["x"] == i  # nothing built before it is handed out
-    with pytest.raises(ValueError, match="needs ahead=True"):
-        DevicePrefetcher(loader, dict, "cpu", threaded=True, ahead=False)
+    with pytest.raises(ValueError, match="prefetch must be one of 'off', 'stream', 'thread', not 'ahead'"):
+        DevicePrefetcher(loader, dict, "cpu", "ahead")
+    with pytest.raises(ValueError, match="prefetch must be None, True, False or one of"):
+        LifeSeqData("no-such-dir", prefetch="ahead")  # refused before the manifest is read
 
 
 def test_device_metrics_add_without_a_sync_and_read_once() -> None:
@@ -243,7 +245,7 @@ def test_the_loader_itself_stands_at_the_batch_handed_out(vocab_dataset: Path, t
     run = data(vocab_dataset, prefetch=True)
     train = run.train()
     assert isinstance(train, DevicePrefetcher)
-    train.threaded = threaded
+    train.prefetch = THREAD if threaded else STREAM
     loader = train.loader
     for i, _batch in enumerate(train, start=1):
         assert loader.position == Position(0, i)  # not i + 1 (built ahead), nor i + 2 (the thread's)
@@ -251,3 +253,30 @@ def test_the_loader_itself_stands_at_the_batch_handed_out(vocab_dataset: Path, t
             break
     run.set_epoch(4)
     assert loader.position == Position(4, 0) and run.state_dict()["train"]["epoch"] == 4
+
+
+def test_the_manifest_is_read_once_per_front_end(vocab_dataset: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front end reads the manifest once and hands it to every loader it builds; the embedding writer takes it
+    too, for its own checks and the predict dataset it builds."""
+    from lifeseq_shards import EmbeddingWriter, datapath
+    from lifeseq_shards.embed import writer as embed_writer
+    from lifeseq_shards.reader import dataset as reader_dataset
+
+    reads: list[str] = []
+    read = datapath.read_manifest
+
+    def counted(root: str) -> Any:
+        reads.append(root)
+        return read(root)
+
+    for module in (datapath, reader_dataset, embed_writer):
+        monkeypatch.setattr(module, "read_manifest", counted)
+    run = data(vocab_dataset, masking=None)
+    for loader in (run.train(), run.val(), run.predict()):
+        assert len(loader) > 0
+    assert reads == [str(vocab_dataset)]
+    writer = EmbeddingWriter(tmp_path / "embeddings", fields={"cls": 4}, model="m")
+    ds = writer.dataset(vocab_dataset, batch_size=BATCH, world=World(0, 1), manifest=run.manifest)
+    assert ds.manifest is run.manifest and reads == [str(vocab_dataset)]
+    assert ds.split == ("train", "val") == run.predict_splits  # the one default of the predict splits

@@ -14,6 +14,8 @@ from helpers import FIELDS, U16
 
 from lifeseq_shards.device.build import host_sync_guard
 from lifeseq_shards.masking import (
+    COMPILED,
+    GRAPHED,
     MASK,
     SEP,
     UNK,
@@ -357,23 +359,23 @@ def test_sort_sizes_is_a_stable_sort_then_a_gather() -> None:
         _sort_sizes(torch.zeros(1, 2**15 + 1, dtype=torch.long), torch.zeros(1, 2**15 + 1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("how", ["compile", "graph"])
-def test_a_compiled_or_graphed_masker_pickles_without_its_graph(how: str) -> None:
-    masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB), **{how: True})
+@pytest.mark.parametrize("launch", [COMPILED, GRAPHED])
+def test_a_compiled_or_graphed_masker_pickles_without_its_graph(launch: str) -> None:
+    masker = DynamicMasker(MaskingConfig(vocab_size=VOCAB), launch)
     masker._run = lambda *args: {}  # stands in for the torch.compile'd draw or the CUDA graphs, which do not pickle
     again = pickle.loads(pickle.dumps(masker))
-    assert getattr(again, how) and again._run is None and again.cfg == masker.cfg
+    assert again.launch == launch and again._run is None and again.cfg == masker.cfg
 
 
-def test_compile_and_graph_exclude_each_other() -> None:
-    with pytest.raises(ValueError, match="choose one"):
-        DynamicMasker(MaskingConfig(vocab_size=VOCAB), compile=True, graph=True)
+def test_a_masker_launches_one_named_way() -> None:
+    with pytest.raises(ValueError, match="launch must be one of 'eager', 'compiled', 'graphed', not 'fast'"):
+        DynamicMasker(MaskingConfig(vocab_size=VOCAB), "fast")
 
 
 def test_a_graphed_masker_off_cuda_draws_eagerly(persons: dict[str, torch.Tensor]) -> None:
     cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
     batch = _args(persons, slice(0, 64))
-    masker = DynamicMasker(cfg, graph=True)
+    masker = DynamicMasker(cfg, GRAPHED)
     got, want = masker(*batch, 3), DynamicMasker(cfg)(*batch, 3)
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert masker._run._graphs == {}  # nothing captured on a CPU
@@ -416,7 +418,7 @@ def test_compiled_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor],
     before the sort keys carried the sizes (a split scan over a gather)."""
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
     args = (*(a.cuda() for a in _args(persons, slice(0, 256))), 4)
-    got, want = DynamicMasker(cfg, compile=True)(*args), DynamicMasker(cfg)(*args)
+    got, want = DynamicMasker(cfg, COMPILED)(*args), DynamicMasker(cfg)(*args)
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
@@ -428,7 +430,7 @@ def test_graphed_masker_matches_eager_on_cuda(persons: dict[str, torch.Tensor], 
     cfg = MaskingConfig(vocab_size=VOCAB, kind=kind, p_reverse=0.3, p_shuffle=0.3)
     cuda = {k: v.cuda() for k, v in persons.items()}
 
-    graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
+    graphed, eager = DynamicMasker(cfg, GRAPHED), DynamicMasker(cfg)
     first = graphed(*_args(cuda, slice(0, 256)), 4)
     first_copy = {k: v.clone() for k, v in first.items()}
     with host_sync_guard():
@@ -451,7 +453,7 @@ def test_graphed_masker_under_inference_mode_and_from_two_threads(persons: dict[
     cfg = MaskingConfig(vocab_size=VOCAB, p_reverse=0.3, p_shuffle=0.3)
     cuda = {k: v.cuda() for k, v in persons.items()}
 
-    graphed, eager = DynamicMasker(cfg, graph=True), DynamicMasker(cfg)
+    graphed, eager = DynamicMasker(cfg, GRAPHED), DynamicMasker(cfg)
     halves = [slice(0, 256), slice(256, 512)]
     want = [eager(*_args(cuda, rows), 1) for rows in halves]
     with torch.inference_mode():

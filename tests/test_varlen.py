@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lifeseq_shards import encoder as encoder_mod
 from lifeseq_shards.device.batch import PackedModelBatch, PaddedModelBatch
-from lifeseq_shards.device.build import host_sync_guard, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.build import count_tokens, host_sync_guard, model_batch, to_device
 from lifeseq_shards.encoder import EncoderConfig, LifeSeqEncoder, Packed, varlen_attention
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import model_inputs, pretrain_losses
@@ -158,11 +158,11 @@ def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
     sync debug mode "error" and the Python-level pulls, device.host_sync_guard). Only the host-side plan (the token
     count, read from the pinned buffer before the copy) runs outside the guard."""
     host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=64, seed=0, packed=True)))
-    planned = plan_tokens(host.with_buffer(torch.from_numpy(host.buffer)).pin_memory(), 128)
+    counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)).pin_memory(), 128)
     model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), 2970, dropout=0.1).cuda()
     masker = DynamicMasker(MaskingConfig(vocab_size=2970))
     with host_sync_guard(), torch.autocast("cuda", dtype=torch.bfloat16):
-        batch = model_batch(to_device(planned, "cuda"), masker, epoch=0, layout="packed", max_len=128)
+        batch = model_batch(to_device(counted, "cuda"), masker, epoch=0, layout="packed", max_len=128)
         mlm, cls = pretrain_losses(model, batch)
         (mlm + cls).backward()
     assert torch.isfinite(mlm + cls)

@@ -3,9 +3,9 @@
 
 - ``prep``: a batch's preparation (copy, unpack, masking, and the packing for the padding-free layout) per layout,
   host time to launch it and device time to run it; the masker alone, eager against its eager kernels replayed as
-  a CUDA graph (``DynamicMasker(graph=True)``) and ``torch.compile`` (default, and "reduce-overhead", which replays
+  a CUDA graph (``DynamicMasker(cfg, "graphed")``) and ``torch.compile`` (default, and "reduce-overhead", which replays
   CUDA graphs of inductor's kernels: the shapes are fixed at (B, L)), outputs checked equal to eager ones bit for
-  bit; and the packed preparation with ``DynamicMasker(graph=True)`` and ``DynamicMasker(compile=True)``.
+  bit; and the packed preparation with ``DynamicMasker(cfg, "graphed")`` and ``DynamicMasker(cfg, "compiled")``.
 - ``attn``: one attention forward + backward at the reference model's head layouts (the seed's 10 heads of 16, 28 or
   50 dims, the "-tc" sizes' heads of 64), padded with a key mask (scaled_dot_product_attention) against per person
   (``lifeseq_shards.model.varlen_attention``), on the lengths of real batches.
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards.device.batch import PackedBatch
-from lifeseq_shards.device.build import PACKED, PADDED, model_batch, plan_tokens, to_device
+from lifeseq_shards.device.build import PACKED, PADDED, count_tokens, model_batch, to_device
 from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backend
-from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.masking import COMPILED, GRAPHED, DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import ShardedDataset
 from lifeseq_shards.store.remote import read_manifest
 from tools.common import write_csv
@@ -89,18 +89,18 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
                rows: Rows) -> None:
     for layout in (PADDED, PACKED):
         def prep(i: int, layout: str = layout) -> dict[str, Any]:
-            host = plan_tokens(batches[i % len(batches)], max_len)
+            host = count_tokens(batches[i % len(batches)], max_len)
             return model_batch(to_device(host, device), masker, epoch=0, layout=layout, max_len=max_len)
 
         host_ms, device_ms = timed(prep, reps, device)
         rows.add(part="prep", what=f"copy+unpack+mask ({layout})", mode="eager", host_ms=host_ms, device_ms=device_ms)
 
     what = f"copy+unpack+mask ({PACKED})"
-    for mode, launch in (("graphed", {"graph": True}), ("compiled", {"compile": True})):
-        fast = DynamicMasker(masker.cfg, **launch)  # what train_bench's masker=graphed / compiled runs in the step
+    for mode in (GRAPHED, COMPILED):
+        fast = DynamicMasker(masker.cfg, mode)  # what train_bench's masker=graphed / compiled runs in the step
 
         def prep_fast(i: int, fast: DynamicMasker = fast) -> dict[str, Any]:
-            host = plan_tokens(batches[i % len(batches)], max_len)
+            host = count_tokens(batches[i % len(batches)], max_len)
             return model_batch(to_device(host, device), fast, epoch=0, layout=PACKED, max_len=max_len)
 
         try:
@@ -109,10 +109,10 @@ def bench_prep(batches: list[dict[str, Any]], masker: DynamicMasker, max_len: in
         except Exception as e:
             rows.add(part="prep", what=what, mode=f"masker {mode}", error=_error(e))
 
-    padded = [model_batch(to_device(plan_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
+    padded = [model_batch(to_device(count_tokens(b, max_len), device), None, max_len=max_len) for b in batches]
     args = [(b["input_ids"][:, 0], *b["input_ids"][:, 1:].unbind(1), b["lengths"], b["person_id"]) for b in padded]
     eager = masker.draw
-    launchers = {"eager": eager, "graphed": DynamicMasker(masker.cfg, graph=True),
+    launchers = {"eager": eager, "graphed": DynamicMasker(masker.cfg, GRAPHED),
                  **{mode: torch.compile(eager, mode=mode, dynamic=False) for mode in ("default", "reduce-overhead")}}
     for mode, fn in launchers.items():
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -151,7 +151,7 @@ def attention_pair(lengths: torch.Tensor, max_len: int, heads: int, d: int, dtyp
 
 def bench_attention(batches: list[dict[str, Any]], max_len: int, device: torch.device, dtype: torch.dtype,
                     reps: int, rows: Rows) -> None:
-    first = model_batch(to_device(plan_tokens(batches[0], max_len), device), None, max_len=max_len)
+    first = model_batch(to_device(count_tokens(batches[0], max_len), device), None, max_len=max_len)
     lengths = first["lengths"].long()
     pairs = float((lengths * lengths).sum())
     for name, hidden, heads in HEAD_LAYOUTS:

@@ -11,10 +11,9 @@ import torch
 
 from lifeseq_shards import ShardedDataset, ShardedLoader
 from lifeseq_shards.device.build import model_batch, packed_views, to_device
-from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.masking import MASK, DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import World
 
-MASK_ID = 3  # [MASK]; ids 0-4 are [PAD] [CLS] [SEP] [MASK] [UNK]
 SEED_BYTES_PER_SLOT = 48  # the seed's int64 batch: input_ids 4 x 8 bytes, padding_mask and original_sequence 8 each
 
 
@@ -76,7 +75,7 @@ def main(root: str, batches: int = 3, workers: int = 2) -> None:
         used = target_tokens > 0  # an unused target slot holds token 0 ([PAD])
         shown = model["input_ids"][:, 0].gather(1, target_pos)
         expected = int(torch.minimum((0.3 * lengths).floor().long(), lengths).sum())
-        n, masked = int(used.sum()), int((used & (shown == MASK_ID)).sum())
+        n, masked = int(used.sum()), int((used & (shown == MASK)).sum())
         kept = int((used & (shown == target_tokens)).sum())
         cls = torch.bincount(model["target_cls"], minlength=3).tolist()
         print(f"  MLM targets: {n:,}  (floor(0.3 x length) a person: expect {expected:,}, fewer only for a person "

@@ -55,8 +55,8 @@ class Point:
     pin_memory: bool = True
     attention: str = "padded"  # "varlen": the packed layout, attention per person (lifeseq_shards.model.Packed)
     prefetch: bool = False  # the next batch built on a side CUDA stream (prefetch.DevicePrefetcher)
-    prefetch_thread: bool = False  # ... launched from a background thread (DevicePrefetcher(threaded=True))
-    masker: str = "eager"  # "compiled": DynamicMasker(compile=True); "graphed": DynamicMasker(graph=True)
+    prefetch_thread: bool = False  # ... launched from a background thread (prefetch="thread")
+    masker: str = "eager"  # DynamicMasker's launch: "eager", "compiled" (torch.compile) or "graphed" (CUDA graphs)
 
 
 @dataclass(frozen=True)
@@ -220,10 +220,10 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
     masking = MaskingConfig(kind="random", vocab_size=vocab_size, seed=seed)
     dm = LifeSeqDataModule(
         data_dir, p.batch_size, num_workers=p.workers, seed=seed, pad_to=p.max_len,
-        masking=DynamicMasker(masking, compile=p.masker == "compiled", graph=p.masker == "graphed"),
+        masking=DynamicMasker(masking, p.masker),
         pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
-        layout="packed" if p.attention == "varlen" else "padded", prefetch=p.prefetch,
-        prefetch_thread=p.prefetch_thread,
+        layout="packed" if p.attention == "varlen" else "padded",
+        prefetch="thread" if p.prefetch_thread else p.prefetch,  # the results' two columns, as one choice
     )
     module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
     meter = StepMeter(warmup)
@@ -427,8 +427,8 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
               help="build the next batch on a side CUDA stream during the step")
 @click.option("--prefetch-thread", type=click.Choice(["off", "on", "both"]), default=None,
               help="launch the prefetch's preparation from a background thread")
-@click.option("--masker", default=None, help="comma list of eager, compiled (DynamicMasker(compile=True)), graphed "
-              "(DynamicMasker(graph=True): CUDA graphs)")
+@click.option("--masker", default=None, help="comma list of eager, compiled (torch.compile), graphed (CUDA graphs): "
+              "DynamicMasker's launch")
 @click.option("--steps", type=int, default=None)
 @click.option("--warmup", type=int, default=None)
 @click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ..store.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
+    STAMPS,
     Block,
     Field,
     check_fits,
@@ -56,7 +57,7 @@ HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840
 BUCKET_PERSONS = 100_000
 HISTOGRAM_BIN = 8  # tokens per bin of the manifest's length histogram
 # what --dtype may set (a count field such as `length` sets every count and position in a sequence with it)
-DTYPE_FIELDS = ("tokens", "length", "abspos", "age", "segment")
+DTYPE_FIELDS = ("tokens", "length", *STAMPS)
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 

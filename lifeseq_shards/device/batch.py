@@ -3,7 +3,7 @@
 - The host batch (:mod:`lifeseq_shards.reader.collate` makes it): :class:`PackedBatch`, every field's values in one
   narrow buffer (ragged ones concatenated, the stamps once per run), or :class:`PaddedBatch`, the fields as narrow
   padded tensors. Each names its fields with their kind and the dtype they cross in (:class:`Slot`,
-  :class:`Column`), so the device side reads the layout off the batch itself: a field is padded, repeated over its
+  :class:`Column`), so the device side reads the kinds off the batch itself: a field is padded, repeated over its
   run or left per person by its kind, never by a list of names, and a field that crosses as the signed view of an
   unsigned dtype (torch < 2.3, :mod:`lifeseq_shards.compat`) says so by its dtype.
 - The model batch (:func:`lifeseq_shards.device.build.model_batch` makes it): :class:`PaddedModelBatch` or
@@ -75,8 +75,8 @@ class PackedBatch:
 
     The buffer is a numpy array in a DataLoader worker (cheaper to move into the worker's ring or pipe than a
     tensor), a ``reader.transport.RingSlot`` on its way through the ring, a (pinned) tensor once the loader has it
-    and a device tensor after :meth:`to`. ``n_tokens`` (with the crop ``planned_for`` it counts for) is filled in on
-    the host by ``device.plan_tokens`` for the model's packed layout."""
+    and a device tensor after :meth:`to`. ``n_tokens`` (with the crop ``counted_for`` it counts for) is filled in on
+    the host by ``device.count_tokens`` for the model's packed layout."""
 
     buffer: Any
     columns: tuple[Column, ...]
@@ -85,11 +85,11 @@ class PackedBatch:
     width: int
     targets_width: int | None = None
     n_tokens: int | None = None
-    planned_for: int | None = None
+    counted_for: int | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # the arguments as they are: cheaper than the dataclass's state dict
         return PackedBatch, (self.buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
-                             self.n_tokens, self.planned_for)
+                             self.n_tokens, self.counted_for)
 
     @property
     def slots(self) -> tuple[Slot, ...]:
@@ -107,9 +107,9 @@ class PackedBatch:
     def with_buffer(self, buffer: Any) -> PackedBatch:
         """The same batch with its bytes somewhere else (a ring slot, a pinned tensor, the device)."""
         return PackedBatch(buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
-                           self.n_tokens, self.planned_for)
+                           self.n_tokens, self.counted_for)
 
-    def planned(self, n_tokens: int, max_len: int | None) -> PackedBatch:
+    def counted(self, n_tokens: int, max_len: int | None) -> PackedBatch:
         return PackedBatch(self.buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
                            n_tokens, max_len)
 
@@ -119,19 +119,19 @@ class PackedBatch:
         return self.with_buffer(_pinned(self.buffer)) if isinstance(self.buffer, torch.Tensor) else self
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> PackedBatch:
-        """The buffer moved as is (asynchronously when pinned); the layout stays on the host, where shapes are
+        """The buffer moved as is (asynchronously when pinned); the slots stay on the host, where shapes are
         decided."""
         buf = torch.from_numpy(self.buffer) if isinstance(self.buffer, np.ndarray) else self.buffer
         return self.with_buffer(buf.to(device, non_blocking=non_blocking))
 
     def without(self, names: Iterable[str]) -> PackedBatch:
-        """The batch without the fields ``names`` (the buffer as is: only its layout shrinks)."""
+        """The batch without the fields ``names`` (the buffer as is: only its slots shrink)."""
         drop = set(names)
         kept = [s for s in self.slots if s.name not in drop]
         targets = self.targets_width if any(s.kind == TARGETS for s in kept) else None
         return PackedBatch(self.buffer, tuple(Column(s.name, s.dtype, s.kind) for s in kept),
                            tuple(s.offset for s in kept), tuple(s.count for s in kept), self.width, targets,
-                           self.n_tokens, self.planned_for)
+                           self.n_tokens, self.counted_for)
 
 
 @dataclass(frozen=True)
@@ -222,17 +222,11 @@ def extra_fields(fields: Iterable[tuple[str, str]], where: str = "") -> list[str
     return extra
 
 
-# torch >= 2.3's unsigned dtypes, widened as compat.unsigned widens their signed views, so that an extra field has
-# the same dtype in the model batch on every torch
-_WIDER_UNSIGNED = {getattr(torch, f"uint{bits}"): wider for bits, wider in ((16, torch.int32), (32, torch.int64),
-                                                                             (64, torch.int64))
-                   if hasattr(torch, f"uint{bits}")}
-
-
 def widen_unsigned(values: torch.Tensor) -> torch.Tensor:
-    """``values`` in a dtype every torch op takes: an unsigned one wider than 8 bits in the next wider signed."""
-    wider = _WIDER_UNSIGNED.get(values.dtype)
-    return values if wider is None else values.to(wider)
+    """``values`` in a dtype every torch op takes: an unsigned one wider than 8 bits in the next wider signed, as
+    ``compat.unsigned`` widens their signed views, so that an extra field has the same dtype on every torch."""
+    views = compat.UNSIGNED.get(values.dtype)
+    return values if views is None else values.to(views[1])
 
 
 class ModelBatch(Mapping[str, Any]):

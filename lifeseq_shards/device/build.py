@@ -35,13 +35,13 @@ from lifeseq_shards.device.batch import (
     widen_unsigned,
 )
 from lifeseq_shards.device.index import packed_slots, padded_rows, starts
-from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, fill_target_slots
-from lifeseq_shards.store.format import RAGGED, RUN_LENGTH, RUNS, TARGETS
+from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, Offline, fill_target_slots
+from lifeseq_shards.store.format import RAGGED, RUN_LENGTH, RUNS, STAMPS, TARGETS
 
 
 def to_device(batch: HostBatch, device: torch.device | str, non_blocking: bool = True) -> HostBatch:
     """The host batch's tensors moved as they are (same dtype), asynchronously when the source is pinned (the
-    DataLoader's pin_memory); a packed batch's layout and widths stay on the host, where the shapes are decided."""
+    DataLoader's pin_memory); a packed batch's slots and widths stay on the host, where the shapes are decided."""
     return batch.to(device, non_blocking=non_blocking)
 
 
@@ -99,13 +99,8 @@ def padded_fields(batch: HostBatch, width: int | None = None) -> dict[str, torch
 
 # Some torch builds lack `where` or indexing for the unsigned dtypes (docs/results/reader.md); a signed view of the same
 # width has the same bits. Torch < 2.3 has no such dtypes at all.
-_SIGNED_VIEW = {getattr(torch, f"uint{bits}"): signed for bits, signed in ((16, torch.int16), (32, torch.int32),
-                                                                           (64, torch.int64))
-                if hasattr(torch, f"uint{bits}")}
-
-
 def _signed(values: torch.Tensor) -> torch.Tensor:
-    return values.view(_SIGNED_VIEW.get(values.dtype, values.dtype))
+    return values.view(compat.UNSIGNED.get(values.dtype, (values.dtype,))[0])
 
 
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -119,18 +114,49 @@ def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tens
     return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 
+# the model batch's two layouts (the front ends' ``layout`` argument): the seed's padded (B, L), or the real tokens only
 PADDED, PACKED = "padded", "packed"
 
 
-def plan_tokens(batch: HostBatch, max_len: int | None = None) -> HostBatch:
+@dataclass(frozen=True)
+class Padding:
+    """Where a front end's batches are padded and cropped, derived here only from its ``layout`` (the model batch's,
+    :data:`PADDED` or :data:`PACKED`) and ``pad_to``. The host pads (and crops) to ``pad_to`` for a padded model batch
+    with a ``pad_to``; otherwise it sends packed host batches (real tokens only), which the device pads to each batch's
+    longest or, for a packed model batch, crops to ``pad_to`` (:attr:`max_len`)."""
+
+    layout: str = PADDED
+    pad_to: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in (PADDED, PACKED):
+            raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {self.layout!r}")
+
+    @property
+    def host_pad_to(self) -> int | None:
+        """The width the host pads and crops each batch to (``ShardedDataset(pad_to=...)``); None: the device pads."""
+        return None if self.layout == PACKED else self.pad_to
+
+    @property
+    def host_packed(self) -> bool:
+        """Whether the host sends packed batches (``ShardedDataset(packed=True)``): whenever it does not pad."""
+        return self.host_pad_to is None
+
+    @property
+    def max_len(self) -> int | None:
+        """The device's crop (a packed model batch's ``pad_to``), None when it keeps every token the host sent."""
+        return self.pad_to if self.layout == PACKED else None
+
+
+def count_tokens(batch: HostBatch, max_len: int | None = None) -> HostBatch:
     """On the host, before the copy: a packed batch gets ``n_tokens``, how many tokens its persons keep when cropped
     to ``max_len`` (read from the host buffer: no sync), so that the device can size the packed layout without asking
-    for it. A padded batch, or one already planned, comes back as is."""
+    for it. A padded batch, or one already counted, comes back as is."""
     if not isinstance(batch, PackedBatch) or batch.n_tokens is not None:
         return batch
     lengths = packed_views(batch)["lengths"]
     kept = lengths if max_len is None else lengths.clamp(max=max_len)
-    return batch.planned(int(kept.sum()), max_len)
+    return batch.counted(int(kept.sum()), max_len)
 
 
 def model_batch(
@@ -146,8 +172,8 @@ def model_batch(
     persons). Every per-person field the model batch is not built from (the predict data's ``shard``, a field the
     dataset adds) is carried as it is; a per-token one it does not know is refused (:func:`batch.check_fields`).
 
-    ``layout="packed"`` (a packed batch, planned by :func:`plan_tokens`) then keeps only the real tokens, for the
-    encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
+    ``layout="packed"`` (a packed batch, its tokens counted by :func:`count_tokens`) then keeps only the real tokens,
+    for the encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
     ``max_len`` (a host int: the padded width, an upper bound of the lengths) and ``target_index`` (B, T), the MLM
     targets as rows of the packed arrays (unused slots point at a real row; their token 0 is ignored by the loss).
     """
@@ -156,16 +182,16 @@ def model_batch(
     n_tokens = batch.n_tokens if isinstance(batch, PackedBatch) else None
     if layout == PACKED:
         if not isinstance(batch, PackedBatch) or n_tokens is None:
-            raise ValueError("layout='packed' needs a packed batch planned on the host (device.plan_tokens)")
-        if batch.planned_for != max_len:
+            raise ValueError("layout='packed' needs a packed batch counted on the host (device.count_tokens)")
+        if batch.counted_for != max_len:
             # the token count sizes the gathers: for another crop they would read or write the wrong rows (CUDA
             # checks no size, to stay free of syncs)
-            raise ValueError(f"the packed batch was planned for max_len={batch.planned_for} (device.plan_tokens) "
-                             f"but model_batch got max_len={max_len}: plan with the same max_len")
+            raise ValueError(f"the packed batch was counted for max_len={batch.counted_for} (device.count_tokens) "
+                             f"but model_batch got max_len={max_len}: count with the same max_len")
     extra = check_fields(batch)
     fields = padded_fields(batch, max_len)
     tokens = fields["tokens"].long()
-    stamps = [fields[k].long() for k in ("abspos", "age", "segment")]
+    stamps = [fields[k].long() for k in STAMPS]
     lengths = fields["lengths"].long()
     L = tokens.shape[1]
     # per person, as read: the ids and lengths, then the fields the model batch is not built from, as they are
@@ -174,7 +200,7 @@ def model_batch(
     shown = tokens
     if masker is not None:
         m = masker(tokens, *stamps, lengths, fields["person_id"], epoch)
-        shown, tokens, stamps = m["masked_tokens"], m["original"], [m["abspos"], m["age"], m["segment"]]
+        shown, tokens, stamps = m["masked_tokens"], m["original"], [m[k] for k in STAMPS]
         out.update(target_pos=m["target_pos"], target_tokens=m["target_tokens"], target_cls=m["target_cls"])
     elif all(k in fields for k in OFFLINE_MLM_FIELDS):
         shown = fields["masked_tokens"].long()
@@ -199,29 +225,33 @@ def model_batch(
 
 
 def without_offline_masks(batch: HostBatch) -> HostBatch:
-    """``batch`` without its offline MLM fields (a packed batch's buffer is left as is: only its layout shrinks),
+    """``batch`` without its offline MLM fields (a packed batch's buffer is left as is: only its slots shrink),
     so :func:`model_batch` finds no offline masks to use."""
     return batch.without(OFFLINE_MLM_FIELDS)
 
 
 @dataclass(frozen=True)
 class BatchBuilder:
-    """Host batch -> the model's batch on ``device``: :func:`plan_tokens`, :func:`to_device`, :func:`model_batch`.
+    """Host batch -> the model's batch on ``device``: :func:`count_tokens`, :func:`to_device`, :func:`model_batch`.
 
-    ``masking``: None (no targets: offline fields dropped), ``"offline"`` or a :class:`DynamicMasker`. The two halves
-    are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
+    ``masking``: None (no targets: offline fields dropped), :data:`~lifeseq_shards.masking.OFFLINE` (the stored
+    masks) or a :class:`DynamicMasker`. ``layout`` and ``max_len``: the model batch's (:class:`Padding`'s). The two
+    halves are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
     :class:`~lifeseq_shards.device.batch.ModelBatch` (one :class:`DevicePrefetcher` built ahead) passes through both as
     it is.
     """
 
-    masking: DynamicMasker | str | None = None
+    masking: DynamicMasker | Offline | None = None
     layout: str = PADDED
     max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "masking", Offline.of(self.masking))  # the word "offline" says OFFLINE here too
 
     def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
         if isinstance(batch, ModelBatch):
             return batch
-        return to_device(plan_tokens(batch, self.max_len) if self.layout == PACKED else batch, device)
+        return to_device(count_tokens(batch, self.max_len) if self.layout == PACKED else batch, device)
 
     def widen(self, batch: HostBatch | ModelBatch, epoch: int) -> ModelBatch:
         if isinstance(batch, ModelBatch):

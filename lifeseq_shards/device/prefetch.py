@@ -13,6 +13,30 @@ from typing import Any
 
 import torch
 
+# When the model's batches are built: each as it is handed out, on the current stream ("off"); one step ahead on a
+# side CUDA stream ("stream"); and launched from a background thread as well ("thread").
+OFF, STREAM, THREAD = "off", "stream", "thread"
+PREFETCH = (OFF, STREAM, THREAD)
+
+
+def prefetch_choice(prefetch: str | bool | None) -> str | None:
+    """The front ends' ``prefetch`` as one of :data:`PREFETCH`, or None (the default: :data:`STREAM` on CUDA, else
+    :data:`OFF`; :func:`on_device`). ``True`` and ``False`` say :data:`STREAM` and :data:`OFF` (the guides' words)."""
+    if prefetch is None or prefetch in PREFETCH:
+        return prefetch  # type: ignore[return-value]
+    if isinstance(prefetch, bool):
+        return STREAM if prefetch else OFF
+    raise ValueError(f"prefetch must be None, True, False or one of {', '.join(map(repr, PREFETCH))}, not "
+                     f"{prefetch!r}")
+
+
+def on_device(prefetch: str | None, device: torch.device) -> str:
+    """``prefetch`` (a :func:`prefetch_choice`) on ``device``: the default is :data:`STREAM` on CUDA, else
+    :data:`OFF`."""
+    if prefetch is not None:
+        return prefetch
+    return STREAM if device.type == "cuda" else OFF
+
 
 class _LoaderAttribute:
     """A DataLoader attribute that Lightning reads, or resets at the end of a fit (``_iterator``, to shut the workers
@@ -44,21 +68,22 @@ class DevicePrefetcher:
     ``state_dict`` (a :class:`~lifeseq_shards.reader.ShardedLoader`'s) are the loader's as of the batch handed out,
     leaving out those built ahead: a checkpoint resumes at the batch the step has not had yet, not one past it.
 
-    ``threaded=True`` also moves the host's share off the step: a background thread takes the loader's batches and
-    launches their preparation (a few hundred kernels: milliseconds of host time, docs/results/training-gpu.md), up to
-    two batches ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so
-    the two overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/results/training-gpu.md).
+    ``prefetch`` (one of :data:`PREFETCH`): :data:`STREAM` (the default) builds ahead as above. :data:`THREAD` also
+    moves the host's share off the step: a background thread takes the loader's batches and launches their
+    preparation (a few hundred kernels: milliseconds of host time, docs/results/training-gpu.md), up to two batches
+    ahead, while the training thread launches the step; torch releases the GIL while it dispatches, so the two
+    overlap. Same batches, same order. Opt-in until a GPU run says it pays (docs/results/training-gpu.md).
 
-    ``ahead=False`` builds each batch only when it is handed out, on the current stream: the same batches and
-    positions without the prefetch (a plain loop's ``prefetch=False``, as the DataModule's hooks build them).
+    :data:`OFF` builds each batch only when it is handed out, on the current stream: the same batches and positions
+    without the prefetch (a plain loop's ``prefetch=False``, as the DataModule's hooks build them).
     """
 
     def __init__(self, loader: Iterable[Any], build: Callable[[Any], Mapping[str, Any]],
-                 device: torch.device | str, threaded: bool = False, ahead: bool = True) -> None:
-        if threaded and not ahead:
-            raise ValueError("DevicePrefetcher(threaded=True) builds batches ahead: it needs ahead=True")
+                 device: torch.device | str, prefetch: str = STREAM) -> None:
+        if prefetch not in PREFETCH:
+            raise ValueError(f"prefetch must be one of {', '.join(map(repr, PREFETCH))}, not {prefetch!r}")
         self.loader, self.build, self.device = loader, build, torch.device(device)
-        self.threaded, self.ahead = threaded, ahead
+        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -89,11 +114,11 @@ class DevicePrefetcher:
     _iterator = _LoaderAttribute()
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
-        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.ahead else None
-        if not self.ahead:
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.prefetch != OFF else None
+        if self.prefetch == OFF:
             started = (((self.build(host), None), position) for host, position in self._positioned())
         else:
-            started = self._started_in_thread(side) if self.threaded else self._started(side)
+            started = self._started_in_thread(side) if self.prefetch == THREAD else self._started(side)
         for (batch, ready), position in started:
             if ready is not None:
                 current = torch.cuda.current_stream(self.device)

@@ -24,8 +24,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import nn
 
 from ..reader import ShardedDataset, World
+from ..reader.options import predict_splits
 from ..reader.stages import SHARD_FIELD
-from ..store.manifest import ShardEntry
+from ..store.manifest import Manifest, ShardEntry
 from ..store.remote import read_manifest
 from .store import (
     ID_COLUMN,
@@ -37,8 +38,6 @@ from .store import (
     open_output,
     write_shard,
 )
-
-DEFAULT_SPLITS = ("train", "val")
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -87,20 +86,23 @@ class EmbeddingWriterHooks:
         self.out_dir, self.fields, self.dtype = Path(out_dir), dict(fields) if fields else None, dtype
         self.model_name, self.id_key = model, id_key
         self.spec: EmbeddingSpec | None = None
+        self.manifest: Manifest | None = None  # the data's, read once by open
         self._entries: dict[int, ShardEntry] = {}  # position among the manifest's shards -> entry, to be written
         self._open: dict[int, _Shard] = {}
         self.written: list[Path] = []  # this process's finished files, in order
 
     # -- opening: every rank agrees on what is left --------------------------------------------------------------
     def open(self, data: str | os.PathLike[str], splits: Sequence[str] | str | None = None,
-             model: nn.Module | None = None, world: World | None = None) -> list[str]:
+             model: nn.Module | None = None, world: World | None = None, *,
+             manifest: Manifest | None = None) -> list[str]:
         """Check (or make) the output directory for ``data``'s ``splits`` (default train and val) and ``model``,
         and return the input shards already embedded (manifest paths), for ``ShardedDataset(skip_files=...)``.
         Rank 0 looks and tells the others (torch.distributed must be initialised when there are several), so that
-        every rank leaves out the same shards, whatever another rank has written meanwhile."""
-        manifest = read_manifest(str(data))
-        names = (splits,) if isinstance(splits, str) else tuple(splits or
-                                                                 [s for s in DEFAULT_SPLITS if s in manifest.splits])
+        every rank leaves out the same shards, whatever another rank has written meanwhile. ``world``: default
+        ``World.current()``; ``manifest``: ``data``'s, when the caller has read it (read here otherwise)."""
+        manifest = read_manifest(str(data)) if manifest is None else manifest
+        self.manifest = manifest
+        names = predict_splits(manifest, splits)
         unknown = [s for s in names if s not in manifest.splits]
         if unknown or not names:
             raise EmbeddingsError(f"{data}: no split {unknown or names!r} (has {', '.join(manifest.splits)})")
@@ -131,9 +133,10 @@ class EmbeddingWriterHooks:
                 model: nn.Module | None = None, **kwargs: Any) -> ShardedDataset:
         """:meth:`open`, then the :class:`ShardedDataset` of the persons left to embed (complete mode, each
         person's shard in its batch); ``kwargs`` go to ``ShardedDataset`` (batch_size, num_workers, world, ...)."""
-        done = self.open(data, split, model, kwargs.get("world"))
+        done = self.open(data, split, model, kwargs.get("world"), manifest=kwargs.pop("manifest", None))
         assert self.spec is not None
-        return ShardedDataset(data, self.spec.splits, mode="complete", skip_files=done, shard_field=True, **kwargs)
+        return ShardedDataset(data, self.spec.splits, mode="complete", skip_files=done, shard_field=True,
+                              manifest=self.manifest, **kwargs)
 
     # -- writing -----------------------------------------------------------------------------------------------
     def write(self, outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> None:

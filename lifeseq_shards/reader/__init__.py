@@ -1,6 +1,7 @@
 """The DDP reader: a webdataset pipeline whose node/worker split comes from the pure plan, not from the environment.
 
-One concern per module: :mod:`.dataset` (configuration, plan queries, epoch control, ``__iter__``), :mod:`.stages`
+One concern per module: :mod:`.options` (the dataset's arguments as one frozen value), :mod:`.dataset`
+(configuration from the manifest, plan queries, epoch control, ``__iter__``), :mod:`.stages`
 (the pipeline's generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`),
 :mod:`.transport` (the workers' shared-memory rings and process context), :mod:`.launch` (rank and world size
 from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state).

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Collection, Iterator, Sequence
-from numbers import Integral
 
 import torch
 import webdataset as wds
@@ -19,16 +18,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..plan import order as plan_order
 from ..plan import partition as plan
 from ..plan import slots as plan_slots
-from ..plan.partition import BALANCED, COMPLETE
+from ..plan.partition import BALANCED
 from ..plan.resume import LAYOUT_KEYS, Layout, RestPlan, Stage
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
 from .launch import World
+from .options import ReadOptions
 from .stages import batches, load_windows, messages, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
-MAX_WORKERS = 256
 WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
 MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
 
@@ -97,6 +96,9 @@ class ShardedDataset(IterableDataset):
     (``world_size``, ``num_workers``, ``batch_size``, ``drop_last``, ``mode``, ``seed``, ``shuffle``, ``window``)
     are read from :attr:`partition`.
 
+    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`, checked
+    once (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
+
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
     """
@@ -107,32 +109,30 @@ class ShardedDataset(IterableDataset):
                  pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
                  skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None) -> None:
         super().__init__()
-        mode = plan.mode_name(mode)
+        options = ReadOptions(split=split, batch_size=batch_size, num_workers=num_workers, mode=mode, shuffle=shuffle,
+                              seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
+                              pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field)
+        self._build(path, options, world, manifest)
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
+           manifest: Manifest | None = None) -> ShardedDataset:
+        """The dataset of ``options`` (checked once, where they were built): what ``ShardedDataset(path, ...)``
+        builds from its arguments. A front end builds its options once and passes the manifest it has read."""
+        dataset = cls.__new__(cls)
+        IterableDataset.__init__(dataset)
+        dataset._build(path, options, world, manifest)
+        return dataset
+
+    def _build(self, path: str | os.PathLike[str], options: ReadOptions, world: World | None,
+               manifest: Manifest | None) -> None:
+        self.options = options
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
-        splits = [split] if isinstance(split, str) else list(split)
-        if len(splits) > 1 and mode == BALANCED:
-            raise ValueError("several splits are read together only in mode='complete' or 'exact' (the shards of "
-                             "different splits differ in size)")
         if world is not None and not isinstance(world, World):
             raise TypeError(f"world must be a lifeseq_shards.reader.World(rank, size), not {world!r}")
         self.world = World.current() if world is None else world
-        if not 0 <= num_workers <= MAX_WORKERS:
-            raise ValueError(f"num_workers {num_workers} outside 0..{MAX_WORKERS}")
-        # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
-        for name, value in (("batch_size", batch_size), ("pad_multiple", pad_multiple), ("pad_to", pad_to),
-                            ("window", window)):
-            if value is not None and (not isinstance(value, Integral) or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
-        if not isinstance(seed, Integral) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
-        if (skip_files or shard_field) and mode != COMPLETE:
-            raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
-        if packed and pad_to is not None:
-            raise ValueError("packed batches are padded on the device "
-                             "(lifeseq_shards.device.build.padded_fields): no pad_to")
-        self.split = split
-        shuffle = (mode == BALANCED) if shuffle is None else (shuffle and mode == BALANCED)
-        self.pad_multiple, self.pad_to, self.packed = pad_multiple, pad_to, packed
+        self.split = options.split
+        splits = options.splits
 
         # -- the manifest (read here unless the caller has): schema, fingerprint, the shards this mode reads -------
         self.manifest = read_manifest(self.root) if manifest is None else manifest
@@ -146,30 +146,34 @@ class ShardedDataset(IterableDataset):
                                 "checksums (edited by hand?); `shardify verify` checks the rest")
         self.fingerprint = self.manifest.fingerprint
         # balanced: the equal shards, and the remainder shard (number len(sizes)) shared out apart from them
-        entries = [e for name in splits for e in self.manifest.splits[name].entries() if e.file not in skip_files]
+        entries = [e for name in splits for e in self.manifest.splits[name].entries()
+                   if e.file not in options.skip_files]
         # shard_field: each person's shard as its position among all the manifest's shards (SHARD_FIELD)
         position = {e.file: i for i, (_, e) in enumerate(self.manifest.entries())}
-        self.shard_ids = [position[e.file] for e in entries] if shard_field else None
+        self.shard_ids = [position[e.file] for e in entries] if options.shard_field else None
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
         require_block_checks(self.manifest, self.shards, self.root)
-        if mode == BALANCED:
+        if options.mode == BALANCED:
             self._check_one_size(splits[0])
             info = self.manifest.splits[splits[0]]
             self.sizes, remainder = [e.samples for e in info.shards], info.remainder_persons
         else:
             self.sizes, remainder = [e.samples for e in entries], 0
 
+        window = options.window
         if window is None:  # two shards, and never so few persons that the shuffle stays local
             window = max(WINDOW_PERSONS, WINDOW_SHARDS * max(self.sizes, default=1))
-        self.partition = plan.Partition(tuple(self.sizes), self.world.size, num_workers, mode, seed, shuffle,
-                                        batch_size, drop_last, window, remainder)
+        self.partition = plan.Partition(tuple(self.sizes), self.world.size, options.num_workers, options.mode,
+                                        options.seed, options.shuffled, options.batch_size, options.drop_last, window,
+                                        remainder)
         try:  # exact mode refuses a layout here, not in a worker
             len(self)
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
-        batch_schema = with_shard_field(self.schema) if shard_field else self.schema
-        self.spec = BatchSpec(batch_schema, packed, pad_multiple, pad_to, self.offline_mlm, self.root)
-        self._control = EpochControl(num_workers)
+        batch_schema = with_shard_field(self.schema) if options.shard_field else self.schema
+        self.spec = BatchSpec(batch_schema, options.packed, options.pad_multiple, options.pad_to, self.offline_mlm,
+                              self.root)
+        self._control = EpochControl(options.num_workers)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
         self._rest: tuple[tuple[int, tuple[Stage, ...]], RestPlan] | None = None  # the last rest of an epoch planned
@@ -207,6 +211,11 @@ class ShardedDataset(IterableDataset):
     @property
     def shuffle(self) -> bool:
         return self.partition.shuffle
+
+    @property
+    def packed(self) -> bool:
+        """Whether the batches are packed host batches (one buffer of real tokens; ``packed=True``)."""
+        return self.spec.packed
 
     @property
     def window(self) -> int:

@@ -38,6 +38,10 @@ SCALAR, RAGGED, TARGETS, RUNS = "scalar", "ragged", "targets", "runs"
 COUNT_OF = {RAGGED: "length", TARGETS: "n_targets", RUNS: "n_runs"}
 RUN_LENGTH = "run_length"
 STAMPS = ("abspos", "age", "segment")
+# the special tokens, at ids 0-4 of every vocabulary (the converter refuses a vocab.csv that has them elsewhere; the
+# padding, the masker and the seed's step 5 take these ids, not the file's)
+SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
+PAD, CLS, SEP, MASK, UNK = range(len(SPECIAL_TOKENS))
 
 
 @dataclass(frozen=True)

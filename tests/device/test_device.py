@@ -16,15 +16,15 @@ from lifeseq_shards.device.batch import Column, PackedBatch, PackedModelBatch, P
 from lifeseq_shards.device.build import (
     PACKED,
     BatchBuilder,
+    count_tokens,
     host_sync_guard,
     model_batch,
     packed_views,
     padded_fields,
-    plan_tokens,
     to_device,
 )
-from lifeseq_shards.device.prefetch import DevicePrefetcher
-from lifeseq_shards.masking import DynamicMasker, MaskingConfig
+from lifeseq_shards.device.prefetch import OFF, STREAM, THREAD, DevicePrefetcher
+from lifeseq_shards.masking import EAGER, GRAPHED, DynamicMasker, MaskingConfig
 from lifeseq_shards.store.format import RAGGED, SCALAR, TARGETS
 
 # the kinds of the fields a host batch may hold, by name (a padded host batch's per-token fields are all ragged)
@@ -246,10 +246,10 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
     packed = ShardedDataset(nomlm_dataset, "train", batch_size=32, seed=2, packed=True)
     cropped = 0
     for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
-        planned = plan_tokens(host_packed, L)
+        counted = count_tokens(host_packed, L)
         with host_sync_guard():
             want = model_batch(to_device(host_padded, "cpu"), masker, epoch=1)
-            got = model_batch(to_device(planned, "cpu"), masker, epoch=1, layout="packed", max_len=L)
+            got = model_batch(to_device(counted, "cpu"), masker, epoch=1, layout="packed", max_len=L)
         assert got["input_ids"].shape == (4, int(want["padding_mask"].sum())) and got["max_len"] == L
         assert got["target_index"].shape == want["target_pos"].shape and "padding_mask" not in got
         assert torch.equal(got["lengths"].long(), want["lengths"].long())
@@ -296,7 +296,8 @@ def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[lis
 
 
 def _prefetch_builder(graph: bool = False) -> BatchBuilder:
-    return BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3), graph=graph),
+    return BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=2970, p_reverse=0.3, p_shuffle=0.3),
+                                      GRAPHED if graph else EAGER),
                         PACKED, 48)
 
 
@@ -310,7 +311,7 @@ def test_prefetch_changes_nothing_in_the_batches(nomlm_dataset: Path, device: st
     hosts, builder = _prefetch_case(nomlm_dataset, device, graph)
     direct = [_prefetch_builder()(h, device, 2) for h in hosts]
     loader = _Counting(hosts)
-    prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device, threaded=threaded)
+    prefetcher = DevicePrefetcher(loader, lambda h: builder(h, device, 2), device, THREAD if threaded else STREAM)
     assert len(prefetcher) == 4 and prefetcher.state_dict() == {"taken": 0}  # the loader's own attributes
     seen = []
     for i, batch in enumerate(prefetcher):
@@ -355,7 +356,7 @@ def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset:
 def test_threaded_prefetch_stops_its_thread_and_raises_its_errors(nomlm_dataset: Path) -> None:
     hosts, builder = _prefetch_case(nomlm_dataset, "cpu")
     before = threading.active_count()
-    prefetcher = DevicePrefetcher(_Counting(hosts * 50), lambda h: builder(h, "cpu", 2), "cpu", threaded=True)
+    prefetcher = DevicePrefetcher(_Counting(hosts * 50), lambda h: builder(h, "cpu", 2), "cpu", THREAD)
     batches = iter(prefetcher)
     for _ in range(3):
         next(batches)
@@ -367,27 +368,28 @@ def test_threaded_prefetch_stops_its_thread_and_raises_its_errors(nomlm_dataset:
         raise OSError("a shard went missing")
 
     with pytest.raises(OSError, match="went missing"):
-        list(DevicePrefetcher(_Counting(hosts), broken, "cpu", threaded=True))
+        list(DevicePrefetcher(_Counting(hosts), broken, "cpu", THREAD))
     assert threading.active_count() == before
 
 
 def test_datamodule_prefetch_and_layout_options(nomlm_dataset: Path) -> None:
-    """prefetch=True hands the model batches already built (the hooks pass them through); the same batches as the
-    hooks build from the plain loader's host batches."""
+    """prefetch="stream" (or True) hands the model batches already built (the hooks pass them through), "thread" too;
+    the same batches as the hooks build from the plain loader's host batches ("off", or False)."""
     from lifeseq_shards.datamodule import LifeSeqDataModule
 
-    def batches(prefetch: bool, threaded: bool = False) -> list[dict]:
+    def batches(prefetch: str | bool, want: str) -> list[dict]:
         dm = LifeSeqDataModule(nomlm_dataset, 40, num_workers=0, seed=1, pad_to=48, layout="packed",
-                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch, prefetch_thread=threaded)
+                               masking=MaskingConfig(vocab_size=2970), prefetch=prefetch)
         loader = dm.train_dataloader()
-        assert isinstance(loader, DevicePrefetcher) == prefetch
-        assert getattr(loader, "threaded", False) == threaded  # the DataModule's option
+        assert isinstance(loader, DevicePrefetcher) == (want != OFF)
+        assert getattr(loader, "prefetch", OFF) == want  # the DataModule's option
         out = []
         for b, _ in zip(loader, range(3), strict=False):
             out.append(dm.on_after_batch_transfer(dm.transfer_batch_to_device(b, torch.device("cpu"), 0), 0))
         return out
 
-    plain, ahead, in_thread = batches(False), batches(True), batches(True, threaded=True)
+    assert batches(True, STREAM) and batches(False, OFF)  # the guides' words
+    plain, ahead, in_thread = batches(OFF, OFF), batches(STREAM, STREAM), batches(THREAD, THREAD)
     assert len(plain) == len(ahead) == len(in_thread) == 3
     for a, b, c in zip(plain, ahead, in_thread, strict=True):
         assert isinstance(a, PackedModelBatch) and a.keys() == b.keys() == c.keys()
@@ -408,10 +410,10 @@ def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
     from lifeseq_shards.reader import ShardedDataset
 
     for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
-        planned = plan_tokens(host)
+        counted = count_tokens(host)
         with host_sync_guard():
             want = model_batch(to_device(host, "cpu"))
-            got = model_batch(to_device(planned, "cpu"), layout=PACKED)
+            got = model_batch(to_device(counted, "cpu"), layout=PACKED)
         assert got["target_index"].shape == want["target_pos"].shape
         assert all(_person(got, j) == _person(want, j) for j in range(len(got["lengths"])))
         if i == 2:
@@ -443,15 +445,15 @@ def test_no_masking_drops_the_offline_masks_of_packed_batches(mlm_dataset: Path,
             break
 
 
-def test_packed_layout_refuses_a_plan_for_another_max_len(nomlm_dataset: Path) -> None:
-    """plan_tokens sized the packed layout for one crop; model_batch asked for another would gather a wrong number
+def test_packed_layout_refuses_a_count_for_another_max_len(nomlm_dataset: Path) -> None:
+    """count_tokens sized the packed layout for one crop; model_batch asked for another would gather a wrong number
     of rows (on CUDA, unchecked): refused in one line naming both, before any kernel."""
     from lifeseq_shards.reader import ShardedDataset
 
     host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True)))
-    for planned_for, asked in ((None, 32), (32, None), (32, 48)):
-        batch = to_device(plan_tokens(host, planned_for), "cpu")
-        with pytest.raises(ValueError, match=f"planned for max_len={planned_for}.*max_len={asked}"):
+    for counted_for, asked in ((None, 32), (32, None), (32, 48)):
+        batch = to_device(count_tokens(host, counted_for), "cpu")
+        with pytest.raises(ValueError, match=f"counted for max_len={counted_for}.*max_len={asked}"):
             model_batch(batch, layout=PACKED, max_len=asked)
-        model_batch(batch, layout=PACKED, max_len=planned_for)  # as planned: fine
-    assert plan_tokens(plan_tokens(host, 32), 48).planned_for == 32  # a planned batch comes back as is
+        model_batch(batch, layout=PACKED, max_len=counted_for)  # as counted: fine
+    assert count_tokens(count_tokens(host, 32), 48).counted_for == 32  # a counted batch comes back as is

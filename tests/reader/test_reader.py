@@ -272,6 +272,22 @@ def test_inference_over_several_splits_embeds_everyone(nomlm_dataset: Path, samp
         ShardedDataset(nomlm_dataset, ("train", "val"))
 
 
+def test_a_dataset_of_options_reads_as_the_dataset_of_the_same_arguments(nomlm_dataset: Path) -> None:
+    """``ShardedDataset.of(root, options)`` (what a front end builds each loader with) is the dataset the same
+    arguments build: the same frozen options, plan and batches; options varied by ``dataclasses.replace`` are
+    checked again, as the arguments are."""
+    world = World(0, 1)
+    made = ShardedDataset(nomlm_dataset, "train", 100, world=world, seed=3, pad_to=48)
+    again = ShardedDataset.of(nomlm_dataset, made.options, world, made.manifest)
+    assert again.options == made.options and again.partition == made.partition and again.spec == made.spec
+    assert [b.tensors["person_id"].tolist() for b in again] == [b.tensors["person_id"].tolist() for b in made]
+    val = ShardedDataset.of(nomlm_dataset, dataclasses.replace(made.options, split="val", mode="exact"), world)
+    assert val.partition == ShardedDataset(nomlm_dataset, "val", 100, world=world, seed=3, mode="exact",
+                                           pad_to=48).partition
+    with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
+        dataclasses.replace(made.options, shard_field=True)
+
+
 # -- 4. exact resume ----------------------------------------------------------------------------------------------
 def take(it: Iterator[Batch], n: int) -> list[Batch]:
     return [next(it) for _ in range(n)]

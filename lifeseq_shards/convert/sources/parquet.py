@@ -24,16 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ...store.format import Block
+from ...store.format import SPECIAL_TOKENS, STAMPS, Block
 from .drops import DROP_REASON, KEPT, MIN_EVENTS, TOO_FEW_EVENTS
 from .errors import SourceError
 from .exact import exact_int64
 
 PERSON, BACKGROUND, SENTENCE = "RINPERSOON", "background", "sentence"
-PER_EVENT = ("abspos", "age", "segment")
-COLUMNS = (PERSON, BACKGROUND, SENTENCE, *PER_EVENT)
+COLUMNS = (PERSON, BACKGROUND, SENTENCE, *STAMPS)
 BACKGROUND_ORDER = ("origin", "gender", "birth_month", "birth_year")  # order of the prefix after [CLS]
-SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
 PREFIX_LEN = 2 + len(BACKGROUND_ORDER)
 DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
 TOKEN_ID_MAX = np.iinfo(np.uint32).max
@@ -72,13 +70,14 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
             raise SourceError(f"{path}: line {line}: token {token!r} listed twice")
         vocab[token], seen[i] = i, token
         lines[token] = line
-    absent = [s for s in SPECIALS if s not in vocab]
+    absent = [s for s in SPECIAL_TOKENS if s not in vocab]
     if absent:
         raise SourceError(f"{path}: vocabulary lacks special token(s) {' '.join(absent)}")
-    for want, s in enumerate(SPECIALS):  # the masker, the padding and the seed's step 5 use these ids, not the file's
+    for want, s in enumerate(SPECIAL_TOKENS):  # the masker, the padding and the seed's step 5 use these ids
         if vocab[s] != want:
-            raise SourceError(f"{path}: line {lines[s]}: {s} has ID {vocab[s]}; the specials {' '.join(SPECIALS)} "
-                              f"must be IDs 0-{len(SPECIALS) - 1} in that order (the masking and padding assume them)")
+            raise SourceError(f"{path}: line {lines[s]}: {s} has ID {vocab[s]}; the specials "
+                              f"{' '.join(SPECIAL_TOKENS)} must be IDs 0-{len(SPECIAL_TOKENS) - 1} in that order (the "
+                              "masking and padding assume them)")
     return vocab
 
 
@@ -137,7 +136,7 @@ COLUMN_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
                  lambda t: pa.types.is_struct(t) and all(_is_text(f.type) for f in t)
                  and set(BACKGROUND_ORDER) <= {f.name for f in t}),
     SENTENCE: ("list<list<string>>", lambda t: _is_list_of(t, lambda e: _is_list_of(e, _is_text))),
-    **{c: ("list<integer>", lambda t: _is_list_of(t, _is_number)) for c in PER_EVENT},
+    **{c: ("list<integer>", lambda t: _is_list_of(t, _is_number)) for c in STAMPS},
 }
 
 
@@ -277,7 +276,7 @@ def encode_parquet_task(
     tok_table, tok_index = _token_index(strings, keys, ids, unk)
     n_events = np.diff(ev_off)
     per_event = {}
-    for c in PER_EVENT:
+    for c in STAMPS:
         off = _list_offsets(cols[c])
         bad = np.flatnonzero(np.diff(off) != n_events)
         if bad.size:
@@ -338,7 +337,7 @@ def encode_parquet_task(
            DROP_REASON: np.where(enough, KEPT, TOO_FEW_EVENTS),
            "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
     out_event = np.repeat(unit_event, unit_len)
-    for c in PER_EVENT:
+    for c in STAMPS:
         values = np.take(per_event[c], out_event) if m else np.zeros(total, np.int64)
         values[prefix_at] = 0
         out[c] = values

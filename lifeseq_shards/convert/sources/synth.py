@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from .parquet import SPECIALS
+from ...store.format import SPECIAL_TOKENS
 
 # event kinds: (category prefix, its fields); an event has one token per field, `FIELD_value`.
 EVENT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -61,7 +61,7 @@ SCHEMA = pa.schema(
 
 def _vocab() -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
     """(token, category) in id order; per event kind its first field's index and field count; per field its first id."""
-    rows = [(s, "GENERAL") for s in SPECIALS]
+    rows = [(s, "GENERAL") for s in SPECIAL_TOKENS]
     rows += [(g, "BACKGROUND") for g in GENDERS]
     rows += [(f"month_{m}", "background_month") for m in range(1, 13)]
     rows += [(f"year_{y}", "background_year") for y in YEARS]
@@ -129,8 +129,8 @@ def _group(
     year = rng.integers(BIRTH_YEARS.start, BIRTH_YEARS.stop, n)
     month = rng.integers(1, 13, n)
     birth = np.floor((year - 1972) * 365.25 + (month - 1) * 30.44 + rng.integers(0, 29, n) + 1).astype(np.int64)
-    base = len(SPECIALS) + len(GENDERS)
-    gender = len(SPECIALS) + rng.choice(len(GENDERS), n, p=GENDER_WEIGHTS)
+    base = len(SPECIAL_TOKENS) + len(GENDERS)
+    gender = len(SPECIAL_TOKENS) + rng.choice(len(GENDERS), n, p=GENDER_WEIGHTS)
     month_id = base + month - 1
     year_id = base + 12 + (year - YEARS.start)
     origin = base + 12 + len(YEARS) + (rng.random(n) ** 2 * MUNICIPALITIES).astype(np.int64)  # a few big ones
