@@ -99,6 +99,9 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
         source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
     except SourceError as e:
         raise ConvertError(str(e)) from None
+    # what the input's metadata can refuse is refused before any encoding, and before the output directory exists
+    if opts.num_val is not None and opts.num_val >= source.rows:
+        raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({source.rows} in all)")
     token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
     schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
     with output_dir(out, opts.overwrite) as old_files:
