@@ -48,6 +48,7 @@ def _library_errors() -> tuple[type[Exception], ...]:
 
 
 @click.group(cls=_Group)
+@click.version_option(package_name="lifeseq-shards", prog_name="shardify")
 def main() -> None:
     """Convert life-event sequences into exact, DDP-ready tar shards; verify, inspect and plan them; check and merge
     embeddings."""
@@ -182,7 +183,8 @@ def inspect(root: str) -> None:
 @click.argument("root", type=click.Path())
 @click.option("--nodes", type=POSITIVE, default=1, show_default=True)
 @click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
-@click.option("--workers", type=COUNT, default=0, show_default=True, help="DataLoader workers per GPU.")
+# the front ends' default (LifeSeqDataModule, LifeSeqData): a plan without --workers is the run without num_workers=
+@click.option("--workers", type=COUNT, default=2, show_default=True, help="DataLoader workers per GPU.")
 @click.option("--batch-size", type=POSITIVE, required=True)
 @click.option("--split", default="train", show_default=True)
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")

@@ -44,6 +44,13 @@ class LifeSeqData(DataParts):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        # refused here, naming the argument: else the first batch fails deep inside torch
+        if self.device.type == "cuda" and not (torch.cuda.is_available() and (self.device.index or 0)
+                                               < torch.cuda.device_count()):
+            raise ValueError(f"LifeSeqData(device={str(device)!r}): this process sees "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA device(s) "
+                             f"(torch {torch.__version__}); pass device='cpu', or leave device unset (CUDA when "
+                             "there is one, else the CPU)")
         self.world = World.current() if world is None else world
         self._val: DevicePrefetcher | None = None
         self._predict: DevicePrefetcher | None = None

@@ -209,3 +209,12 @@ def test_the_loader_itself_stands_at_the_batch_handed_out(vocab_dataset: Path, t
             break
     run.set_epoch(4)
     assert loader.position == Position(4, 0) and run.state_dict()["train"]["epoch"] == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 0)], ids=str)
+def test_a_cuda_device_without_cuda_is_refused_naming_the_argument(vocab_dataset: Path, device: Any) -> None:
+    """It failed inside torch at the first batch, naming neither the argument nor what to pass."""
+    with pytest.raises(ValueError, match=r"LifeSeqData\(device='cuda(:[01])?'\): this process sees no CUDA device.*"
+                                         r"pass device='cpu'"):
+        LifeSeqData(vocab_dataset, BATCH, num_workers=0, device=device)

@@ -12,8 +12,8 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
 from ..store.manifest import Manifest, ManifestError, ShardEntry, write_manifest
 from ..store.remote import is_local, read_manifest
@@ -100,7 +100,7 @@ def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], 
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
     checksums: dict[str, tuple[int, ...]] = {}
-    for split, e in tqdm(entries, desc=command, unit="shard", disable=not progress):
+    for split, e in progress_bar(entries, desc=command, unit="shard", disable=not progress):
         path = root / e.file
         if not path.is_file():
             problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))

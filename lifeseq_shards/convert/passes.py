@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
@@ -218,7 +218,7 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     dropped: Counter[str] = Counter()
-    with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
+    with progress_bar(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
         for path, row, every_id, why, block in results:
             bar.update(1)
             seen.append(every_id)
@@ -335,7 +335,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
                                     2 * opts.processes)
     total_shards = sum(w.shards + 1 for w in writers.values())
-    with tqdm(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
+    with progress_bar(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
         for b in range(buckets):
             blocks = spill.read(b)
             if not blocks:

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.manifest import Manifest, ManifestError
 from ..store.remote import dataset_url, is_local, read_manifest
 from ..store.shardfile import read_shard_blocks
@@ -59,7 +59,7 @@ def verify_embeddings(out: str | Path, data: str, progress: bool = True) -> list
         if rel not in names and _TMP not in path.name:
             problems.append(f"{rel}: not the output of any input shard of {list(spec.splits)} (a copy? its persons "
                             "would be counted twice): remove it")
-    for _, entry in tqdm(expected, desc="verify embeddings", unit="shard", disable=not progress):
+    for _, entry in progress_bar(expected, desc="verify embeddings", unit="shard", disable=not progress):
         rel = output_name(entry)
         if not (out / rel).is_file():
             problems.append(f"{rel}: missing ({entry.samples} persons of {entry.file} not embedded)")
@@ -126,9 +126,9 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
     tmp = target.with_name(target.name + _TMP + uuid.uuid4().hex)
     total = 0
     try:
-        with pq.ParquetWriter(tmp, spec.schema()) as writer, tqdm(total=sum(files.values()),
-                                                                  desc="merge", unit="person",
-                                                                  disable=not progress) as bar:
+        with pq.ParquetWriter(tmp, spec.schema()) as writer, progress_bar(total=sum(files.values()),
+                                                                          desc="merge", unit="person",
+                                                                          disable=not progress) as bar:
             last = None
             for table in _merged(paths, per_file):
                 ids = table.column(ID_COLUMN).to_numpy()

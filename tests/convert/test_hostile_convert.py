@@ -237,6 +237,14 @@ def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
                    str(tmp_path / "v.csv"), *parts)
 
 
+def test_a_data_file_passed_as_vocab_is_named_as_such(tmp_path: Path) -> None:
+    """The sequences (or an encoded .h5) given to --vocab by mistake: "not a vocabulary CSV", not "not UTF-8"."""
+    path = write_parquet(tmp_path / "in.parquet")
+    for wrong, kind in ((path, "Parquet"), (write_h5(tmp_path / "in.h5"), "HDF5")):
+        assert_refused(*shardify("convert", path, "--vocab", wrong, "-o", tmp_path / "out"),
+                       f"{wrong}: not a vocabulary CSV (a {kind} file)")
+
+
 OPTION_CASES = [
     (["--num-val", "-5"], "--num-val"),
     (["--max-seq-len", "5"], "--max-seq-len 5"),
