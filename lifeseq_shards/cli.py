@@ -172,11 +172,19 @@ def upgrade(root: str) -> None:
 
 @main.command()
 @click.argument("root", type=click.Path())
-def inspect(root: str) -> None:
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Also draw the persons' lengths as a histogram into this file (.png, .pdf, .svg).")
+def inspect(root: str, plot: str | None) -> None:
     """Print a readable summary of a dataset."""
-    from .convert.integrity import summarize
+    from .convert.integrity import plot_lengths, summarize
 
     click.echo(summarize(root))
+    if plot is not None:
+        try:
+            plot_lengths(root, plot)
+        except (OSError, ValueError) as e:  # an unknown suffix (ValueError), an unwritable place
+            _fail(f"{plot}: cannot draw the lengths there ({e})")
+        click.echo(f"lengths      drawn in {plot}")
 
 
 @main.command()

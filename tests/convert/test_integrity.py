@@ -260,3 +260,16 @@ def test_inspect_says_how_many_training_leaves_out(sample: Path, tmp_path: Path)
     assert code == 0 and "training skips" not in out
     assert f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch: " \
            f"{train % 8} at the 8 readers converted for" in out
+
+
+def test_inspect_plot_draws_the_lengths_into_a_file(nomlm_dataset: Path, tmp_path: Path) -> None:
+    """`shardify inspect --plot FILE`: the summary as before, and the length histogram as a picture."""
+    import matplotlib.image
+
+    code, out = shardify("inspect", nomlm_dataset, "--plot", tmp_path / "lengths.png")
+    assert code == 0 and out.startswith(shardify("inspect", nomlm_dataset)[1]), out
+    assert f"drawn in {tmp_path / 'lengths.png'}" in out
+    assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(tmp_path / "lengths.png").shape[:2] == (400, 800)
+    code, out = shardify("inspect", nomlm_dataset, "--plot", tmp_path / "lengths.nope")
+    assert code == 2 and out.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'lengths.nope'}: "), out
