@@ -220,6 +220,32 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int, split:
     sys.exit(0 if report.ok else 1)
 
 
+@main.command("time")
+@click.argument("root", type=click.Path())
+@click.option("--workers", "worker_counts", type=COUNT, multiple=True, default=(0, 2), show_default=True,
+              help="DataLoader workers per rank; repeat the option to time several counts.")
+@click.option("--batch-size", type=POSITIVE, default=256, show_default=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--nodes", type=POSITIVE, default=1, show_default=True, help="Read rank 0's share of this layout.")
+@click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
+@click.option("--batches", type=POSITIVE, default=200, show_default=True, help="At most this many batches a pass.")
+def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, split: str, nodes: int, gpus: int,
+                 batches: int) -> None:
+    """Time a pass over ROOT as rank 0 reads it, per worker count: the first batch's latency, then persons and real
+    tokens per second (the host side of the data path, before the GPU)."""
+    from .reader import World
+    from .reader.timing import HEADER, time_pass
+    from .store.remote import read_manifest
+
+    m = read_manifest(root)
+    if split not in m.splits:
+        _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
+    click.echo(f"{root} {split}: rank 0 of {nodes * gpus}, batch {batch_size}, at most {batches} batches a pass")
+    click.echo(HEADER)
+    for workers in worker_counts:
+        click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches).row())
+
+
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:
     """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout, as the loader would read it."""
     import pickle
