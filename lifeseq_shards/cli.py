@@ -50,6 +50,7 @@ def _library_errors() -> tuple[type[Exception], ...]:
 
 
 @click.group(cls=_Group)
+@click.version_option(package_name="lifeseq-shards", prog_name="shardify")
 def main() -> None:
     """Convert life-event sequences into exact, DDP-ready tar shards; verify, inspect and plan them; check and merge
     embeddings."""
@@ -173,18 +174,27 @@ def upgrade(root: str) -> None:
 
 @main.command()
 @click.argument("root", type=click.Path())
-def inspect(root: str) -> None:
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Also draw the persons' lengths as a histogram into this file (.png, .pdf, .svg).")
+def inspect(root: str, plot: str | None) -> None:
     """Print a readable summary of a dataset."""
-    from .convert.integrity import summarize
+    from .convert.integrity import plot_lengths, summarize
 
     click.echo(summarize(root))
+    if plot is not None:
+        try:
+            plot_lengths(root, plot)
+        except (OSError, ValueError) as e:  # an unknown suffix (ValueError), an unwritable place
+            _fail(f"{plot}: cannot draw the lengths there ({e})")
+        click.echo(f"lengths      drawn in {plot}")
 
 
 @main.command()
 @click.argument("root", type=click.Path())
 @click.option("--nodes", type=POSITIVE, default=1, show_default=True)
 @click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
-@click.option("--workers", type=COUNT, default=0, show_default=True, help="DataLoader workers per GPU.")
+# the front ends' default (LifeSeqDataModule, LifeSeqData): a plan without --workers is the run without num_workers=
+@click.option("--workers", type=COUNT, default=2, show_default=True, help="DataLoader workers per GPU.")
 @click.option("--batch-size", type=POSITIVE,
               help="Persons a rank a step (required without --tokens-per-batch; with it, the persons plan compared).")
 @click.option("--tokens-per-batch", type=POSITIVE,
@@ -238,6 +248,32 @@ def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tok
                              attention=attention, split=split)
     click.echo(report.text)
     sys.exit(0 if report.ok else 2)
+
+
+@main.command("time")
+@click.argument("root", type=click.Path())
+@click.option("--workers", "worker_counts", type=COUNT, multiple=True, default=(0, 2), show_default=True,
+              help="DataLoader workers per rank; repeat the option to time several counts.")
+@click.option("--batch-size", type=POSITIVE, default=256, show_default=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--nodes", type=POSITIVE, default=1, show_default=True, help="Read rank 0's share of this layout.")
+@click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
+@click.option("--batches", type=POSITIVE, default=200, show_default=True, help="At most this many batches a pass.")
+def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, split: str, nodes: int, gpus: int,
+                 batches: int) -> None:
+    """Time a pass over ROOT as rank 0 reads it, per worker count: the first batch's latency, then persons and real
+    tokens per second (the host side of the data path, before the GPU)."""
+    from .reader import World
+    from .reader.timing import HEADER, time_pass
+    from .store.remote import read_manifest
+
+    m = read_manifest(root)
+    if split not in m.splits:
+        _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
+    click.echo(f"{root} {split}: rank 0 of {nodes * gpus}, batch {batch_size}, at most {batches} batches a pass")
+    click.echo(HEADER)
+    for workers in worker_counts:
+        click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches).row())
 
 
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:

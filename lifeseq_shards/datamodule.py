@@ -12,6 +12,7 @@ Lightning files their data position under in a checkpoint.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import lightning as L
@@ -23,6 +24,18 @@ from .device.build import BatchBuilder
 from .device.prefetch import OFF, DevicePrefetcher
 from .embed.writer import EmbeddingWriterHooks
 from .reader import ShardedLoader, World
+
+
+def _quiet_predict_warnings() -> None:
+    """Two warnings of Lightning's predict loop that read like a failure where all is well, filtered by their text,
+    which names this package's loader (so no other loader's warning is hidden): "Total length of `ShardedLoader`
+    across ranks is zero" (a rank with no shard to read, or a resumed job with nothing left: complete mode deals
+    whole shards, and rank 0 says how many are left) and "Couldn't infer the batch indices fetched from your
+    dataloader: `ShardedLoader`" (an iterable loader has no sampler of indices; the EmbeddingWriter keys each
+    person by its id and shard, not by index). Adding a filter again replaces it: no duplicates."""
+    for message in (r"Total length of `ShardedLoader` across ranks is zero",
+                    r"Couldn't infer the batch indices fetched from your dataloader: `ShardedLoader`"):
+        warnings.filterwarnings("ignore", message=message)
 
 
 class LifeSeqDataHooks(DataParts):
@@ -81,14 +94,12 @@ class LifeSeqDataHooks(DataParts):
         return self._val_loader()
 
     def predict_dataloader(self) -> ShardedLoader:
+        _quiet_predict_warnings()
         writers = [c for c in getattr(self.trainer, "callbacks", []) if isinstance(c, EmbeddingWriterHooks)]
         if not writers:
             return self._predict_loader()
         # an EmbeddingWriter: only the shards it has not written, each person with its shard
-        self._check_predictable()  # before the writer opens its directory
-        done = writers[0].open(self.data_dir, self.predict_splits, self.trainer.lightning_module, self._world(),
-                               manifest=self.manifest)
-        return self._predict_loader(skip_files=done, shard_field=True)
+        return self._left_to_embed(writers[0], self.trainer.lightning_module)
 
     def _epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0

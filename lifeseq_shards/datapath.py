@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .device.batch import check_schema
 from .device.build import PADDED, BatchBuilder, Padding
 from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
+from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
 from .store.manifest import Manifest
 from .store.remote import read_manifest
+
+if TYPE_CHECKING:  # the plain loop loads no Lightning
+    from .embed.writer import EmbeddingWriterHooks
 
 # why an offline-MLM dataset neither takes a new CLS task nor serves predict
 _AFTER_CLS_TASK = ("converted from an offline-MLM file, whose sequences are stored after the seed's CLS task (about "
@@ -218,3 +223,17 @@ class DataParts:
         self._check_predictable()
         return self._loader(split=self.predict_splits, mode=COMPLETE, shuffle=False, drop_last=False,
                             skip_files=skip_files, shard_field=shard_field)
+
+    def _left_to_embed(self, writer: EmbeddingWriterHooks, model: torch.nn.Module | None) -> ShardedLoader:
+        """The predict data ``writer`` needs: only the shards it has not written, each person with its shard. Rank 0
+        says how many are done, once (every rank reads the same count), so that a resumed job's short pass, or a
+        rank with no batches, does not read like a failure."""
+        self._check_predictable()  # before the writer opens its directory
+        world = self._world()
+        done = writer.open(self.data_dir, self.predict_splits, model, world, manifest=self.manifest)
+        if world.rank == 0:
+            assert writer.spec is not None
+            total = len(expected_shards(self.manifest, writer.spec.splits))
+            print(f"EmbeddingWriter {writer.out_dir}: {len(done)} of {total} shards done, reading "
+                  f"{total - len(done)}", file=sys.stderr, flush=True)
+        return self._predict_loader(skip_files=done, shard_field=True)

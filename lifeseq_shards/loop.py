@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .datapath import DataParts
 from .device.prefetch import OFF, STREAM, DevicePrefetcher
 from .reader import ShardedLoader, World
+
+if TYPE_CHECKING:  # a plain loop without a writer loads no Lightning
+    from .embed.writer import EmbeddingWriterHooks
 
 
 class LifeSeqData(DataParts):
@@ -44,6 +47,13 @@ class LifeSeqData(DataParts):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        # refused here, naming the argument: else the first batch fails deep inside torch
+        if self.device.type == "cuda" and not (torch.cuda.is_available() and (self.device.index or 0)
+                                               < torch.cuda.device_count()):
+            raise ValueError(f"LifeSeqData(device={str(device)!r}): this process sees "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA device(s) "
+                             f"(torch {torch.__version__}); pass device='cpu', or leave device unset (CUDA when "
+                             "there is one, else the CPU)")
         self.world = World.current() if world is None else world
         self._val: DevicePrefetcher | None = None
         self._predict: DevicePrefetcher | None = None
@@ -105,9 +115,18 @@ class LifeSeqData(DataParts):
             self._val = self._built(self._val_loader(), lambda batch: self.builder(batch, self.device, self._epoch()))
         return self._val
 
-    def predict(self) -> DevicePrefetcher:
+    def predict(self, writer: EmbeddingWriterHooks | None = None, model: torch.nn.Module | None = None,
+                ) -> DevicePrefetcher:
         """Every person once (``predict_split``: :attr:`predict_splits`), never masked or permuted; ranks may differ
-        in batch counts."""
+        in batch counts.
+
+        With an :class:`~lifeseq_shards.EmbeddingWriter` (docs/guides/embed.md): opened on every rank, then only the
+        shards it has not written yet, each person with its ``shard``; ``writer.write(model.predict_step(batch, i),
+        batch)`` for each batch, then ``writer.finish()``. ``model`` gives the writer its fields and, unless the
+        writer was given ``model=``, the name of the output (its weights' fingerprint)."""
+        if writer is not None:  # a new pass each call: the shards left are the writer's, at this call
+            return self._built(self._left_to_embed(writer, model),
+                               lambda batch: self.predict_builder(batch, self.device, 0))
         if self._predict is None:
             self._predict = self._built(self._predict_loader(),
                                         lambda batch: self.predict_builder(batch, self.device, 0))

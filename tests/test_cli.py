@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import resource
 import subprocess
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import repo_first
+from helpers import repo_first, shardify
 
 import lifeseq_shards
 from lifeseq_shards import datamodule, reader
@@ -80,3 +81,22 @@ def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "lifeseq_shards.cli", "plan", str(tmp_path), "--batch-size", "4"],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2 and str(tmp_path) in r.stderr + r.stdout
+
+
+def test_version_is_the_package_version() -> None:
+    import tomllib
+
+    version = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    code, out = shardify("--version")
+    assert code == 0 and out.strip() == f"shardify, version {version}", out
+
+
+def test_plan_plans_the_front_ends_default_workers(nomlm_dataset: Path) -> None:
+    """`shardify plan` without --workers plans what LifeSeqDataModule / LifeSeqData read without num_workers= (it
+    planned 0 workers, they read with 2)."""
+    from lifeseq_shards import LifeSeqData, LifeSeqDataModule
+
+    defaults = {inspect.signature(c).parameters["num_workers"].default for c in (LifeSeqData, LifeSeqDataModule)}
+    assert len(defaults) == 1
+    code, out = shardify("plan", nomlm_dataset, "--batch-size", 64)
+    assert f"= 1 ranks; {defaults.pop()} worker(s) per rank" in out, out

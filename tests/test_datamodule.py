@@ -408,7 +408,7 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
     scheduler = model.lr_schedulers()
     assert scheduler.last_epoch == scheduler.total_steps == trainer.estimated_stepping_batches
     # `shardify plan --resume` on the Lightning checkpoint says what the fit did
-    code, out = shardify("plan", vocab_dataset, "--batch-size", after, "--resume", ckpt)
+    code, out = shardify("plan", vocab_dataset, "--workers", 0, "--batch-size", after, "--resume", ckpt)
     first = trainer.num_training_batches - rest.batches
     assert (f"trained on before: {len(trained)} persons" in out and f"{rest.batches} batches per rank (all equal), "
             f"batches {first}..{trainer.num_training_batches} of this layout's epoch" in out), out

@@ -280,3 +280,12 @@ def test_the_manifest_is_read_once_per_front_end(vocab_dataset: Path, tmp_path: 
     ds = writer.dataset(vocab_dataset, batch_size=BATCH, world=World(0, 1), manifest=run.manifest)
     assert ds.manifest is run.manifest and reads == [str(vocab_dataset)]
     assert ds.split == ("train", "val") == run.predict_splits  # the one default of the predict splits
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 0)], ids=str)
+def test_a_cuda_device_without_cuda_is_refused_naming_the_argument(vocab_dataset: Path, device: Any) -> None:
+    """It failed inside torch at the first batch, naming neither the argument nor what to pass."""
+    with pytest.raises(ValueError, match=r"LifeSeqData\(device='cuda(:[01])?'\): this process sees no CUDA device.*"
+                                         r"pass device='cpu'"):
+        LifeSeqData(vocab_dataset, BATCH, num_workers=0, device=device)

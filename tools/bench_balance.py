@@ -39,7 +39,7 @@ from lifeseq_shards.convert.sources.synth import (
 )
 from lifeseq_shards.plan.balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from lifeseq_shards.plan.compare import persons_plan_costs
-from tools.tables import write_csv
+from tools.common import write_csv
 
 SHARD = 1024  # persons a shard: the converter's default least (MIN_SHARD_PERSONS); the rest is the remainder
 RANKS, PERSONS, WORKERS = (2, 4, 8), (50, 256), 2

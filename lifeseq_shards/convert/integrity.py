@@ -12,8 +12,8 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
 from ..store.manifest import MANIFEST, Manifest, ManifestError, ShardEntry, write_manifest
 from ..store.remote import is_local, read_manifest
@@ -91,7 +91,7 @@ def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], 
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
     checksums: dict[str, tuple[int, ...]] = {}
-    for split, e in tqdm(entries, desc=command, unit="shard", disable=not progress):
+    for split, e in progress_bar(entries, desc=command, unit="shard", disable=not progress):
         path = root / e.file
         if not path.is_file():
             problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))
@@ -194,16 +194,49 @@ def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> li
     return out
 
 
+def length_percentile(hist: np.ndarray, width: int, q: float) -> int:
+    """The upper edge of the histogram bin that holds quantile ``q`` of the persons' lengths."""
+    cum = np.cumsum(hist) / max(1, hist.sum())
+    return int((np.searchsorted(cum, q) + 1) * width)
+
+
+def plot_lengths(root: str | Path, path: str | Path) -> None:
+    """``shardify inspect --plot``: the persons' lengths (the manifest's histogram) as a picture in ``path`` (its
+    suffix names the format, e.g. .png or .pdf), with the percentiles `inspect` prints marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, never a window: on a cluster node there is no display
+    import matplotlib.pyplot as plt
+
+    m = read_manifest(root)
+    hist = np.array(m.length_histogram.counts)
+    width = m.length_histogram.bin_width
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(np.arange(len(hist)) * width, hist, width=width, align="edge")
+    for q in (0.5, 0.9, 0.99):
+        edge = length_percentile(hist, width, q)
+        ax.axvline(edge, color="black", linestyle=":", linewidth=1)
+        ax.annotate(f"p{round(q * 100)} <= {edge}", (edge, 1), xycoords=("data", "axes fraction"), rotation=90,
+                    va="top", ha="right", fontsize=8)
+    ax.set_xlabel(f"tokens per person (bins of {width})")
+    ax.set_ylabel("persons")
+    ax.set_title(f"{m.totals.persons:,} persons of {root}")
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
 def summarize(root: str | Path) -> str:
     """What `shardify inspect` prints."""
     m = read_manifest(root)
     t = m.totals
     hist = np.array(m.length_histogram.counts)
     width = m.length_histogram.bin_width
-    cum = np.cumsum(hist) / max(1, hist.sum())
 
     def pct(q: float) -> int:
-        return int((np.searchsorted(cum, q) + 1) * width)
+        return length_percentile(hist, width, q)
 
     lines = [
         f"dataset      {Path(root) if is_local(str(root)) else root}",  # Path() would turn http:// into http:/

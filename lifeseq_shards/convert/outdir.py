@@ -26,8 +26,10 @@ class ConvertError(ValueError):
 @contextlib.contextmanager
 def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
     """Hold ``out``'s lock for the whole conversion (a second one refuses before touching anything), clear what a
-    killed conversion left, and yield the files the old dataset's manifest lists (what --overwrite replaces)."""
+    killed conversion left, and yield the files the old dataset's manifest lists (what --overwrite replaces). A
+    directory this call created is removed again when the conversion fails (an empty one looks like a dataset)."""
     _refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
+    created, done = not out.exists(), False
     out.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -42,8 +44,14 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
         _refuse_foreign(out, overwrite)  # again under the lock: the other conversion may have finished meanwhile
         _clear_unfinished(out)
         yield _listed_files(out / MANIFEST) if (out / MANIFEST).exists() else []
+        done = True
     finally:
+        if created and not done:  # unlinked while still held: a second conversion into it was refused at the lock
+            (out / LOCK).unlink(missing_ok=True)
         os.close(fd)  # releases the lock; the empty lock file stays (removing it would let two lock two files)
+        if created and not done:
+            with contextlib.suppress(OSError):  # something else was put in it meanwhile: left as it is
+                out.rmdir()
 
 
 def replace_dataset(out: Path, stage: Path, old: list[str], new: list[str]) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
@@ -101,6 +101,9 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
         source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
     except SourceError as e:
         raise ConvertError(str(e)) from None
+    # what the input's metadata can refuse is refused before any encoding, and before the output directory exists
+    if opts.num_val is not None and opts.num_val >= source.rows:
+        raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({source.rows} in all)")
     token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
     schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
     with output_dir(out, opts.overwrite) as old_files:
@@ -220,7 +223,7 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
     hist = np.zeros(1, dtype=np.int64)
     tokens = 0
     dropped: Counter[str] = Counter()
-    with tqdm(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
+    with progress_bar(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
         for path, row, every_id, why, block in results:
             bar.update(1)
             seen.append(every_id)
@@ -337,7 +340,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
                                     2 * opts.processes)
     total_shards = sum(w.shards + 1 for w in writers.values())
-    with tqdm(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
+    with progress_bar(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
         for b in range(buckets):
             blocks = spill.read(b)
             if not blocks:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..store.manifest import Manifest, ManifestError
 from ..store.remote import dataset_url, is_local, read_manifest
 from ..store.shardfile import read_shard_blocks
@@ -63,7 +63,7 @@ def verify_embeddings(out: str | Path, data: str, progress: bool = True) -> list
         if rel not in names and _TMP not in path.name:
             problems.append(f"{rel}: not the output of any input shard of {list(spec.splits)} (a copy? its persons "
                             "would be counted twice): remove it")
-    for _, entry in tqdm(expected, desc="verify embeddings", unit="shard", disable=not progress):
+    for _, entry in progress_bar(expected, desc="verify embeddings", unit="shard", disable=not progress):
         rel = output_name(entry)
         if not (out / rel).is_file():
             problems.append(f"{rel}: missing ({entry.samples} persons of {entry.file} not embedded)")
@@ -137,7 +137,7 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
     try:
         with writing(target, "nothing merged (free space, then run merge again)"), \
                 pq.ParquetWriter(tmp, spec.schema()) as writer, \
-                tqdm(total=sum(files.values()), desc="merge", unit="person", disable=not progress) as bar:
+                progress_bar(total=sum(files.values()), desc="merge", unit="person", disable=not progress) as bar:
             last = None
             for table in _merged(paths, per_file):
                 ids = table.column(ID_COLUMN).to_numpy()
@@ -158,7 +158,7 @@ def _check_all(out: Path, spec: EmbeddingSpec, files: dict[str, int], batch_rows
     """Each file's stamp against ``_embeddings.json``, then its rows against the stamp's digest (streamed);
     EmbeddingsError with the first problem, one line naming the file."""
     problems = []
-    for rel, listed in tqdm(files.items(), desc="check", unit="file", disable=not progress):
+    for rel, listed in progress_bar(files.items(), desc="check", unit="file", disable=not progress):
         problem, stamp = provenance_problem(out / rel, rel, spec, listed)
         if problem is None and stamp is not None:
             try:

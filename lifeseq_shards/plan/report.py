@@ -160,7 +160,8 @@ def describe(
 
 def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:
     """The rest of ``epoch`` in ``rest``'s layout after ``old`` (the layout a checkpoint was saved in and its
-    position), as `shardify plan --resume` prints it. ok: nobody is left out of the epoch."""
+    position), as `shardify plan --resume` prints it, the persons left out counted against the split. ok: nobody of
+    the first layout's epoch is left out of its rest."""
     new, was = rest.layout, old.layout
     persons = rest.slot_persons
     batches = num_batches(persons, new.batch_size, new.drop_last)
@@ -183,12 +184,21 @@ def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, 
     lost = rest.left_out + rest.dropped
     if rest.dropped:
         lines.append(f"drop_last drops {rest.dropped} persons of the rest (each slot's last partial batch)")
+    # counted against the split, not the first layout's epoch: that epoch's plan had left some out already
+    first = rest.level_zero.partition
+    split_persons = sum(first.sizes) + first.remainder
+    planned_out = split_persons - rest.trained - persons * new.slots - rest.left_out
+    lines.append(f"left out of epoch {epoch}: {planned_out + lost} of the split's {split_persons} persons ("
+                 f"{planned_out} by the first layout's plan of the epoch, {rest.left_out} of the rest"
+                 + (f", {rest.dropped} by drop_last" if rest.dropped else "") + ")")
     if lost:
         lines += ["", f"NOT EXACT: {rest.left_out} persons of the rest do not divide among {new.slots} slots and are "
                       f"left out of this epoch{' (and the drop_last ones above)' if rest.dropped else ''}; nobody is "
                       "read twice."]
     else:
-        lines += ["", "EXACT: nobody trained on is read again, everyone else once; nothing is left out."]
+        out = (f"the {planned_out} the first layout's plan left out (fewer than its {first.world_size} x "
+               f"{first.num_workers} readers) stay out of epoch {epoch}" if planned_out else "nothing is left out")
+        lines += ["", f"EXACT: nobody trained on is read again, everyone else once; {out}."]
     return PlanReport(ok=not lost, text="\n".join(lines))
 
 

@@ -356,3 +356,31 @@ def test_killed_conversion_leaves_no_pool_worker(tmp_path: Path) -> None:
         for w in workers:
             if state(w) not in (None, "Z"):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_num_val_over_the_input_rows_is_refused_before_encoding(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input's row count is known from its metadata: a --num-val that leaves no training persons is refused
+    before the first pass encodes anything (it took 54 s at 1 M rows), and no output directory is left behind."""
+    from lifeseq_shards.convert import passes
+
+    def encoded(*args: object, **kw: object) -> None:
+        raise AssertionError("the first pass ran")
+
+    monkeypatch.setattr(passes, "_pass1", encoded)
+    assert_refused(*shardify("convert", write_h5(tmp_path / "in.h5", n=40), "-o", tmp_path / "out", "--num-val", 40),
+                   "--num-val 40 leaves no training persons (40 in all)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_conversion_removes_the_directory_it_created_only(tmp_path: Path) -> None:
+    """A refusal found while converting (the val fraction takes everyone) leaves no empty directory that looks like
+    a dataset; a directory that was there before (empty: the converter refuses any other) stays."""
+    path = write_h5(tmp_path / "in.h5")
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "new" / "out", "--val-fraction", "0.999"),
+                   "leaves no training persons")
+    assert not (tmp_path / "new" / "out").exists()
+    (tmp_path / "old").mkdir()
+    assert_refused(*shardify("convert", path, "-o", tmp_path / "old", "--val-fraction", "0.999"),
+                   "leaves no training persons")
+    assert (tmp_path / "old").is_dir()

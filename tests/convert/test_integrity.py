@@ -291,3 +291,16 @@ def test_verify_checks_block_persons(blocks16: Path, tmp_path: Path, block_perso
     assert code == 1 and needle in out, out
     with pytest.raises(OSError, match="persons, where the manifest's 115 persons"):
         read_all(ds)
+
+
+def test_inspect_plot_draws_the_lengths_into_a_file(nomlm_dataset: Path, tmp_path: Path) -> None:
+    """`shardify inspect --plot FILE`: the summary as before, and the length histogram as a picture."""
+    import matplotlib.image
+
+    code, out = shardify("inspect", nomlm_dataset, "--plot", tmp_path / "lengths.png")
+    assert code == 0 and out.startswith(shardify("inspect", nomlm_dataset)[1]), out
+    assert f"drawn in {tmp_path / 'lengths.png'}" in out
+    assert (tmp_path / "lengths.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(tmp_path / "lengths.png").shape[:2] == (400, 800)
+    code, out = shardify("inspect", nomlm_dataset, "--plot", tmp_path / "lengths.nope")
+    assert code == 2 and out.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'lengths.nope'}: "), out

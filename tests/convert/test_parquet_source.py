@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import SeedRows, shardify
-from small_inputs import BG, SMALL_VOCAB, N, assert_refused, person_ids, write_parquet
+from small_inputs import BG, SMALL_VOCAB, N, assert_refused, person_ids, write_h5, write_parquet
 
 from lifeseq_shards.convert.sources.errors import SourceError
 from lifeseq_shards.convert.sources.parquet import encode_parquet_task, parquet_tasks, read_vocab
@@ -239,3 +239,11 @@ def test_vocab_refused(text: bytes, parts: list[str], tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "in.parquet")
     assert_refused(*shardify("convert", path, "--vocab", tmp_path / "v.csv", "-o", tmp_path / "out"),
                    str(tmp_path / "v.csv"), *parts)
+
+
+def test_a_data_file_passed_as_vocab_is_named_as_such(tmp_path: Path) -> None:
+    """The sequences (or an encoded .h5) given to --vocab by mistake: "not a vocabulary CSV", not "not UTF-8"."""
+    path = write_parquet(tmp_path / "in.parquet")
+    for wrong, kind in ((path, "Parquet"), (write_h5(tmp_path / "in.h5"), "HDF5")):
+        assert_refused(*shardify("convert", path, "--vocab", wrong, "-o", tmp_path / "out"),
+                       f"{wrong}: not a vocabulary CSV (a {kind} file)")

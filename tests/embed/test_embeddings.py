@@ -115,6 +115,30 @@ def test_a_plain_loop_writes_each_shard_sorted_and_a_second_run_skips_them(ds: P
     assert embed_in_process(ds, tmp_path / "emb", dtype="float16").written == []
 
 
+def test_lifeseq_data_predicts_for_a_writer_the_shards_left(ds: Path, done: Path, tmp_path: Path) -> None:
+    """A plain loop on LifeSeqData (docs/guides/embed.md): predict(writer, model) gives the model's batches of the
+    shards the writer has not written, each with its shard; the files are those of the loop on the host batches
+    (``done``), and a job started again after losing one file reads only that shard."""
+    from lifeseq_shards import LifeSeqData
+
+    def run() -> EmbeddingWriter:
+        model, writer = model_for(ds), EmbeddingWriter(tmp_path / "emb")
+        data = LifeSeqData(ds, 64, num_workers=0, device="cpu", world=World(0, 1))
+        with torch.no_grad():
+            for i, batch in enumerate(data.predict(writer, model)):
+                writer.write(model.predict_step(batch, i), batch)
+        writer.finish()
+        return writer
+
+    written = run().written
+    assert len(written) == 11
+    assert merged(tmp_path / "emb").equals(merged(done))
+    written[-1].unlink()
+    assert run().written == [written[-1]]
+    code, text = shardify("embeddings", "verify", tmp_path / "emb", "--data", ds)
+    assert code == 0, text
+
+
 def test_verify_names_a_damaged_shard(ds: Path, done: Path, tmp_path: Path) -> None:
     out = broken_copy(done, tmp_path)
     path = out / "train" / "shard-000003.parquet"
@@ -244,3 +268,36 @@ def test_lightning_predict_refuses_to_keep_every_embedding_in_memory(ds: Path, t
     with pytest.raises(EmbeddingsError, match="pass return_predictions=False"):
         trainer.predict(model_for(ds), datamodule=LifeSeqDataModule(ds, batch_size=64, num_workers=0))
     assert not list((tmp_path / "emb").rglob("*.parquet"))
+
+
+def test_a_resumed_lightning_predict_says_once_what_is_left_and_nothing_alarming(ds: Path, done: Path, tmp_path: Path,
+                                                                                 capfd: pytest.CaptureFixture[str]
+                                                                                 ) -> None:
+    """Resumed, predict said "Total length of `ShardedLoader` across ranks is zero" (a rank, or the whole job, with
+    nothing left) and "Couldn't infer the batch indices" though it wrote what was missing; now rank 0 says "8 of 11
+    shards done, reading 3" and Lightning's two warnings about this loader are filtered."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    from lifeseq_shards import LifeSeqDataModule
+
+    out = broken_copy(done, tmp_path)
+    for lost in sorted(out.rglob("*.parquet"))[:3]:
+        lost.unlink()
+
+    def predict() -> list[str]:
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[EmbeddingWriter(out)])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainer.predict(model_for(ds), datamodule=LifeSeqDataModule(ds, batch_size=64, num_workers=0),
+                            return_predictions=False)
+        return [str(w.message) for w in seen if "ShardedLoader" in str(w.message)]
+
+    assert predict() == []
+    err = capfd.readouterr().err
+    assert err.count("shards done") == 1 and f"EmbeddingWriter {out}: 8 of 11 shards done, reading 3\n" in err, err
+    assert predict() == []  # nothing left: a pass of no batches
+    assert f"EmbeddingWriter {out}: 11 of 11 shards done, reading 0\n" in capfd.readouterr().err
+    assert shardify("embeddings", "verify", out, "--data", ds)[0] == 0

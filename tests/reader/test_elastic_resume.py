@@ -190,6 +190,11 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     dropped = re.search(r"drop_last drops (\d+) persons", out)
     assert left == (int(said.group(1)) if said else 0) + (int(dropped.group(1)) if dropped else 0)
     assert code == (1 if left else 0)
+    # and counted against the split: the first layout's plan had left some of it out of the epoch already
+    everyone, _ = trained_ids(nomlm_dataset, 2, 2, 0)
+    split_left = len(everyone - trained - {i for b in per_rank_read for i in ids(b)})
+    assert len(everyone - epoch) > 0 and f"left out of epoch 0: {split_left} of the split's {len(everyone)}" in out
+    assert "nothing is left out" not in out
 
 
 def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, tmp_path: Path) -> None:

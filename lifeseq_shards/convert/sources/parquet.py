@@ -37,6 +37,9 @@ DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
 TOKEN_ID_MAX = np.iinfo(np.uint32).max
 
 
+_NOT_CSV = {b"PAR1": "Parquet", b"\x89HDF\r\n\x1a\n": "HDF5"}  # the files' magic bytes
+
+
 def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
     """TOKEN -> ID from the seed's vocab.csv; rejects what would make the ids ambiguous, or the specials unknown or
     not at IDs 0-4 (where the masker and the padding take them to be)."""
@@ -44,6 +47,10 @@ def read_vocab(path: str | os.PathLike[str]) -> dict[str, int]:
         raw = Path(path).read_bytes()
     except OSError as e:
         raise SourceError(f"{path}: cannot read vocabulary ({e.strerror or e})") from None
+    for magic, kind in _NOT_CSV.items():  # the sequences passed as --vocab, say: named, not "not UTF-8"
+        if raw.startswith(magic):
+            raise SourceError(f"{path}: not a vocabulary CSV (a {kind} file); --vocab takes the seed's vocab.csv "
+                              "(TOKEN, CATEGORY, ID)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

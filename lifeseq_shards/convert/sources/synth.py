@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...store.format import SPECIAL_TOKENS
 
 # event kinds: (category prefix, its fields); an event has one token per field, `FIELD_value`.
@@ -199,7 +199,7 @@ def synth_population(
     # saves re-hashing every token string on write)
     with (
         pq.ParquetWriter(seq_tmp, SCHEMA, store_schema=False, write_statistics=False) as writer,
-        tqdm(total=people, unit="person", disable=not progress, desc="synth") as bar,
+        progress_bar(total=people, unit="person", disable=not progress, desc="synth") as bar,
     ):
         for g, first in enumerate(range(0, people, rows_per_group)):
             n = min(rows_per_group, people - first)
