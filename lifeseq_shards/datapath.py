@@ -19,6 +19,7 @@ from .device.prefetch import DevicePrefetcher
 from .masking import DynamicMasker, MaskingConfig
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
+from .reader.state import read_state
 from .store.manifest import Manifest
 from .store.remote import read_manifest
 
@@ -164,8 +165,8 @@ class DataParts:
         """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
         (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``)."""
         loader.load_state_dict(state)
-        at = loader.position
-        self._renumber = (at.epoch, int(state["batches"]), at.batches) if at.batches != int(state["batches"]) else None
+        at, then = loader.position, read_state(state, str(self.data_dir)).position.batches
+        self._renumber = (at.epoch, then, at.batches) if at.batches != then else None
 
     def _prefetching(self, device: torch.device) -> bool:
         """Whether training batches are built a step ahead: ``prefetch``, by default on CUDA."""

@@ -4,6 +4,7 @@ A checkpoint records where the epoch stands as ``(epoch, batches)`` plus the lay
 batch size, window, batches per message): every rank had taken the same number of batches, so the layout and that
 count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` positions of its
 window-permuted stream, ``c`` from :func:`plan_order.worker_batches_consumed`). Those are never stored, only derived.
+How a checkpoint stores the position and the layouts is :mod:`lifeseq_shards.reader.state`'s.
 
 Resumed in another layout, the persons not yet trained form the *rest stream*: each old slot's unconsumed positions,
 old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
@@ -24,21 +25,16 @@ import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from . import order as plan_order
-from . import partition as plan
 from .order import Window, worker_batches_consumed
 from .partition import BALANCED, Partition
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")
-# the Partition's fields a saved state records beside them (its shard sizes and remainder are the dataset's, which
-# the fingerprint covers)
-FIXED_KEYS = ("seed", "mode", "shuffle")
 
 
 @dataclass(frozen=True)
@@ -83,14 +79,6 @@ class Stage:
     layout: Layout
     batches: int
 
-    def saved(self) -> dict[str, Any]:
-        """As a checkpoint stores it: the layout's fields and the batches."""
-        return {**dataclasses.asdict(self.layout), "batches": self.batches}
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> Stage:
-        return cls(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))
-
 
 @dataclass(frozen=True)
 class Position:
@@ -106,35 +94,6 @@ class Position:
         ``epoch_batches`` are all taken."""
         epoch, batches = plan_order.resume_point(self.epoch, self.batches, epoch_batches)
         return Position(epoch, batches, self.history if epoch == self.epoch else ())
-
-
-def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
-    """Every setting that decides which persons a position in the epoch holds, as a checkpoint stores them: the
-    splits, the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`). The mode is stored
-    under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
-    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
-    fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
-    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
-
-
-def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
-                position: Position) -> dict[str, Any]:
-    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it, its
-    :func:`saved_layout` and the position. The layout's list of splits is the one read; the top-level ``split`` is
-    written, never read, so that the format stays the one tests/reader/test_pinned_batches.py pins and an earlier
-    install (whose ``shardify plan --resume`` reads it) can read a newer checkpoint. The position's history is stored
-    only in an epoch resumed from another layout, so an ordinary epoch's state stays as it always was."""
-    state = {"fingerprint": fingerprint, "split": split, "epoch": position.epoch, "batches": position.batches,
-             "layout": layout}
-    if position.history:
-        state["history"] = [stage.saved() for stage in position.history]
-    return state
-
-
-def saved_position(state: dict[str, Any]) -> Position:
-    """The position a :func:`saved_state` records (a state saved before the history was, has none)."""
-    history = tuple(Stage.from_saved(s) for s in state.get("history", ()))
-    return Position(int(state["epoch"]), int(state["batches"]), history)
 
 
 class _Level:

@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..device.batch import HostBatch, PackedBatch
-from ..plan import partition as plan
-from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
+from ..plan.resume import Position
 from .dataset import ShardedDataset
+from .state import DatasetChanged, layout_changes, read_state, saved_layout, saved_state
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -28,10 +28,6 @@ RING_MESSAGE_PERSONS = 4096
 PIPE_MESSAGE_PERSONS = 1024
 RING_PERSON_BYTES = 1024  # ring bytes per person in flight: above a packed person, offline MLM fields included
 SHM_DIR = "/dev/shm"
-
-
-class DatasetChanged(RuntimeError):
-    """A resume state was saved for another dataset (its fingerprint differs)."""
 
 
 def _as_is(batch: Any) -> Any:
@@ -238,7 +234,10 @@ class ShardedLoader(DataLoader):
                            resume.resumed(len(ds) if epoch_batches is None else epoch_batches))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Start the next pass where ``state`` says. Refused once a pass has begun (its workers already read on).
+        """Start the next pass where ``state`` says: a :meth:`state_dict`, or a checkpoint holding one (a Lightning
+        checkpoint, a plain loop's: :func:`~lifeseq_shards.reader.state.find_states`), else refused in one line
+        naming the key or value (:class:`~lifeseq_shards.reader.state.StateError`, a ValueError; the format is
+        :mod:`~lifeseq_shards.reader.state`'s). Refused once a pass has begun (its workers already read on).
         Saved in another layout (ranks, workers, batch size, window, batches per message, drop_last), the pass is
         the rest of the state's epoch: every person it had not trained on once, in equal batches per rank (a
         warning says how many are left out), starting at :attr:`position` in this layout's numbering."""
@@ -248,30 +247,16 @@ class ShardedLoader(DataLoader):
                 f"{ds.root}: load_state_dict() after this loader began a pass ({self._position.batches} batches into "
                 f"epoch {self._position.epoch}): resuming now would replay or skip batches. Load the state before "
                 "iterating (LifeSeqDataModule does, whenever Lightning builds the loader)")
-        if state["fingerprint"] != ds.fingerprint:
+        saved = read_state(state, str(ds.root))
+        if saved.fingerprint != ds.fingerprint:
             raise DatasetChanged(
-                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
+                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {saved.fingerprint}"
                 ": the data changed since the checkpoint, so its position in the epoch means nothing here"
             )
-        now, then = self._layout(), state["layout"]
-        missing = [k for k in now if k not in then]
-        if missing:
-            raise ValueError(f"cannot resume exactly: the checkpoint's loader state does not record "
-                             f"{', '.join(missing)} (saved by an older lifeseq_shards), so it may have read in another "
-                             "order; resume without the loader's state to start its epoch over")
-        fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if k not in LAYOUT_KEYS and then[k] != now[k]]
-        if fixed:
-            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
-                             "split, or another order of its persons); resume with the checkpoint's settings, or "
-                             "without the loader's state to start this epoch over")
-        saved = saved_position(state)
-        epoch, batches, history = saved.epoch, saved.batches, saved.history
-        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
-        if changed and ds.mode != plan.BALANCED:
-            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
-                             f"{ds.mode} pass (ranks of unequal lengths) resumes only in its own layout")
+        changed = layout_changes(self._layout(), saved, str(ds.root), ds.mode)
+        epoch, batches, history = saved.position.epoch, saved.position.batches, saved.position.history
         if changed and (batches or history):
-            history += (Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), batches),)
+            history += (saved.stage,)
             rest = ds.rest_plan(epoch, history)
             batches = rest.base
             dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
@@ -287,6 +272,6 @@ class ShardedLoader(DataLoader):
         self._loaded = True
 
     def _layout(self) -> dict[str, Any]:
-        """This loader's :func:`~lifeseq_shards.plan.resume.saved_layout`."""
+        """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)
