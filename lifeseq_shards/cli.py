@@ -238,12 +238,13 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
             loader.load_state_dict(saved)
         except (ValueError, DatasetChanged) as e:
             _fail(str(e))
-    epoch, batches, history = loader.position.epoch, loader.position.batches, loader.position.history
-    if not history:  # the checkpoint's own layout, or nothing of the epoch trained yet
+    at = loader.position
+    epoch, batches = at.epoch, at.batches
+    if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
         click.echo(f"{', '.join(then['split'])} split: resumes at batch {batches} of epoch {epoch}, as an ordinary "
                    "epoch of this layout")
         sys.exit(0)
-    report = describe_resume(ds.rest_plan(epoch, history), state.stage, epoch, len(ds), ", ".join(then["split"]))
+    report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
 

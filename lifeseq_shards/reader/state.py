@@ -2,17 +2,19 @@
 
 Contract: ``ShardedLoader.state_dict()`` is a plain dict of built-in values (no tensors, no classes, so any
 checkpoint stores it): ``version`` (this format's number, :data:`VERSION`; a state without it is version 1, saved
-before the key existed, and reads the same), ``fingerprint`` (the dataset's), ``split`` (as the dataset was given it:
-written, never read, so that an earlier install still reads a newer state), ``epoch`` and ``batches`` (the next pass
-starts after ``batches`` batches of ``epoch``, in the saving layout's numbering), ``layout`` (every setting that
-decides which persons a position holds: the splits read, the readers of :data:`~lifeseq_shards.plan.resume.LAYOUT_KEYS`
-and the order of :data:`FIXED_KEYS`, the mode under its pre-rename name, ``plan.partition.STORED_MODE``, which every
-version writes) and, only in an epoch resumed from another layout, ``history`` (the stages that read its start,
-oldest first). :func:`read_state` takes such a state or any dict that holds exactly one (a whole Lightning
-checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or value
-(:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own layout
-or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the epoch's
-persons (split, seed, mode, shuffle) or a state too old to say which it had.
+before the key existed, and reads the same), ``fingerprint`` (the dataset's), ``split`` (as the dataset was given
+it: written, never read, so that an earlier install still reads a newer state), ``epoch`` and ``batches`` (the next
+pass starts after ``batches`` batches of ``epoch``, in the saving layout's numbering), ``layout`` (every setting
+that decides which persons a position holds: the splits read, the readers of
+:data:`~lifeseq_shards.plan.resume.LAYOUT_KEYS` and the order of :data:`FIXED_KEYS`, the mode under its pre-rename
+name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another layout,
+``history`` (the stages that read its start, oldest first), and, only when the epoch before left out persons the
+layout reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
+``Position.left_out_before``). :func:`read_state` takes such a state or any dict that holds exactly one (a whole
+Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
+value (:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own
+layout or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the
+epoch's persons (split, seed, mode, shuffle) or a state too old to say which it had.
 """
 
 from __future__ import annotations
@@ -78,13 +80,15 @@ def saved_layout(partition: Partition, split: Sequence[str], batches_per_message
 
 def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
                 position: Position) -> dict[str, Any]:
-    """A loader's checkpoint state (the module's contract): ``history`` only where the position has one, so that an
-    ordinary epoch's state holds the keys it always held, and ``version``."""
+    """A loader's checkpoint state (the module's contract): ``history`` and ``left_out_before`` only where the
+    position has them, so that an ordinary epoch's state holds the keys it always held, and ``version``."""
     state: dict[str, Any] = {"version": VERSION, "fingerprint": fingerprint, "split": split,
                              "epoch": position.epoch, "batches": position.batches, "layout": layout}
     if position.history:
         state["history"] = [{**dataclasses.asdict(stage.layout), "batches": stage.batches}
                             for stage in position.history]
+    if position.left_out_before:
+        state["left_out_before"] = list(position.left_out_before)
     return state
 
 
@@ -175,8 +179,11 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
                              "batches of a layout)")
         for key in (*LAYOUT_KEYS, "batches"):
             _check_value(stage, key, said, f"history[{i}]")
+    before = state.get("left_out_before", [])
+    if not (isinstance(before, list) and all(_is_int(p) and p >= 0 for p in before)):
+        raise StateError(f"{said} has left_out_before {before!r}, not a list of person numbers")
     stages = tuple(Stage(Layout.of([s[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
-    position = Position(int(state["epoch"]), int(state["batches"]), stages)
+    position = Position(int(state["epoch"]), int(state["batches"]), stages, tuple(sorted(int(p) for p in before)))
     return SavedState(state["fingerprint"], layout, position)
 
 
