@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -284,54 +283,36 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     import torch
 
     from .plan.report import describe_resume
-    from .plan.resume import LAYOUT_KEYS, Layout, Stage
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader, World
+    from .reader.state import read_state
 
     try:
         saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
         _fail(f"{checkpoint}: not a checkpoint torch can load ({type(e).__name__}: {e})")
-    states = _loader_states(saved)
-    if len(states) != 1:
-        _fail(f"{checkpoint}: holds {'no' if not states else len(states)} loader states (one is read: a Lightning "
-              "checkpoint of a LifeSeqDataModule fit, a plain loop's checkpoint holding LifeSeqData.state_dict(), or "
-              "a file of ShardedLoader.state_dict())")
-    state = states[0]
-    then = state["layout"]
-    split = then["split"][0] if len(then["split"]) == 1 else tuple(then["split"])
+    try:
+        state = read_state(saved, checkpoint)
+    except ValueError as e:
+        _fail(str(e))
+    then = state.layout
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
-        ds = ShardedDataset(root, split, batch_size, world=World(0, world), num_workers=workers,
+        ds = ShardedDataset(root, state.split, batch_size, world=World(0, world), num_workers=workers,
                             seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last)
         loader = ShardedLoader(ds)
         try:
-            loader.load_state_dict(state)
+            loader.load_state_dict(saved)
         except (ValueError, DatasetChanged) as e:
             _fail(str(e))
-    epoch, batches, history = loader.position.epoch, loader.position.batches, loader.position.history
-    if not history:  # the checkpoint's own layout, or nothing of the epoch trained yet
+    at = loader.position
+    epoch, batches = at.epoch, at.batches
+    if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
         click.echo(f"{', '.join(then['split'])} split: resumes at batch {batches} of epoch {epoch}, as an ordinary "
                    "epoch of this layout")
         sys.exit(0)
-    saved = Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), int(state["batches"]))
-    report = describe_resume(ds.rest_plan(epoch, history), saved, epoch, len(ds), ", ".join(then["split"]))
+    report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
-
-
-def _loader_states(saved: Any) -> list[dict[str, Any]]:
-    """The loader states a checkpoint holds: itself (a file of ``ShardedLoader.state_dict()``), its ``"train"``
-    entry (``LifeSeqData.state_dict()`` saved alone), or such an entry one level down under any key (Lightning files
-    the DataModule's under its class name, a plain loop under its own, e.g. ``"data"``)."""
-    def is_state(value: Any) -> bool:
-        return isinstance(value, dict) and "layout" in value and "fingerprint" in value
-
-    if is_state(saved):
-        return [saved]
-    if not isinstance(saved, dict):
-        return []
-    entries = [saved, *(v for v in saved.values() if isinstance(v, dict))]
-    return [e["train"] for e in entries if is_state(e.get("train"))]
 
 
 @main.group()

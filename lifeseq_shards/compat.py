@@ -7,15 +7,15 @@ run torch 2.1.2 and Lightning 2.2.2; CI runs that stack and the newest). Each fa
   the same bus traffic), and :func:`unsigned` reads it back on the device, bit for bit.
 - ``torch.serialization.add_safe_globals`` (torch >= 2.4), for ``weights_only`` loads: :func:`add_safe_globals`.
 - FlashAttention's variable-length kernel (torch >= 2.10): :func:`varlen_kernel`.
-- Lightning's restart stages (a checkpoint saved at a batch's end): :func:`finish_saved_batch_on_restart`.
 
 Thread-local CUDA-graph capture (``capture_error_mode``) and ``torch.compile`` are in every supported torch (2.1+).
+What Lightning's loop lacks (2.2's restart stages) is :mod:`lifeseq_shards.lightning_loop`'s, with every use of its
+internals.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -112,37 +112,3 @@ def add_safe_globals(classes: list[Any]) -> None:
                  "only (Lightning 2.2's and torch.load's default here)")
         return
     register(classes)
-
-
-def finish_saved_batch_on_restart(epoch_loop: Any) -> None:
-    """Make a Lightning whose training epoch loop has no restart stages (2.2; ``restarted_on_train_batch_end`` came
-    later) resume after the batch a checkpoint was saved at the end of, as later Lightnings do.
-
-    A checkpoint saved in ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) holds that batch's
-    optimizer and scheduler step but counts the batch as processed, not completed; such a Lightning restarts by
-    rolling back to the completed count, so it would train that batch again and count every later batch one short
-    (validation at the epoch's end skipped). Here the batch is completed before that roll-back, as later Lightnings
-    do, and a checkpoint at the end of an epoch's last batch, whose next epoch such a Lightning cannot begin from
-    there, is refused. Called with the loop about to be restored; installs itself once."""
-    if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
-        return
-    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
-    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
-             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
-    reset = epoch_loop.reset
-
-    def reset_after_saved_batch() -> None:
-        progress = epoch_loop.batch_progress
-        p = progress.total
-        if epoch_loop.restarting and p.ready == p.started == p.processed == p.completed + 1:
-            if progress.current.completed + 1 >= epoch_loop.trainer.num_training_batches:
-                raise RuntimeError("this checkpoint was saved at the end of an epoch's last batch, and this "
-                                   "Lightning cannot resume from it without training that batch twice: resume from "
-                                   "the checkpoint at the epoch's end (ModelCheckpoint(save_on_train_epoch_end=True)"
-                                   "), or upgrade lightning / pytorch_lightning (2.6 resumes from it)")
-            progress.increment_completed()
-            epoch_loop._batches_that_stepped += 1  # as the step's own end would have
-        reset()
-
-    epoch_loop.reset = reset_after_saved_batch
-    epoch_loop._lifeseq_restart = True

@@ -18,7 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from . import compat
+from . import lightning_loop
 from .datapath import DataParts
 from .device.build import BatchBuilder
 from .device.prefetch import OFF, DevicePrefetcher
@@ -114,18 +114,14 @@ class LifeSeqDataHooks(DataParts):
                                                 unfinished=self._unfinished())}
 
     def _unfinished(self) -> int:
-        """The batches the train loader handed out that Lightning trains again on resume. A checkpoint saved inside
-        a training batch (Lightning's SLURM requeue handler saves on SIGUSR1 wherever the step stands) resumes by
-        training that batch again (``batch_progress.reset_on_restart``: back to the completed count), though the
-        loader has handed it out already; saved in ``on_train_batch_end`` (processed, not yet completed), after it."""
+        """The batches the train loader handed out that Lightning trains again on resume
+        (:func:`lightning_loop.batches_unfinished`)."""
         assert self._train is not None
         at = self._train.position
         trainer = self.trainer
         if trainer is None or self._trainer_fn() != "fit" or trainer.current_epoch != at.epoch:
             return 0
-        p = trainer.fit_loop.epoch_loop.batch_progress.current
-        on_batch_end = p.ready == p.started == p.processed == p.completed + 1  # RESTARTED_ON_TRAIN_BATCH_END
-        return max(0, at.batches - (p.processed if on_batch_end else p.completed))
+        return lightning_loop.batches_unfinished(trainer, at.batches)
 
     def _trainer_fn(self) -> str | None:
         """The Trainer's entry point under way ("fit", "validate", "test", "predict"; a str enum), None unknown."""
@@ -136,7 +132,7 @@ class LifeSeqDataHooks(DataParts):
         if "train" not in state or self._trainer_fn() not in (None, "fit"):
             return
         if self._trainer_fn() == "fit":  # Lightning 2.2 would train a batch saved at its end again
-            compat.finish_saved_batch_on_restart(self.trainer.fit_loop.epoch_loop)
+            lightning_loop.finish_saved_batch_on_restart(self.trainer)
         if self._train is None:
             self._resume = state["train"]
         else:  # strategies that restore after setup: the loader exists, its pass has not begun (it refuses else)
@@ -169,30 +165,17 @@ class LifeSeqDataHooks(DataParts):
             self._check_position(self.trainer)
         return self._stage_builder().widen(batch, self._epoch())
 
-    @staticmethod
-    def _renumber_trainer(trainer: Any, epoch: int, then: int, now: int) -> None:
-        """Resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
-        ``num_training_batches``: move the trainer's count of the epoch's batches there from the checkpoint's
-        ``then``, at the first batch (Lightning restores its count after the DataModule's state). Its data fetcher
-        counts them too, to tell the epoch's last batch (``fetched``, ``done``; the same in Lightning 2.2 to 2.6)."""
-        loop = trainer.fit_loop.epoch_loop
-        progress = loop.batch_progress.current
-        if trainer.current_epoch != epoch or progress.ready != then:
-            return  # not where the checkpoint left the trainer: the position check below says so
-        progress.ready = progress.started = progress.processed = progress.completed = now
-        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-        if fetcher is not None and getattr(fetcher, "length", None) is not None:
-            fetcher.fetched += now - then
-            fetcher.done = loop.batch_progress.is_last_batch = fetcher.fetched >= fetcher.length
-
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""
         if self._train is None:
             return
         if self._renumber is not None:
-            self._renumber_trainer(trainer, *self._renumber)
+            # resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
+            # num_training_batches: the trainer's count moves there at the first batch (Lightning restores its
+            # count after the DataModule's state)
+            lightning_loop.renumber(trainer, *self._renumber)
             self._renumber = None
-        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches before this one
+        ready = lightning_loop.batches_ready(trainer)  # batches before this one
         at = self._train.position
         if (at.epoch, at.batches) != (trainer.current_epoch, ready + 1):
             raise RuntimeError(

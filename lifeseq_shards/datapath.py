@@ -23,6 +23,7 @@ from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
+from .reader.state import read_state
 from .store.manifest import Manifest
 from .store.remote import read_manifest
 
@@ -202,8 +203,8 @@ class DataParts:
         """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
         (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``)."""
         loader.load_state_dict(state)
-        at = loader.position
-        self._renumber = (at.epoch, int(state["batches"]), at.batches) if at.batches != int(state["batches"]) else None
+        at, then = loader.position, read_state(state, str(self.data_dir)).position.batches
+        self._renumber = (at.epoch, then, at.batches) if at.batches != then else None
 
     def _prefetch(self, device: torch.device) -> str:
         """How training batches are built on ``device`` (``prefetch``: by default a step ahead on CUDA, else not)."""

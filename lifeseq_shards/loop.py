@@ -143,8 +143,9 @@ class LifeSeqData(DataParts):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same
-        layout). Before the next ``train()`` pass begins; a changed dataset or setting is refused by name."""
-        self.train().load_state_dict(state["train"])
+        layout), or a whole checkpoint holding one (``ShardedLoader.load_state_dict`` finds it). Before the next
+        ``train()`` pass begins; a changed dataset or setting is refused by name."""
+        self.train().load_state_dict(state)
 
 
 class DeviceMetrics:

@@ -106,6 +106,25 @@ def test_end_of_epoch_state_goes_on_with_the_next_epoch(vocab_dataset: Path) -> 
     assert ids(resumed.train()) == ids(_epoch(vocab_dataset, 1))
 
 
+def test_a_whole_checkpoint_resumes_as_its_data_state(vocab_dataset: Path) -> None:
+    """The plain loop's checkpoint as docs/guides/train-plain-loop.md saves it, handed over whole (before: KeyError:
+    'train'); a damaged state in it is refused naming the key."""
+    run = data(vocab_dataset)
+    batches = iter(run.train())
+    for _ in range(3):
+        next(batches)
+    state = run.state_dict()
+    del batches
+    checkpoint = {"model": {"w": torch.zeros(2)}, "optimizer": {}, "data": state}
+    resumed = data(vocab_dataset)
+    resumed.load_state_dict(checkpoint)
+    assert (resumed.epoch, resumed.resumed_batches) == (0, 3)
+    state["train"]["layout"]["world_size"] = 0
+    with pytest.raises(ValueError, match=r"the checkpoint's loader state \['data'\]\['train'\] has "
+                                         r"layout\['world_size'\] 0, not an integer >= 1"):
+        data(vocab_dataset).load_state_dict(checkpoint)
+
+
 def _epoch(root: Path, epoch: int) -> list[dict]:
     run = data(root)
     run.set_epoch(epoch)

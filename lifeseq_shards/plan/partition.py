@@ -128,16 +128,18 @@ def slot_streams(
     shuffle: bool = True,
     remainder: int = 0,
     batch_size: int | None = None,
+    keep: Sequence[int] = (),
 ) -> list[tuple[list[Segment[int]], int]]:
     """:func:`assign`'s segments of each slot with the stream position where its share of the pooled persons
     starts (balanced; the stream's length otherwise): shuffle windows end there, so that the share, a few persons
-    that vary with the epoch, does not reorder the persons before it."""
+    that vary with the epoch, does not reorder the persons before it. ``keep``: balanced mode's persons not to leave
+    out (:func:`left_out_segments`)."""
     slots = num_slots(world_size, num_workers)
     mode = mode_name(mode)
     if remainder < 0:
         raise ValueError(f"remainder must be >= 0, got {remainder}")
     if mode == BALANCED:
-        return _balanced_streams(shard_sizes, slots, seed, epoch, shuffle, remainder)
+        return _balanced_streams(shard_sizes, slots, seed, epoch, shuffle, remainder, keep)
     if any(size < 0 for size in shard_sizes):
         raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
     if remainder:
@@ -155,7 +157,7 @@ def slot_streams(
 
 
 def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
-                      remainder: int) -> list[tuple[list[Segment[int]], int]]:
+                      remainder: int, keep: Sequence[int] = ()) -> list[tuple[list[Segment[int]], int]]:
     n = _train_size(shard_sizes)
     num_shards = len(shard_sizes)
     order = epoch_shard_order(num_shards, seed, epoch) if shuffle else np.arange(num_shards)
@@ -166,7 +168,7 @@ def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: 
     # what no slice of the pool took, then the remainder shard: shared out equally after each slot's own persons
     rest = _pool_slice(pool, n, slots * q, pooled) + ([Segment(num_shards, 0, remainder)] if remainder else [])
     share = slot_persons(rest) // slots
-    holes = left_out_segments(shard_sizes, slots, 0, epoch=epoch, remainder=remainder)
+    holes = left_out_segments(shard_sizes, slots, 0, epoch=epoch, remainder=remainder, keep=keep)
     rest = _without(rest, holes)
     out, taken = [], 0
     for j in range(slots):
@@ -179,10 +181,14 @@ def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: 
 
 
 def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: int, *, epoch: int,
-                      remainder: int = 0) -> list[Segment[int]]:
+                      remainder: int = 0, keep: Sequence[int] = ()) -> list[Segment[int]]:
     """The persons balanced mode leaves out of ``epoch`` (all of them when there are fewer persons than slots):
     ``left_out`` consecutive persons of the split counted remainder first (shard number ``len(shard_sizes)``),
-    then the shards in manifest order, starting ``epoch * left_out`` persons in (cyclically)."""
+    then the shards in manifest order, starting ``epoch * left_out`` persons in (cyclically).
+
+    ``keep``: persons (counted so) that the epoch before left out in another layout (:mod:`.resume`), none of whom
+    may be left out again. When the run holds one, the ``left_out`` persons nearest before the next epoch's run
+    that are not in ``keep`` are left out instead, so that the next epoch's own run still leaves out others."""
     slots = num_slots(world_size, num_workers)
     n = _train_size(shard_sizes)
     total = len(shard_sizes) * n + remainder
@@ -191,13 +197,46 @@ def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: 
         return []
     start = epoch * lost % total
     runs = [(start, min(start + lost, total)), (0, max(start + lost - total, 0))]
+    kept = set(keep)
+    if kept and any(lo <= p < hi for p in kept for lo, hi in runs):
+        runs = position_runs(_before(total, lost, (epoch + 1) * lost % total, kept))
     out = []
     for lo, hi in runs:
-        if lo < min(hi, remainder):  # the remainder shard comes first in this count
-            out.append(Segment(len(shard_sizes), lo, min(hi, remainder)))
-        lo, hi = max(lo, remainder) - remainder, max(hi, remainder) - remainder
-        out += _pool_slice(range(len(shard_sizes)), n, lo, hi)
+        out += counted_segments(len(shard_sizes), n, remainder, lo, hi)
     return out
+
+
+def counted_segments(num_shards: int, n: int, remainder: int, lo: int, hi: int) -> list[Segment[int]]:
+    """Persons [lo, hi) of a balanced split counted remainder first (shard number ``num_shards``), then the
+    shards of ``n`` persons in manifest order, as segments."""
+    out = []
+    if lo < min(hi, remainder):
+        out.append(Segment(num_shards, lo, min(hi, remainder)))
+    lo, hi = max(lo, remainder) - remainder, max(hi, remainder) - remainder
+    return out + _pool_slice(range(num_shards), n, lo, hi)
+
+
+def _before(total: int, count: int, end: int, skip: set[int]) -> list[int]:
+    """The ``count`` persons nearest before ``end`` (cyclically, of ``total``) that are not in ``skip``, sorted
+    (fewer when there are not that many)."""
+    out: list[int] = []
+    for i in range(1, total + 1):
+        if len(out) == count:
+            break
+        if (p := (end - i) % total) not in skip:
+            out.append(p)
+    return sorted(out)
+
+
+def position_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted positions as [lo, hi) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
 
 
 def _without(segments: Sequence[Segment[int]], holes: Sequence[Segment[int]]) -> list[Segment[int]]:
@@ -263,14 +302,25 @@ class Partition:
     window: int  # persons loaded and shuffled together
     remainder: int = 0  # balanced mode: the remainder shard's persons (shard number len(sizes)), shared out
 
-    def stream(self, slot: int, epoch: int) -> tuple[list[Segment[int]], int]:
-        """The slot's segments this epoch and where its share of the pooled persons starts (:func:`slot_streams`)."""
+    def stream(self, slot: int, epoch: int, keep: Sequence[int] = ()) -> tuple[list[Segment[int]], int]:
+        """The slot's segments this epoch and where its share of the pooled persons starts (:func:`slot_streams`;
+        ``keep``: the persons not to leave out, :func:`left_out_segments`)."""
         return slot_streams(self.sizes, self.world_size, self.num_workers, mode=self.mode, seed=self.seed,
                             epoch=epoch, shuffle=self.shuffle, remainder=self.remainder,
-                            batch_size=self.batch_size)[slot]
+                            batch_size=self.batch_size, keep=keep)[slot]
 
-    def segments(self, slot: int, epoch: int) -> list[Segment[int]]:
-        return self.stream(slot, epoch)[0]
+    def segments(self, slot: int, epoch: int, keep: Sequence[int] = ()) -> list[Segment[int]]:
+        return self.stream(slot, epoch, keep)[0]
+
+    def person(self, shard: int, index: int) -> int:
+        """Person ``index`` of ``shard`` as :func:`left_out_segments` counts persons (the remainder shard first)."""
+        return index if shard == len(self.sizes) else self.remainder + shard * self.sizes[0] + index
+
+    def left_out_persons(self, epoch: int, keep: Sequence[int] = ()) -> tuple[int, ...]:
+        """The persons balanced mode leaves out of ``epoch`` (:func:`left_out_segments`), as :meth:`person`."""
+        holes = left_out_segments(self.sizes, self.world_size, self.num_workers, epoch=epoch,
+                                  remainder=self.remainder, keep=keep)
+        return tuple(sorted(self.person(seg.shard, i) for seg in holes for i in range(seg.start, seg.stop)))
 
     @functools.cached_property
     def slot_batches(self) -> list[int]:
@@ -283,10 +333,11 @@ class Partition:
         first = slot_index(rank, 0, self.num_workers)
         return self.slot_batches[first : first + max(1, self.num_workers)]
 
-    def ordered_windows(self, slot: int, epoch: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
-        """:func:`windows` of the slot's stream this epoch, each with the order its persons are yielded in
-        (indices into the window)."""
-        segments, cut = self.stream(slot, epoch)
+    def ordered_windows(self, slot: int, epoch: int, skip: int,
+                        keep: Sequence[int] = ()) -> Iterator[tuple[Window, np.ndarray]]:
+        """:func:`windows` of the slot's stream this epoch (``keep``: the persons not to leave out), each with the
+        order its persons are yielded in (indices into the window)."""
+        segments, cut = self.stream(slot, epoch, keep)
         for win in windows(segments, self.window, self.batch_size, self.drop_last, skip, cut):
             yield win, (_shuffled(win.size, self.seed, epoch, slot, win.index) if self.shuffle
                         else np.arange(win.size))

@@ -4,12 +4,20 @@ A checkpoint records where the epoch stands as ``(epoch, batches)`` plus the lay
 batch size, window, batches per message): every rank had taken the same number of batches, so the layout and that
 count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` positions of its
 window-permuted stream, ``c`` from :func:`plan_order.worker_batches_consumed`). Those are never stored, only derived.
+How a checkpoint stores the position and the layouts is :mod:`lifeseq_shards.reader.state`'s.
 
 Resumed in another layout, the persons not yet trained form the *rest stream*: each old slot's unconsumed positions,
 old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
-contiguous parts of it (the fewer than ``N'`` persons that do not divide are left out of this epoch), so every new
-rank gets the same number of batches; no one is read twice. A run resumed again in yet another layout before the
-epoch ends repeats this on the rest stream (a history of stages). The next epoch is the new layout's ordinary one.
+contiguous parts of it, less the fewer than ``N'`` persons that do not divide (left out of this epoch: the last
+ones that the epoch before did not leave out), so every new rank gets the same number of batches; no one is read
+twice. A run resumed again in yet another layout before the epoch ends repeats this on the rest stream (a history
+of stages).
+
+Nobody is left out two epochs running, whatever the layouts: the next epoch is the new layout's ordinary one but
+for whom it leaves out. An epoch whose left-out persons are not those its next layout would have left out of it
+(a rest; an epoch read in another layout) hands them on (:func:`next_epoch`, :func:`start_in`) as the next
+epoch's ``Position.left_out_before``, and that epoch leaves out others instead (``left_out_segments(keep=...)``),
+chosen so that the epoch after it is ordinary again. A run that keeps its layout never has any.
 
 Numbering: the resumed epoch keeps the new layout's ordinary length ``L'`` (``len()``, Lightning's
 ``num_training_batches``), and starts at batch ``base = L' - R'`` where ``R'`` are the rest's batches per rank, so it
@@ -24,21 +32,16 @@ import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from . import order as plan_order
-from . import partition as plan
 from .order import Window, worker_batches_consumed
-from .partition import BALANCED, Partition
+from .partition import BALANCED, Partition, position_runs
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")
-# the Partition's fields a saved state records beside them (its shard sizes and remainder are the dataset's, which
-# the fingerprint covers)
-FIXED_KEYS = ("seed", "mode", "shuffle")
 
 
 @dataclass(frozen=True)
@@ -83,87 +86,105 @@ class Stage:
     layout: Layout
     batches: int
 
-    def saved(self) -> dict[str, Any]:
-        """As a checkpoint stores it: the layout's fields and the batches."""
-        return {**dataclasses.asdict(self.layout), "batches": self.batches}
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> Stage:
-        return cls(Layout.of([saved[k] for k in LAYOUT_KEYS]), int(saved["batches"]))
-
 
 @dataclass(frozen=True)
 class Position:
     """Where an epoch stands: ``batches`` of ``epoch`` taken, in this layout's numbering, after the ``history`` of
-    stages that read its start in other layouts (none for an ordinary epoch)."""
+    stages that read its start in other layouts (none for an ordinary epoch). ``left_out_before``: the persons the
+    epoch before left out (:meth:`Partition.person` numbers), when they are not those the layout that reads this
+    epoch's start leaves out of the epoch before (none in a run that stays in one layout): this epoch reads them."""
 
     epoch: int
     batches: int
     history: tuple[Stage, ...] = ()
+    left_out_before: tuple[int, ...] = ()
 
     def resumed(self, epoch_batches: int) -> Position:
-        """Where the pass after this position resumes: the next epoch's start (an ordinary one) once the epoch's
-        ``epoch_batches`` are all taken."""
+        """Where the pass after this position resumes: the next epoch's start once the epoch's ``epoch_batches``
+        are all taken (an ordinary one: :func:`next_epoch` says whom it reads)."""
         epoch, batches = plan_order.resume_point(self.epoch, self.batches, epoch_batches)
-        return Position(epoch, batches, self.history if epoch == self.epoch else ())
+        if epoch != self.epoch:
+            return Position(epoch, batches)
+        return Position(epoch, batches, self.history, self.left_out_before)
 
 
-def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
-    """Every setting that decides which persons a position in the epoch holds, as a checkpoint stores them: the
-    splits, the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`). The mode is stored
-    under its old name (``plan.STORED_MODE``): checkpoints saved before the rename resume."""
-    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
-    fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
-    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
+def epoch_left_out(base: Partition, at: Position, layout: Layout) -> tuple[int, ...]:
+    """The persons ``at``'s epoch leaves out (:meth:`Partition.person` numbers, sorted), read to its end in
+    ``layout`` after ``at.history``: its first stage's own and, after a resume in another layout, those of the rest
+    (:attr:`RestPlan.left_out`). drop_last's dropped tails are not counted."""
+    if at.history:
+        return RestPlan(base, at.epoch, at.history, layout, at.left_out_before).left_out_persons()
+    return layout.partition(base).left_out_persons(at.epoch, at.left_out_before)
 
 
-def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
-                position: Position) -> dict[str, Any]:
-    """A loader's checkpoint state: the dataset's fingerprint, the split as the dataset was given it, its
-    :func:`saved_layout` and the position. The layout's list of splits is the one read; the top-level ``split`` is
-    written, never read, so that the format stays the one tests/reader/test_pinned_batches.py pins and an earlier
-    install (whose ``shardify plan --resume`` reads it) can read a newer checkpoint. The position's history is stored
-    only in an epoch resumed from another layout, so an ordinary epoch's state stays as it always was."""
-    state = {"fingerprint": fingerprint, "split": split, "epoch": position.epoch, "batches": position.batches,
-             "layout": layout}
-    if position.history:
-        state["history"] = [stage.saved() for stage in position.history]
-    return state
+def epoch_start(base: Partition, epoch: int, before: Sequence[int], layout: Layout) -> Position:
+    """The start of ``epoch`` read in ``layout`` after an epoch that left out ``before``: an ordinary epoch when
+    those are the persons ``layout`` leaves out of the epoch before, else one that reads them
+    (``left_out_before``)."""
+    before = tuple(sorted(before))
+    if epoch == 0 or before == layout.partition(base).left_out_persons(epoch - 1):
+        return Position(epoch, 0)
+    return Position(epoch, 0, (), before)
 
 
-def saved_position(state: dict[str, Any]) -> Position:
-    """The position a :func:`saved_state` records (a state saved before the history was, has none)."""
-    history = tuple(Stage.from_saved(s) for s in state.get("history", ()))
-    return Position(int(state["epoch"]), int(state["batches"]), history)
+def next_epoch(base: Partition, at: Position, layout: Layout) -> Position:
+    """The start of the epoch after ``at``'s, which ``layout`` reads to its end (:func:`epoch_left_out`)."""
+    return epoch_start(base, at.epoch + 1, epoch_left_out(base, at, layout), layout)
+
+
+def start_in(base: Partition, at: Position, then: Layout, now: Layout) -> Position:
+    """``at``, the start of an epoch as ``then`` would read it, read in ``now`` instead: nobody the epoch before
+    left out is left out again."""
+    before = at.left_out_before or (then.partition(base).left_out_persons(at.epoch - 1) if at.epoch else ())
+    return epoch_start(base, at.epoch, before, now)
 
 
 class _Level:
     """One stage's streams: slot totals, the batches each rank took (from its numbering's base on), and how a range
-    of a slot's stream maps onto the streams of the stage before (level 0: the epoch's ordinary partition)."""
+    of a slot's stream maps onto the streams of the stage before (level 0: the epoch's ordinary partition, less the
+    persons it leaves out). A later stage reads the *rest stream*: each slot's unconsumed positions, slot after
+    slot, then the persons the stage below left out of its own rest; the fewer than its slots that do not divide,
+    its *holes*, are left out: the last ones not in ``before`` (the persons the epoch before left out). ``keep``:
+    the epoch's ``Position.left_out_before``, which level 0's partition reads."""
 
-    def __init__(self, base: Partition, epoch: int, layout: Layout, below: _Level | None) -> None:
-        self.layout, self.below, self.epoch = layout, below, epoch
+    def __init__(self, base: Partition, epoch: int, layout: Layout, below: _Level | None,
+                 keep: tuple[int, ...], before: tuple[int, ...]) -> None:
+        self.layout, self.below, self.epoch, self.keep, self.before = layout, below, epoch, keep, before
         self.partition = layout.partition(base)
+        self.holes = np.zeros(0, dtype=np.int64)  # positions of the rest stream left out, sorted
+        self.forced = 0  # of them, persons in ``keep``: a rest too short to leave out others
         if below is None:
             # drop_last's dropped tails are not trained: they stay in the stream (windows then reach the end)
             self.whole = dataclasses.replace(self.partition, drop_last=False)
-            self.totals = [slot_persons(self.partition.segments(j, epoch)) for j in range(layout.slots)]
+            self.totals = [slot_persons(self.partition.segments(j, epoch, keep)) for j in range(layout.slots)]
             self.base = 0
-            self.left_out = 0
         else:
-            # the rest stream: each slot's unconsumed positions, slot after slot, then the persons the stage below
-            # left out of its own rest (they are not trained yet either)
-            parts = np.append(below.remaining, below.left_out)
+            parts = np.append(below.remaining, len(below.holes))
             rest_total = int(parts.sum())
             q = rest_total // layout.slots
             self.totals = [q] * layout.slots
-            self.left_out = rest_total - q * layout.slots
             self.base = sum(self.partition.worker_batches(0)) - self.rank_batches()
             if self.base < 0:  # R' <= L' holds for every assign that reads at least the epoch's persons again
                 raise ValueError(f"the rest of the epoch ({self.rank_batches()} batches per rank) is longer than an "
                                  f"epoch of this layout ({self.base + self.rank_batches()})")
             self.starts = np.concatenate([[0], np.cumsum(parts)])
+            self.holes = self._holes(rest_total, rest_total - q * layout.slots)
         self.consumed: np.ndarray | None = None  # persons of each slot taken, once this stage's batches are known
+
+    def _holes(self, total: int, count: int) -> np.ndarray:
+        """The ``count`` positions of the rest stream (``total`` long) left out: the last ones whose persons are
+        not in ``before`` (the last ones, when nobody is)."""
+        tail = np.arange(total - count, total, dtype=np.int64)
+        if not self.before or not count:
+            return tail
+        keep = set(self.before)
+        lo = max(0, total - count - len(keep))  # at most len(keep) of the positions from here on are kept persons
+        persons = self.persons(lo, total)
+        free = [lo + i for i, p in enumerate(persons) if p not in keep]
+        kept = [lo + i for i, p in enumerate(persons) if p in keep]
+        self.forced = max(0, count - len(free))
+        chosen = free[len(free) - count:] if not self.forced else free + kept[len(kept) - self.forced:]
+        return np.array(sorted(chosen), dtype=np.int64)
 
     def worker_batches(self, rank: int) -> list[int]:
         if self.below is None:
@@ -195,12 +216,31 @@ class _Level:
         assert self.consumed is not None
         return np.asarray(self.totals, dtype=np.int64) - self.consumed
 
+    @property
+    def zero(self) -> _Level:
+        """Level 0: the epoch's own partition."""
+        return self if self.below is None else self.below.zero
+
     def ranges(self, slot: int, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """Positions [start, stop) of ``slot``'s stream as (level-0 slot, start, stop) ranges, in order."""
         if self.below is None:
             yield slot, start, stop
-        else:
-            yield from self.rest_ranges(slot * self.totals[0] + start, slot * self.totals[0] + stop)
+            return
+        # the slots take equal contiguous parts of the rest stream less its holes
+        lo, hi = slot * self.totals[0] + start, slot * self.totals[0] + stop
+        prev = placed = 0  # a run of the stream between holes, and where it starts less the holes
+        for hole in [*self.holes.tolist(), int(self.starts[-1])]:
+            a, b = max(lo, placed), min(hi, placed + hole - prev)
+            if a < b:
+                yield from self.rest_ranges(prev + a - placed, prev + b - placed)
+            placed, prev = placed + hole - prev, hole + 1
+            if placed >= hi:
+                return
+
+    def hole_ranges(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """Holes [start, stop) (in order) as level-0 ranges."""
+        for lo, hi in position_runs(self.holes[start:stop].tolist()):
+            yield from self.rest_ranges(lo, hi)
 
     def rest_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
         """Positions [lo, hi) of this stage's rest stream as level-0 ranges, in order."""
@@ -214,17 +254,26 @@ class _Level:
                 if j < below.layout.slots:
                     first = int(below.consumed[j]) + at
                     yield from below.ranges(j, first, first + take)
-                else:  # the persons the stage below left out: the tail of its own rest stream
-                    first = below.layout.slots * below.totals[0] + at
-                    yield from below.rest_ranges(first, first + take)
+                else:  # the persons the stage below left out: its holes
+                    yield from below.hole_ranges(at, at + take)
                 lo += take
             j += 1
+
+    def persons(self, lo: int, hi: int) -> list[int]:
+        """The persons (:meth:`Partition.person` numbers) at positions [lo, hi) of this stage's rest stream."""
+        zero = self.zero
+        out: list[int] = []
+        for j, a, b in self.rest_ranges(lo, hi):
+            for _, win, order in zero.pieces(j, a, b):
+                flat = [zero.partition.person(seg.shard, i) for seg in win.segments for i in range(seg.start, seg.stop)]
+                out += [flat[i] for i in order.tolist()]
+        return out
 
     def pieces(self, j: int, start: int, stop: int) -> Iterator[tuple[tuple[int, int], Window, np.ndarray]]:
         """Level 0: positions [start, stop) of slot ``j``'s stream as (key, old window, the indices into it to
         yield), one per window they touch."""
         skip = start // self.layout.batch_size
-        for win, order in self.whole.ordered_windows(j, self.epoch, skip):
+        for win, order in self.whole.ordered_windows(j, self.epoch, skip, self.keep):
             a, b = max(start, win.start), min(stop, win.stop)
             if win.start >= stop:
                 return
@@ -237,24 +286,37 @@ class RestPlan:
 
     ``base`` is the batch the rest starts at in this layout's numbering; ``worker_batches`` the rest's batches per
     worker (equal on every rank); ``trained`` the persons already trained this epoch; ``left_out`` the persons of
-    the rest that do not divide among this layout's slots (fewer than them); ``dropped`` those drop_last drops."""
+    the rest that do not divide among this layout's slots (fewer than them; none of ``keep``, the persons the epoch
+    before left out, unless the rest holds too few others: ``forced``); ``dropped`` those drop_last drops."""
 
-    def __init__(self, base: Partition, epoch: int, history: Sequence[Stage], layout: Layout) -> None:
+    def __init__(self, base: Partition, epoch: int, history: Sequence[Stage], layout: Layout,
+                 keep: Sequence[int] = ()) -> None:
         if base.mode != BALANCED:
             raise ValueError("only a balanced (training) epoch resumes in another layout")
         if not history:
             raise ValueError("a rest of the epoch needs the stages that read its start")
         level: _Level | None = None
         trained = 0
+        kept = tuple(sorted(keep))
+        # the rest leaves out none of the persons the epoch before left out: ``keep``, or (an ordinary run until
+        # now) those the first stage's layout left out of it
+        before = kept or (history[0].layout.partition(base).left_out_persons(epoch - 1) if epoch else ())
         for stage in history:
-            level = _Level(base, epoch, stage.layout, level)
+            level = _Level(base, epoch, stage.layout, level, kept, before)
             level.take(stage.batches)
             assert level.consumed is not None
             trained += int(level.consumed.sum())
-        self.level = _Level(base, epoch, layout, level)
-        self.layout, self.epoch, self.trained = layout, epoch, trained
-        self.base, self.left_out = self.level.base, self.level.left_out
+        self.level = _Level(base, epoch, layout, level, kept, before)
+        self.layout, self.epoch, self.trained, self.keep = layout, epoch, trained, kept
+        self.base, self.left_out, self.forced = self.level.base, len(self.level.holes), self.level.forced
         self.slot_persons = self.level.totals[0]
+
+    def left_out_persons(self) -> tuple[int, ...]:
+        """The persons this epoch leaves out (:meth:`Partition.person` numbers, sorted): those its first stage's
+        partition leaves out, and the rest's :attr:`left_out`."""
+        zero = self.level.zero
+        rest = [p for lo, hi in position_runs(self.level.holes.tolist()) for p in self.level.persons(lo, hi)]
+        return tuple(sorted([*zero.partition.left_out_persons(self.epoch, self.keep), *rest]))
 
     @functools.cached_property
     def worker_batches(self) -> list[int]:
@@ -277,7 +339,7 @@ class RestPlan:
         pos = min(skip * lay.batch_size, last)
         pending: tuple[tuple[int, int], Window, list[np.ndarray]] | None = None
         for j, a, b in self.level.ranges(slot, pos, last):
-            for key, win, order in self.level_zero.pieces(j, a, b):
+            for key, win, order in self.level.zero.pieces(j, a, b):
                 if pending is not None and pending[0] == key:  # the same old window again, continued: one load
                     pending[2].append(order)
                     continue
@@ -294,10 +356,3 @@ class RestPlan:
         order = np.concatenate(parts)
         yield Window(win.index, pos, pos + len(order), win.segments), order
         return pos + len(order)
-
-    @property
-    def level_zero(self) -> _Level:
-        level = self.level
-        while level.below is not None:
-            level = level.below
-        return level

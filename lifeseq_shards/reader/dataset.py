@@ -17,9 +17,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..plan import order as plan_order
 from ..plan import partition as plan
+from ..plan import resume as plan_resume
 from ..plan import slots as plan_slots
 from ..plan.partition import BALANCED
-from ..plan.resume import LAYOUT_KEYS, Layout, RestPlan, Stage
+from ..plan.resume import LAYOUT_KEYS, Layout, Position, RestPlan, Stage
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
@@ -30,50 +31,59 @@ from .transport import RingWriter, WorkerLink, exit_with
 
 WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
 MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
+MAX_KEEP = 8192  # persons the epoch before left out that the next reads: fewer than two layouts' slots
 
 
 class EpochControl:
     """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
     epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
-    (:mod:`lifeseq_shards.plan.resume`; none for an ordinary epoch), and the passes each worker started since then
-    (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
+    (:mod:`lifeseq_shards.plan.resume`; none for an ordinary epoch), the persons the epoch before left out that it
+    reads (``Position.left_out_before``; none in a run that stays in one layout), and the passes each worker started
+    since then (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
 
-    _EPOCH, _SKIP, _STAGES, _HISTORY = 0, 1, 2, 3
+    _EPOCH, _SKIP, _STAGES, _KEPT, _HISTORY = 0, 1, 2, 3, 4
     _STAGE_INTS = len(LAYOUT_KEYS) + 1  # the layout, then the batches taken in it
-    _PASSES = _HISTORY + MAX_STAGES * _STAGE_INTS
+    _KEEP = _HISTORY + MAX_STAGES * _STAGE_INTS
+    _PASSES = _KEEP + MAX_KEEP
 
     def __init__(self, num_workers: int) -> None:
         self._t = torch.zeros(self._PASSES + max(1, num_workers), dtype=torch.int64).share_memory_()
 
-    def set_epoch(self, epoch: int, skip: int = 0, history: Sequence[Stage] = ()) -> None:
-        if len(history) > MAX_STAGES:
-            raise ValueError(f"an epoch resumed in {len(history)} layouts: at most {MAX_STAGES} are kept; resume "
+    def set_epoch(self, at: Position) -> None:
+        if len(at.history) > MAX_STAGES:
+            raise ValueError(f"an epoch resumed in {len(at.history)} layouts: at most {MAX_STAGES} are kept; resume "
                              "in the checkpoint's layout")
+        if len(at.left_out_before) > MAX_KEEP:  # fewer than the slots of two layouts
+            raise ValueError(f"{len(at.left_out_before)} persons left out of the epoch before: at most {MAX_KEEP} "
+                             "are kept")
         self._t.zero_()
-        self._t[self._EPOCH], self._t[self._SKIP], self._t[self._STAGES] = epoch, skip, len(history)
-        for i, stage in enumerate(history):
-            at = self._HISTORY + i * self._STAGE_INTS
+        t = self._t
+        t[self._EPOCH], t[self._SKIP], t[self._STAGES], t[self._KEPT] = (
+            at.epoch, at.batches, len(at.history), len(at.left_out_before))
+        for i, stage in enumerate(at.history):
+            first = self._HISTORY + i * self._STAGE_INTS
             values = [int(getattr(stage.layout, k)) for k in LAYOUT_KEYS] + [stage.batches]
-            self._t[at : at + self._STAGE_INTS] = torch.tensor(values)
+            t[first : first + self._STAGE_INTS] = torch.tensor(values)
+        if at.left_out_before:
+            t[self._KEEP : self._KEEP + len(at.left_out_before)] = torch.tensor(at.left_out_before)
 
-    def peek(self, worker: int = 0) -> tuple[int, int]:
-        """(epoch, batches to skip) of ``worker``'s next pass."""
+    def loaded(self) -> Position:
+        """Where the first pass since :meth:`set_epoch` starts."""
         t = self._t
-        return plan_order.pass_start(int(t[self._EPOCH]), int(t[self._SKIP]), int(t[self._PASSES + worker]))
-
-    def history(self, worker: int = 0) -> tuple[Stage, ...]:
-        """The stages that read the start of ``worker``'s next pass in other layouts (only a resumed pass has any)."""
-        t = self._t
-        if int(t[self._PASSES + worker]):
-            return ()
         rows = t[self._HISTORY : self._HISTORY + int(t[self._STAGES]) * self._STAGE_INTS].view(-1, self._STAGE_INTS)
-        return tuple(Stage(Layout.of(row[:-1]), row[-1]) for row in rows.tolist())
+        history = tuple(Stage(Layout.of(row[:-1]), row[-1]) for row in rows.tolist())
+        keep = tuple(t[self._KEEP : self._KEEP + int(t[self._KEPT])].tolist())
+        return Position(int(t[self._EPOCH]), int(t[self._SKIP]), history, keep)
 
-    def claim_pass(self, worker: int) -> tuple[int, int, tuple[Stage, ...]]:
-        """:meth:`peek` and :meth:`history`, and count the pass as started."""
-        start, history = self.peek(worker), self.history(worker)
+    def passes(self, worker: int = 0) -> int:
+        """The passes ``worker`` started since :meth:`set_epoch`."""
+        return int(self._t[self._PASSES + worker])
+
+    def claim_pass(self, worker: int) -> int:
+        """:meth:`passes`, and count the pass as started."""
+        n = self.passes(worker)
         self._t[self._PASSES + worker] += 1
-        return *start, history
+        return n
 
 
 class ShardedDataset(IterableDataset):
@@ -267,38 +277,55 @@ class ShardedDataset(IterableDataset):
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
         self.resume_at(epoch, 0)
 
-    def resume_at(self, epoch: int, batches: int, history: Sequence[Stage] = ()) -> None:
+    def resume_at(self, epoch: int, batches: int, history: Sequence[Stage] = (),
+                  left_out_before: Sequence[int] = ()) -> None:
         """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned; with a
         ``history``, the stages that read its start in other layouts, ``batches`` counts from the start of this
-        layout's epoch (:class:`plan_resume.RestPlan`'s ``base`` on). Refused outside the epoch (a negative epoch,
-        or more batches than this rank's ``len()``): the pass would be empty or fail in the workers, not say why."""
+        layout's epoch (:class:`plan_resume.RestPlan`'s ``base`` on); ``left_out_before``: the persons the epoch
+        before left out that this one reads (``Position.left_out_before``). Refused outside the epoch (a negative
+        epoch, or more batches than this rank's ``len()``): the pass would be empty or fail in the workers, not say
+        why."""
+        at = Position(epoch, batches, tuple(history), tuple(left_out_before))
         if epoch < 0:
             raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
-        first = self.rest_plan(epoch, tuple(history)).base if history else 0
+        first = self.rest_plan(at).base if at.history else 0
         if not first <= batches <= len(self):
             raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
                              f"has {len(self)} (resume at {first}..{len(self)}, or set_epoch({epoch + 1}) for the "
                              "next)")
-        self._control.set_epoch(epoch, batches, history)
+        self._control.set_epoch(at)
 
-    def next_pass(self) -> tuple[int, int]:
-        """(epoch, batches the loader returned of it already) of the next pass, as the workers will compute it."""
-        return self._control.peek()
+    def next_position(self, worker: int = 0) -> Position:
+        """Where ``worker``'s next pass starts (worker 0's: the loader's next pass), as the workers compute it: the
+        loaded position, else the start of a later epoch (:func:`plan_resume.next_epoch`)."""
+        return self._pass_position(self._control.loaded(), self._control.passes(worker))
 
-    def next_history(self) -> tuple[Stage, ...]:
-        """The stages that read the start of the next pass's epoch in other layouts (none: an ordinary epoch)."""
-        return self._control.history()
+    def _pass_position(self, at: Position, n: int) -> Position:
+        """Where the ``n``-th pass after the one starting at ``at`` starts."""
+        if n == 0:
+            return at
+        while n and (at.history or at.left_out_before) and self.mode == BALANCED:
+            at, n = plan_resume.next_epoch(self.partition, at, self.layout), n - 1
+        return at if not n else Position(*plan_order.pass_start(at.epoch, at.batches, n))  # ordinary from here
+
+    def after(self, at: Position, epoch_batches: int) -> Position:
+        """Where the pass after ``at`` resumes: ``at`` itself until its epoch's ``epoch_batches`` are taken, then
+        the next epoch's start (reading those the epoch left out, :func:`plan_resume.next_epoch`)."""
+        nxt = at.resumed(epoch_batches)
+        if nxt.epoch == at.epoch or self.mode != BALANCED or epoch_batches < len(self):
+            return nxt
+        return plan_resume.next_epoch(self.partition, at, self.layout)
 
     @property
     def layout(self) -> Layout:
         """This dataset's readers, as a stage of an epoch records them."""
         return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1)
 
-    def rest_plan(self, epoch: int, history: tuple[Stage, ...]) -> RestPlan:
-        """The rest of ``epoch`` in this layout after ``history`` (computed once per pass and kept)."""
-        key = epoch, history
+    def rest_plan(self, at: Position) -> RestPlan:
+        """The rest of ``at``'s epoch in this layout after its history (computed once per pass and kept)."""
+        key = at.epoch, at.history, at.left_out_before
         if self._rest is None or self._rest[0] != key:
-            self._rest = key, RestPlan(self.partition, epoch, history, self.layout)
+            self._rest = key, RestPlan(self.partition, at.epoch, at.history, self.layout, at.left_out_before)
         return self._rest[1]
 
     # -- the loader's side ------------------------------------------------------------------------------------
@@ -331,17 +358,18 @@ class ShardedDataset(IterableDataset):
                 f"num_workers={k}: the plan would overlap or miss persons. Pass the same num_workers to both "
                 "(ShardedLoader does it for you)."
             )
-        epoch, skip_total, history = self._control.claim_pass(worker)
+        at = self._pass_position(self._control.loaded(), self._control.claim_pass(worker))
+        epoch, skip_total, history, keep = at.epoch, at.batches, at.history, at.left_out_before
         per_message = self._link.batches_per_message if k else 1
         if history:  # the rest of an epoch begun in another layout
-            rest = self.rest_plan(epoch, history)
+            rest = self.rest_plan(at)
             per_worker, skip_total = rest.worker_batches, skip_total - rest.base
         else:
             per_worker = self.per_worker_batches()
         role, skip = plan_order.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
         slot = plan_slots.slot_index(self.rank, role, self.num_workers)
         source = ((lambda: rest.ordered_pieces(slot, skip)) if history
-                  else (lambda: slot_windows(self.partition, slot, epoch, skip)))
+                  else (lambda: slot_windows(self.partition, slot, epoch, skip, keep)))
         stages = [
             source,
             lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),

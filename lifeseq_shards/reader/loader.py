@@ -4,6 +4,7 @@ its position (its checkpoint state)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import shutil
@@ -16,10 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..device.batch import HostBatch, PackedBatch
-from ..plan import partition as plan
-from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage, saved_layout, saved_position, saved_state
+from ..plan.resume import Position, start_in
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
+from .state import DatasetChanged, layout_changes, read_state, saved_layout, saved_state
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -29,10 +30,6 @@ RING_MESSAGE_PERSONS = 4096
 PIPE_MESSAGE_PERSONS = 1024
 RING_PERSON_BYTES = 1024  # ring bytes per person in flight: above a packed person, offline MLM fields included
 SHM_DIR = "/dev/shm"
-
-
-class DatasetChanged(RuntimeError):
-    """A resume state was saved for another dataset (its fingerprint differs)."""
 
 
 def _as_is(batch: Any) -> Any:
@@ -99,7 +96,7 @@ class ShardedLoader(DataLoader):
             in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
             ring_bytes = in_flight * self._per_message * dataset.batch_size * RING_PERSON_BYTES
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
-        self._position = Position(*dataset.next_pass(), dataset.next_history())
+        self._position = dataset.next_position()
         self._start = self._position  # where the pass under way began
         self._loaded = False  # a loaded state whose pass has not begun: set_epoch keeps it, or refuses another epoch
         _quiet_lightning_len_warning()
@@ -124,8 +121,14 @@ class ShardedLoader(DataLoader):
                              f"batches, but set_epoch({epoch}) would start epoch {epoch}: loop from the loaded epoch "
                              "(range(data.epoch, epochs) with LifeSeqData, range(loader.position.epoch, epochs) "
                              "here), or build a new loader to start over")
-        self.dataset.set_epoch(epoch)
-        self._position = Position(epoch, 0)
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        nxt = ds.next_position()
+        if (nxt.epoch, nxt.batches, nxt.history) == (epoch, 0, ()):  # the next epoch's start: who it reads stays
+            self._position = nxt
+        else:
+            self._position = Position(epoch, 0)
+        at = self._position
+        ds.resume_at(at.epoch, at.batches, at.history, at.left_out_before)
 
     def __iter__(self) -> Iterator[HostBatch]:
         for batch, position in self.positioned():
@@ -142,8 +145,8 @@ class ShardedLoader(DataLoader):
             refuse_an_unguarded_main(context.get_start_method() if context else multiprocessing.get_start_method())
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
-        epoch, batches = ds.next_pass()  # as the workers will compute it
-        start = Position(epoch, batches, ds.next_history())
+        start = ds.next_position()  # as the workers will compute it
+        batches = start.batches
         self._position = self._start = start
         self._loaded = False
         iteration = rings.begin() if rings is not None else 0  # before the DataLoader restarts the workers' passes
@@ -155,7 +158,7 @@ class ShardedLoader(DataLoader):
                 self._take_buffers(group, rings)
                 for batch in group:
                     batches += 1
-                    yield batch, Position(epoch, batches, start.history)
+                    yield batch, dataclasses.replace(start, batches=batches)
         finally:
             # exhausted or abandoned: this pass's workers stop waiting for ring space (unless a newer iteration took
             # over) before the DataLoader's iterator goes, since without persistent workers it then joins them
@@ -215,7 +218,7 @@ class ShardedLoader(DataLoader):
         if self._live is not None:
             return self._start
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        return Position(*ds.next_pass(), ds.next_history())
+        return ds.next_position()
 
     def state_dict(self, epoch_batches: int | None = None, unfinished: int = 0) -> dict[str, Any]:
         """Where the next pass starts. ``epoch_batches``: the batches an epoch ends after when the consumer stops
@@ -226,12 +229,15 @@ class ShardedLoader(DataLoader):
         at = self._position
         if not 0 <= unfinished <= at.batches:
             raise ValueError(f"unfinished={unfinished}: the epoch stands at batch {at.batches}")
-        resume = Position(at.epoch, at.batches - unfinished, at.history)
+        resume = dataclasses.replace(at, batches=at.batches - unfinished)
         return saved_state(ds.fingerprint, ds.split, self._layout(),
-                           resume.resumed(len(ds) if epoch_batches is None else epoch_batches))
+                           ds.after(resume, len(ds) if epoch_batches is None else epoch_batches))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Start the next pass where ``state`` says. Refused once a pass has begun (its workers already read on).
+        """Start the next pass where ``state`` says: a :meth:`state_dict`, or a checkpoint holding one (a Lightning
+        checkpoint, a plain loop's: :func:`~lifeseq_shards.reader.state.find_states`), else refused in one line
+        naming the key or value (:class:`~lifeseq_shards.reader.state.StateError`, a ValueError; the format is
+        :mod:`~lifeseq_shards.reader.state`'s). Refused once a pass has begun (its workers already read on).
         Saved in another layout (ranks, workers, batch size, window, batches per message, drop_last), the pass is
         the rest of the state's epoch: every person it had not trained on once, in equal batches per rank (a
         warning says how many are left out), starting at :attr:`position` in this layout's numbering."""
@@ -241,45 +247,31 @@ class ShardedLoader(DataLoader):
                 f"{ds.root}: load_state_dict() after this loader began a pass ({self._position.batches} batches into "
                 f"epoch {self._position.epoch}): resuming now would replay or skip batches. Load the state before "
                 "iterating (LifeSeqDataModule does, whenever Lightning builds the loader)")
-        if state["fingerprint"] != ds.fingerprint:
+        saved = read_state(state, str(ds.root))
+        if saved.fingerprint != ds.fingerprint:
             raise DatasetChanged(
-                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {state['fingerprint']}"
+                f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {saved.fingerprint}"
                 ": the data changed since the checkpoint, so its position in the epoch means nothing here"
             )
-        now, then = self._layout(), state["layout"]
-        missing = [k for k in now if k not in then]
-        if missing:
-            raise ValueError(f"cannot resume exactly: the checkpoint's loader state does not record "
-                             f"{', '.join(missing)} (saved by an older lifeseq_shards), so it may have read in another "
-                             "order; resume without the loader's state to start its epoch over")
-        fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if k not in LAYOUT_KEYS and then[k] != now[k]]
-        if fixed:
-            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
-                             "split, or another order of its persons); resume with the checkpoint's settings, or "
-                             "without the loader's state to start this epoch over")
-        saved = saved_position(state)
-        epoch, batches, history = saved.epoch, saved.batches, saved.history
-        changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
-        if changed and ds.mode != plan.BALANCED:
-            raise ValueError(f"{ds.root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
-                             f"{ds.mode} pass (ranks of unequal lengths) resumes only in its own layout")
-        if changed and (batches or history):
-            history += (Stage(Layout.of([then[k] for k in LAYOUT_KEYS]), batches),)
-            rest = ds.rest_plan(epoch, history)
-            batches = rest.base
+        changed = layout_changes(self._layout(), saved, str(ds.root), ds.mode)
+        at = saved.position
+        if changed and (at.batches or at.history):
+            at = dataclasses.replace(at, history=(*at.history, saved.stage))
+            rest = ds.rest_plan(at)
+            at = dataclasses.replace(at, batches=rest.base)
             dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
-            warnings.warn(f"{ds.root}: epoch {epoch} resumes in another layout ({'; '.join(changed)}): "
+            warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): "
                           f"{rest.trained} persons trained on before, the rest once in "
                           f"{sum(rest.worker_batches)} batches per rank (batches {rest.base}..{len(ds)} of this "
                           f"layout's epoch); {rest.left_out} persons are left out of this epoch (those of the rest "
                           f"that do not divide among {ds.layout.slots} readers){dropped}", stacklevel=2)
-        elif changed:
-            history = ()  # nothing of the epoch was trained on: this layout's own epoch
-        ds.resume_at(epoch, batches, history)
-        self._position = Position(epoch, batches, history)
+        elif changed:  # nothing of the epoch was trained on: this layout's own epoch, reading whom the last left out
+            at = start_in(ds.partition, at, saved.stage.layout, ds.layout)
+        ds.resume_at(at.epoch, at.batches, at.history, at.left_out_before)
+        self._position = at
         self._loaded = True
 
     def _layout(self) -> dict[str, Any]:
-        """This loader's :func:`~lifeseq_shards.plan.resume.saved_layout`."""
+        """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)

@@ -28,9 +28,11 @@ from .transport import RingWriter
 Ordered = tuple[Window, np.ndarray]  # a window and the order its persons are yielded in (indices into it)
 
 
-def slot_windows(partition: Partition, slot: int, epoch: int, skip: int) -> Iterator[Ordered]:
-    """Stage 1: the windows of this slot's stream that hold its batches from ``skip`` on, each with its order."""
-    return partition.ordered_windows(slot, epoch, skip)
+def slot_windows(partition: Partition, slot: int, epoch: int, skip: int,
+                 keep: Sequence[int] = ()) -> Iterator[Ordered]:
+    """Stage 1: the windows of this slot's stream that hold its batches from ``skip`` on, each with its order
+    (``keep``: the persons the epoch before left out that this one reads, ``Position.left_out_before``)."""
+    return partition.ordered_windows(slot, epoch, skip, keep)
 
 
 SHARD_FIELD = Field("shard", "int32", SCALAR)  # a person's shard, when the dataset is asked for it (predict)

@@ -12,12 +12,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lifeseq_shards.plan.order import worker_batches_consumed
 from lifeseq_shards.plan.partition import BALANCED, COMPLETE, Partition, assign
-from lifeseq_shards.plan.resume import Layout, RestPlan, Stage
+from lifeseq_shards.plan.resume import Layout, Position, RestPlan, Stage, next_epoch, start_in
 from lifeseq_shards.plan.slots import Segment, num_batches
 
 Person = tuple[int, int]  # (shard, index in it)
@@ -29,10 +29,10 @@ def persons(segments: tuple[Segment[int], ...], order: np.ndarray) -> list[Perso
     return [flat[i] for i in order.tolist()]
 
 
-def stream(partition: Partition, slot: int, epoch: int) -> list[Person]:
+def stream(partition: Partition, slot: int, epoch: int, keep: tuple[int, ...] = ()) -> list[Person]:
     """Every person of ``slot``'s stream in the order it yields them, the dropped tail of drop_last included."""
     whole = dataclasses.replace(partition, drop_last=False)
-    return [p for win, order in whole.ordered_windows(slot, epoch, 0) for p in persons(win.segments, order)]
+    return [p for win, order in whole.ordered_windows(slot, epoch, 0, keep) for p in persons(win.segments, order)]
 
 
 def rest_streams(rest: RestPlan, skip: int = 0) -> list[list[Person]]:
@@ -145,3 +145,88 @@ def test_what_cannot_continue_is_refused() -> None:
         RestPlan(dataclasses.replace(base, mode=COMPLETE), 0, (Stage(lay, 1),), lay)
     with pytest.raises(ValueError, match="outside this stage's epoch"):
         RestPlan(base, 0, (Stage(lay, 7),), lay)
+
+
+# -- nobody left out two epochs running, across any sequence of layouts ----------------------------------------------
+def everyone(base: Partition) -> set[Person]:
+    """The split's persons: its shards, then the remainder shard (number len(sizes))."""
+    shards = {(s, i) for s, n in enumerate(base.sizes) for i in range(n)}
+    return shards | {(len(base.sizes), i) for i in range(base.remainder)}
+
+
+def read_epoch(base: Partition, start: Position,
+               stages: list[tuple[Layout, float]]) -> tuple[set[Person], Position, int]:
+    """The persons an epoch reads from ``start`` through ``stages`` (each layout takes a fraction of what is left
+    to it, the last reads to the end), as a loader resumed in each layout would; where it ends; and how many
+    persons the epoch before left out its rests had to leave out too (a rest shorter than them)."""
+    at, read, forced = start, set(), 0
+    for i, (layout, fraction) in enumerate(stages):
+        if at.history:
+            rest = RestPlan(base, at.epoch, at.history, layout, at.left_out_before)
+            forced += rest.forced
+            streams, per_worker, first = rest_streams(rest), rest.worker_batches, rest.base
+        else:
+            part = layout.partition(base)
+            streams = [stream(part, j, at.epoch, at.left_out_before) for j in range(layout.slots)]
+            per_worker, first = part.worker_batches(0), 0
+        last = i == len(stages) - 1
+        batches = sum(per_worker) if last else round(fraction * sum(per_worker))
+        read |= taken(streams, layout, per_worker, batches)
+        if not last and (batches or at.history):  # the next layout resumes from a checkpoint here: the rest
+            at = Position(at.epoch, first + batches, (*at.history, Stage(layout, first + batches)),
+                          at.left_out_before)
+        elif not last:  # nothing of the epoch trained yet: the next layout's own epoch
+            at = start_in(base, at, layout, stages[i + 1][0])
+    return read, at, forced
+
+
+long_bases = st.builds(lambda num_shards, n, remainder, seed, shuffle: Partition(
+    (n,) * num_shards, 1, 0, BALANCED, seed, shuffle, 1, False, 1, remainder % n),
+    st.integers(3, 8), st.integers(12, 30), st.integers(0, 29), st.integers(0, 2**32 - 1), st.booleans())
+exact_layouts = st.builds(Layout, world_size=st.integers(1, 4), num_workers=st.integers(0, 3),
+                          batch_size=st.integers(1, 12), drop_last=st.just(False), window=st.integers(1, 40),
+                          batches_per_message=st.integers(1, 4))
+epochs = st.lists(st.lists(st.tuples(exact_layouts, st.floats(0, 0.9)), min_size=1, max_size=3), min_size=2,
+                  max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(long_bases, epochs, st.integers(0, 6))
+def test_nobody_is_left_out_two_epochs_running_across_layouts(base, plan, first_epoch):
+    """Any sequence of layouts, each resumed at any position of its epoch (or at an epoch's start): the persons
+    one epoch leaves out are all read in the next (the remainder rotated in), as in a run that keeps its layout."""
+    split = everyone(base)
+    at = Position(first_epoch, 0)
+    before: set[Person] | None = None
+    for i, stages in enumerate(plan):
+        if i:  # the previous epoch's last layout saved the start of this one; this epoch's first resumes it
+            at = start_in(base, at, plan[i - 1][-1][0], stages[0][0]) if stages[0][0] != plan[i - 1][-1][0] else at
+        read, end, forced = read_epoch(base, at, stages)
+        assume(not forced)  # a rest begun at the epoch's very end, shorter than the persons to keep in
+        left = split - read
+        assert len(left) < sum(layout.slots for layout, _ in stages) + 1, "more left out than the layouts leave"
+        if before is not None:
+            assert not left & before, f"left out two epochs running: {sorted(left & before)}"
+        before = left
+        at = next_epoch(base, end, stages[-1][0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(bases(), layouts, st.integers(0, 20), st.floats(0, 1))
+def test_a_run_in_one_layout_keeps_its_ordinary_epochs(base, layout, epoch, at):
+    """The persons the epoch before left out are those the layout leaves out: the next epoch is its ordinary one."""
+    batches = round(at * sum(layout.partition(base).worker_batches(0)))
+    assert next_epoch(base, Position(epoch, batches), layout) == Position(epoch + 1, 0)
+
+
+def test_a_rest_in_another_layout_then_its_next_epoch_by_hand() -> None:
+    """6 shards of 20 and 7 remainder persons (127), 2 ranks x 2 workers stopped after 5 batches of 4, resumed on
+    3 x 2: the persons left out of the epoch (the first layout's 3, the rest's) are all read in the next epoch."""
+    base = Partition((20,) * 6, 1, 0, BALANCED, 3, True, 1, False, 1, 7)
+    old, new = Layout(2, 2, 4, False, 16, 1), Layout(3, 2, 4, False, 16, 1)
+    read, end, forced = read_epoch(base, Position(0, 0), [(old, 5 / 16), (new, 0.0)])
+    assert end == Position(0, 5, (Stage(old, 5),)) and not forced
+    nxt = next_epoch(base, end, new)
+    again, _, _ = read_epoch(base, nxt, [(new, 0.0)])
+    split = everyone(base)
+    assert split - read and not (split - read) & (split - again)

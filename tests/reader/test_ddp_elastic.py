@@ -57,6 +57,17 @@ def assert_rest_of_epoch(trained: list[int], rest_per_rank: list[list[list[int]]
     assert len(set(counts)) == 1 and counts[0] > 0, f"batches per rank in the rest {counts}: the all-reduce hangs"
 
 
+def assert_next_epoch(root: Path, trained: list[int], rest_per_rank: list[list[list[int]]],
+                      next_per_rank: list[list[list[int]]], slots: int) -> None:
+    """The epoch after a rest: every train person once but fewer than ``slots``, none of them one the resumed epoch
+    (``trained``, then the rest) left out: nobody is left out two epochs running."""
+    everyone, _ = trained_ids(root, 1, 0, 0)
+    assert_rest_of_epoch([], next_per_rank, everyone, slots)
+    before = everyone - set(trained) - {i for batches in rest_per_rank for i in flat(batches)}
+    after = everyone - {i for batches in next_per_rank for i in flat(batches)}
+    assert not before & after, f"left out two epochs running: {sorted(before & after)}"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TORCHRUN_S * 2 + 60)
 @pytest.mark.parametrize(("ranks", "workers", "batch"), LAYOUTS, ids=LAYOUT_IDS)
@@ -72,10 +83,10 @@ def test_plain_loop_resumes_the_rest_of_the_epoch_on_another_layout(torchrun_two
     assert len(resumed) == ranks
     trained = [i for r in full for i in flat(r["epochs"][0][:SNAPSHOT_AT])]
     assert_rest_of_epoch(trained, [r["epochs"][0] for r in resumed], epoch_of(ds8, 2, 2, 0), ranks * max(workers, 1))
-    # the next epoch is this layout's own: everyone once (fewer than the readers left out where the 8 shards do not
-    # divide among them), len() batches on every rank
-    assert_rest_of_epoch([], [r["epochs"][1] for r in resumed], epoch_of(ds8, ranks, workers, 1),
-                         ranks * max(workers, 1))
+    # the next epoch is this layout's own but for whom it leaves out: everyone once (fewer than the readers left
+    # out where the 8 shards do not divide among them), none of those epoch 0 left out, len() batches on every rank
+    assert_next_epoch(ds8, trained, [r["epochs"][0] for r in resumed], [r["epochs"][1] for r in resumed],
+                      ranks * max(workers, 1))
     assert {len(r["epochs"][1]) for r in resumed} == {r["len"] for r in resumed}
 
 
@@ -101,8 +112,8 @@ def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_layout(lightning
     assert len(resumed) == ranks
     trained = [i for r in full for i in flat(r["train"]["0"][:STOP])]
     assert_rest_of_epoch(trained, [r["train"]["0"] for r in resumed], epoch_of(ds8, 2, 2, 0), ranks * max(workers, 1))
-    assert_rest_of_epoch([], [r["train"]["1"] for r in resumed], epoch_of(ds8, ranks, workers, 1),
-                         ranks * max(workers, 1))
+    assert_next_epoch(ds8, trained, [r["train"]["0"] for r in resumed], [r["train"]["1"] for r in resumed],
+                      ranks * max(workers, 1))
     for r in resumed:
         assert len(r["train"]["1"]) == r["num_training_batches"], "epoch 1 is this layout's whole epoch"
         assert_schedule_fits(full[0], r)

@@ -93,7 +93,10 @@ def test_padded_batches_and_resume_state_are_pinned(synth_dataset: Path) -> None
     loader.set_epoch(2)
     got = first(loader, 4)
     assert digest(got) == "33779f79ac6ebfdc"
-    assert digest([loader.state_dict()]) == "0683e01341b4f31d"
+    state = loader.state_dict()
+    # the state's format gained a version key (2) on 2026-12-02: the rest of it is the state 6f64ed9 saved
+    assert state.pop("version") == 2
+    assert digest([state]) == "0683e01341b4f31d"
 
 
 def test_packed_batches_through_worker_rings_are_pinned(synth_dataset: Path) -> None:
@@ -142,7 +145,8 @@ def test_a_saved_checkpoint_resumes_where_it_stopped(synth_dataset: Path) -> Non
 
 # The loader states the code of 7975264 (main before the position became one value) saved on this dataset: 3 batches
 # into epoch 1 on rank 1 of 2, and 4 batches further into the rest of that epoch resumed on rank 2 of 3 at batch 16
-# (its history records the first layout). A checkpoint of that code resumes exactly, and this code saves the same.
+# (its history records the first layout). A checkpoint of that code resumes exactly, and this code saves the same,
+# with the version key (2) states hold since 2026-12-02.
 TODAY_STATE = {"fingerprint": "22b3c1834b3b4748beb9644e359aac84", "split": "train", "epoch": 1, "batches": 3,
                "layout": {"split": ["train"], "world_size": 2, "num_workers": 0, "batch_size": 32, "seed": 3,
                           "mode": "train", "shuffle": True, "drop_last": False, "window": 4096,
@@ -164,7 +168,7 @@ def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> N
     whole.set_epoch(1)
     batches = iter(whole)
     first(batches, 3)
-    assert whole.state_dict() == TODAY_STATE
+    assert whole.state_dict() == {**TODAY_STATE, "version": 2}
     want = first(batches, 4)
     resumed = make(2, 1, 32)
     resumed.load_state_dict(TODAY_STATE)
@@ -178,7 +182,7 @@ def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> N
     assert rest.position == Position(1, 4, (stage,))  # the rest of the epoch starts at batch 4 of this layout's
     batches = iter(rest)
     first(batches, 4)
-    assert rest.state_dict() == TODAY_REST_STATE
+    assert rest.state_dict() == {**TODAY_REST_STATE, "version": 2}
     want = first(batches, 3)
     again = make(3, 2, 16)
     again.load_state_dict(TODAY_REST_STATE)

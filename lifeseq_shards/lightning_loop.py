@@ -1,0 +1,88 @@
+"""Every read or write of Lightning's training-loop internals, in one adapter: the fit loop's batch progress counters,
+its data fetcher, and Lightning 2.2's missing restart stages. None of these is public API; each is used here only.
+
+Tested on Lightning 2.2.2 (``lightning`` and ``pytorch_lightning``, the researchers' pins: constraints-pinned.txt)
+and 2.6.6 (the newest installed: both packages) by tests/test_datamodule.py and tests/reader/test_ddp_elastic.py.
+What they rely on, the same in both: ``trainer.fit_loop.epoch_loop.batch_progress`` (``current`` and ``total``
+with ``ready``, ``started``, ``processed``, ``completed``; ``is_last_batch``; ``increment_completed()``),
+``epoch_loop.restarting``, ``epoch_loop.reset()``, ``epoch_loop._batches_that_stepped``, and
+``trainer.fit_loop._data_fetcher`` (``fetched``, ``length``, ``done``). 2.2 has no restart stages
+(``restarted_on_train_batch_end``, which later versions have): :func:`finish_saved_batch_on_restart` gives it one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .compat import fallback
+
+
+def _epoch_loop(trainer: Any) -> Any:
+    return trainer.fit_loop.epoch_loop
+
+
+def batches_ready(trainer: Any) -> int:
+    """The batches of the current epoch the trainer has begun (those before the one now in hand)."""
+    return int(_epoch_loop(trainer).batch_progress.current.ready)
+
+
+def batches_unfinished(trainer: Any, handed: int) -> int:
+    """Of ``handed`` batches of the current epoch a loader has handed out, those Lightning trains again on resume.
+    A checkpoint saved inside a training batch (Lightning's SLURM requeue handler saves on SIGUSR1 wherever the step
+    stands) resumes by training that batch again (``batch_progress.reset_on_restart``: back to the completed count);
+    saved in ``on_train_batch_end`` (processed, not yet completed), after it."""
+    p = _epoch_loop(trainer).batch_progress.current
+    on_batch_end = p.ready == p.started == p.processed == p.completed + 1  # RESTARTED_ON_TRAIN_BATCH_END
+    return max(0, handed - (p.processed if on_batch_end else p.completed))
+
+
+def renumber(trainer: Any, epoch: int, then: int, now: int) -> None:
+    """Move the trainer's count of ``epoch``'s batches from ``then`` to ``now`` (a rest of the epoch resumed in
+    another layout runs from batch ``now`` to this layout's ``num_training_batches``), when the trainer stands at
+    ``then`` of that epoch. Its data fetcher counts them too, to tell the epoch's last batch (``fetched``,
+    ``done``)."""
+    loop = _epoch_loop(trainer)
+    progress = loop.batch_progress.current
+    if trainer.current_epoch != epoch or progress.ready != then:
+        return  # not where the checkpoint left the trainer: the caller's position check says so
+    progress.ready = progress.started = progress.processed = progress.completed = now
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    if fetcher is not None and getattr(fetcher, "length", None) is not None:
+        fetcher.fetched += now - then
+        fetcher.done = loop.batch_progress.is_last_batch = fetcher.fetched >= fetcher.length
+
+
+def finish_saved_batch_on_restart(trainer: Any) -> None:
+    """Make a Lightning whose training epoch loop has no restart stages (2.2; ``restarted_on_train_batch_end`` came
+    later) resume after the batch a checkpoint was saved at the end of, as later Lightnings do.
+
+    A checkpoint saved in ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``) holds that batch's
+    optimizer and scheduler step but counts the batch as processed, not completed; such a Lightning restarts by
+    rolling back to the completed count, so it would train that batch again and count every later batch one short
+    (validation at the epoch's end skipped). Here the batch is completed before that roll-back, as later Lightnings
+    do, and a checkpoint at the end of an epoch's last batch, whose next epoch such a Lightning cannot begin from
+    there, is refused. Called with ``trainer``'s loop about to be restored; installs itself once."""
+    epoch_loop = _epoch_loop(trainer)
+    if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
+        return
+    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
+    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
+             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
+    reset = epoch_loop.reset
+
+    def reset_after_saved_batch() -> None:
+        progress = epoch_loop.batch_progress
+        p = progress.total
+        if epoch_loop.restarting and p.ready == p.started == p.processed == p.completed + 1:
+            if progress.current.completed + 1 >= epoch_loop.trainer.num_training_batches:
+                raise RuntimeError("this checkpoint was saved at the end of an epoch's last batch, and this "
+                                   "Lightning cannot resume from it without training that batch twice: resume from "
+                                   "the checkpoint at the epoch's end (ModelCheckpoint(save_on_train_epoch_end=True)"
+                                   "), or upgrade lightning / pytorch_lightning (2.6 resumes from it)")
+            progress.increment_completed()
+            epoch_loop._batches_that_stepped += 1  # as the step's own end would have
+        reset()
+
+    epoch_loop.reset = reset_after_saved_batch
+    epoch_loop._lifeseq_restart = True

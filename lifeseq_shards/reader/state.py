@@ -1,0 +1,212 @@
+"""The loader's checkpoint state: its format, read and written here only.
+
+Contract: ``ShardedLoader.state_dict()`` is a plain dict of built-in values (no tensors, no classes, so any
+checkpoint stores it): ``version`` (this format's number, :data:`VERSION`; a state without it is version 1, saved
+before the key existed, and reads the same), ``fingerprint`` (the dataset's), ``split`` (as the dataset was given
+it: written, never read, so that an earlier install still reads a newer state), ``epoch`` and ``batches`` (the next
+pass starts after ``batches`` batches of ``epoch``, in the saving layout's numbering), ``layout`` (every setting
+that decides which persons a position holds: the splits read, the readers of
+:data:`~lifeseq_shards.plan.resume.LAYOUT_KEYS` and the order of :data:`FIXED_KEYS`, the mode under its pre-rename
+name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another layout,
+``history`` (the stages that read its start, oldest first), and, only when the epoch before left out persons the
+layout reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
+``Position.left_out_before``). :func:`read_state` takes such a state or any dict that holds exactly one (a whole
+Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
+value (:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own
+layout or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the
+epoch's persons (split, seed, mode, shuffle) or a state too old to say which it had.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..plan import partition as plan
+from ..plan.partition import Partition
+from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
+
+VERSION = 2  # 1: the states saved before the version key; 2: the same keys, and ``version``
+# the Partition's fields a saved state records beside the readers (its shard sizes and remainder are the dataset's,
+# which the fingerprint covers)
+FIXED_KEYS = ("seed", "mode", "shuffle")
+# (key, what it must be, its check) of a layout's readers and order, and of a stage's batches
+_NATURAL = "an integer >= 0"
+_POSITIVE = "an integer >= 1"
+_FLAG = "True or False"
+_CHECKS: dict[str, tuple[str, Any]] = {
+    "world_size": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
+    "num_workers": (_NATURAL, lambda v: _is_int(v) and v >= 0),
+    "batch_size": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
+    "drop_last": (_FLAG, lambda v: isinstance(v, (bool, np.bool_))),
+    "window": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
+    "batches_per_message": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
+    "seed": (_NATURAL, lambda v: _is_int(v) and v >= 0),
+    "mode": ("one of " + ", ".join(map(repr, sorted(set(plan.STORED_MODE.values())))),
+             lambda v: v in plan.STORED_MODE.values()),
+    "shuffle": (_FLAG, lambda v: isinstance(v, (bool, np.bool_))),
+    "split": ("a non-empty list of split names", lambda v: isinstance(v, (list, tuple)) and len(v) > 0
+              and all(isinstance(s, str) for s in v)),
+    "batches": (_NATURAL, lambda v: _is_int(v) and v >= 0),
+    "epoch": (_NATURAL, lambda v: _is_int(v) and v >= 0),
+}
+_TOP = ("fingerprint", "epoch", "batches", "layout")  # what every version holds (``split`` is never read)
+
+
+class StateError(ValueError):
+    """A checkpoint's loader state that is not one, or is damaged: the message names the key or value."""
+
+
+class DatasetChanged(RuntimeError):
+    """A resume state was saved for another dataset (its fingerprint differs)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
+    """Every setting that decides which persons a position in the epoch holds, as a state stores them: the splits,
+    the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`, the mode under its stored
+    name)."""
+    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
+    fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
+    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
+
+
+def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
+                position: Position) -> dict[str, Any]:
+    """A loader's checkpoint state (the module's contract): ``history`` and ``left_out_before`` only where the
+    position has them, so that an ordinary epoch's state holds the keys it always held, and ``version``."""
+    state: dict[str, Any] = {"version": VERSION, "fingerprint": fingerprint, "split": split,
+                             "epoch": position.epoch, "batches": position.batches, "layout": layout}
+    if position.history:
+        state["history"] = [{**dataclasses.asdict(stage.layout), "batches": stage.batches}
+                            for stage in position.history]
+    if position.left_out_before:
+        state["left_out_before"] = list(position.left_out_before)
+    return state
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A checked loader state: the dataset's fingerprint, the saving layout as stored, and the position."""
+
+    fingerprint: str
+    layout: dict[str, Any]
+    position: Position
+
+    @property
+    def stage(self) -> Stage:
+        """The saving layout and the batches it took (the last stage, when the next pass is in another layout)."""
+        return Stage(Layout.of([self.layout[k] for k in LAYOUT_KEYS]), self.position.batches)
+
+    @property
+    def split(self) -> str | tuple[str, ...]:
+        """The split as a dataset takes it (one name, or the names read together)."""
+        names = self.layout["split"]
+        return names[0] if len(names) == 1 else tuple(names)
+
+
+def _looks_like_state(value: Any) -> bool:
+    """A dict with a key only a loader state has (a Lightning checkpoint has an ``epoch`` too): read (and
+    checked) as one, not searched."""
+    return isinstance(value, dict) and any(k in value for k in ("fingerprint", "layout"))
+
+
+def find_states(saved: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The loader states ``saved`` holds, each with the keys that lead to it (``""`` for ``saved`` itself, else
+    e.g. ``['LifeSeqDataModule']['train']``): itself (a file of ``ShardedLoader.state_dict()``), its ``"train"``
+    entry (``LifeSeqData.state_dict()`` saved alone), or such an entry one level down under any key (Lightning files
+    the DataModule's under its class name, a plain loop under its own, e.g. ``"data"``)."""
+    if _looks_like_state(saved):
+        return [("", saved)]
+    if not isinstance(saved, dict):
+        return []
+    entries = [("", saved), *((f"[{k!r}]", v) for k, v in saved.items() if isinstance(v, dict))]
+    return [(f"{path}['train']", e["train"]) for path, e in entries if _looks_like_state(e.get("train"))]
+
+
+def read_state(saved: Any, source: str) -> SavedState:
+    """The loader state ``saved`` is or holds (:func:`find_states`), checked; :class:`StateError` names what is
+    wrong, after ``source`` (the file or dataset the message is about)."""
+    found = find_states(saved)
+    if not found:
+        kind = f"a {type(saved).__name__}" if not isinstance(saved, dict) else "a dict of " + (
+            ", ".join(map(repr, list(saved)[:6])) or "nothing")
+        raise StateError(f"{source}: holds no loader states (got {kind}): pass ShardedLoader.state_dict(), "
+                         "LifeSeqData.state_dict(), or a checkpoint holding one (a Lightning checkpoint of a "
+                         "LifeSeqDataModule fit)")
+    if len(found) > 1:
+        raise StateError(f"{source}: holds {len(found)} loader states ({', '.join(p for p, _ in found)}): pass the "
+                         f"one to resume, e.g. checkpoint{found[0][0]}")
+    where, state = found[0]
+    return _checked(state, f"{source}: the checkpoint's loader state{' ' + where if where else ''}")
+
+
+def _checked(state: dict[str, Any], said: str) -> SavedState:
+    version = state.get("version", 1)
+    if not (_is_int(version) and 1 <= version <= VERSION):
+        raise StateError(f"{said} has version {version!r}, and this lifeseq_shards reads versions 1 to {VERSION}"
+                         + (": upgrade lifeseq_shards" if _is_int(version) and version > VERSION else ""))
+    missing = [k for k in _TOP if k not in state]
+    if missing:
+        raise StateError(f"{said} has no {', '.join(map(repr, missing))}: it is damaged, or not a loader state")
+    if not isinstance(state["fingerprint"], str):
+        raise StateError(f"{said} has fingerprint {state['fingerprint']!r}, not a string")
+    for key in ("epoch", "batches"):
+        _check_value(state, key, said)
+    layout = state["layout"]
+    if not isinstance(layout, dict):
+        raise StateError(f"{said} has layout {layout!r}, not a dict")
+    old = [k for k in ("split", *LAYOUT_KEYS, *FIXED_KEYS) if k not in layout]
+    if old:
+        raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
+                         "(saved by an older lifeseq_shards), so it may have read in another order; resume without "
+                         "the loader's state to start its epoch over")
+    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS):
+        _check_value(layout, key, said, "layout")
+    history = state.get("history", [])
+    if not isinstance(history, list):
+        raise StateError(f"{said} has history {history!r}, not a list of stages")
+    for i, stage in enumerate(history):
+        if not isinstance(stage, dict) or any(k not in stage for k in (*LAYOUT_KEYS, "batches")):
+            raise StateError(f"{said} has history[{i}] {stage!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
+                             "batches of a layout)")
+        for key in (*LAYOUT_KEYS, "batches"):
+            _check_value(stage, key, said, f"history[{i}]")
+    before = state.get("left_out_before", [])
+    if not (isinstance(before, list) and all(_is_int(p) and p >= 0 for p in before)):
+        raise StateError(f"{said} has left_out_before {before!r}, not a list of person numbers")
+    stages = tuple(Stage(Layout.of([s[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
+    position = Position(int(state["epoch"]), int(state["batches"]), stages, tuple(sorted(int(p) for p in before)))
+    return SavedState(state["fingerprint"], layout, position)
+
+
+def _check_value(values: dict[str, Any], key: str, said: str, within: str = "") -> None:
+    """``values[key]`` as the format has it, else StateError naming it (``within``: the entry holding it)."""
+    what, ok = _CHECKS[key]
+    if not ok(values[key]):
+        name = f"{within}[{key!r}]" if within else key
+        raise StateError(f"{said} has {name} {values[key]!r}, not {what}")
+
+
+def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str) -> list[str]:
+    """What of the readers changed since ``saved`` (empty: its own layout), each as ``"key old -> new"``, between
+    the layout ``now`` of a ``mode`` dataset at ``root`` and the saved one. Another order of the epoch's persons
+    (split, seed, mode, shuffle) is refused, and another layout of a pass whose ranks have unequal lengths."""
+    then = saved.layout
+    fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if k not in LAYOUT_KEYS and then[k] != now[k]]
+    if fixed:
+        raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
+                         "split, or another order of its persons); resume with the checkpoint's settings, or "
+                         "without the loader's state to start this epoch over")
+    changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
+    if changed and mode != plan.BALANCED:
+        raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
+                         f"{mode} pass (ranks of unequal lengths) resumes only in its own layout")
+    return changed
