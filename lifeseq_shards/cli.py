@@ -263,8 +263,8 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
     """Time a pass over ROOT as rank 0 reads it, per worker count: the first batch's latency, then persons and real
     tokens per second (the host side of the data path, before the GPU)."""
     from .reader import World
-    from .reader.timing import HEADER, time_pass
     from .store.remote import read_manifest
+    from .timing import HEADER, time_pass
 
     m = read_manifest(root)
     if split not in m.splits:

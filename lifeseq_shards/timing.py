@@ -10,10 +10,8 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..device.build import packed_views
-from .dataset import ShardedDataset
-from .launch import World
-from .loader import ShardedLoader
+from .device.build import packed_views
+from .reader import ShardedDataset, ShardedLoader, World
 
 
 @dataclass(frozen=True)
