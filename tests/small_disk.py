@@ -46,11 +46,14 @@ def free_bytes(root: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def run_limited(code: str, args: list[object], fsize: int, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -c code args...`` with every file it writes limited to ``fsize`` bytes (EFBIG past it)."""
+def run_limited(code: str, args: list[object], fsize: int, timeout: float = 240,
+                now: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` with every file it writes limited to ``fsize`` bytes (EFBIG past it): from the
+    start, or (``now=False``) from where ``code`` calls ``limit()``."""
     prelude = ("import resource, signal, sys\n"
                "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write(), not a killed process\n"
-               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))\n")
+               f"def limit(): resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))\n"
+               + ("limit()\n" if now else ""))
     return subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=repo_first(dict(os.environ)), start_new_session=True)
 
