@@ -185,7 +185,7 @@ def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, 
     if rest.dropped:
         lines.append(f"drop_last drops {rest.dropped} persons of the rest (each slot's last partial batch)")
     # counted against the split, not the first layout's epoch: that epoch's plan had left some out already
-    first = rest.level_zero.partition
+    first = rest.level.zero.partition
     split_persons = sum(first.sizes) + first.remainder
     planned_out = split_persons - rest.trained - persons * new.slots - rest.left_out
     lines.append(f"left out of epoch {epoch}: {planned_out + lost} of the split's {split_persons} persons ("
