@@ -69,7 +69,6 @@ def describe(
     """
     world = nodes * gpus
     slots = num_slots(world, workers)
-    k = max(workers, 1)
     num_shards = len(shard_sizes)
     total = sum(shard_sizes) + remainder
     lines = [
@@ -92,19 +91,7 @@ def describe(
     dropped = left_out(shard_sizes, world, workers, mode, remainder)
     read, distinct = coverage(plan)
 
-    lines += ["", f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards"]
-    shown = range(min(slots, _MAX_SLOT_LINES))
-    for j in shown:
-        worker = str(j % k) if workers else "-"
-        lines.append(
-            f"{j // k:>5} {worker:>6} {j:>5} {persons[j]:>8} {batches[j]:>8}  {_segments_text(plan[j], shard_sizes)}"
-        )
-    if slots > len(shown):
-        rest = range(len(shown), slots)
-        lines.append(
-            f"  ... {len(rest)} more slots: {_span(persons[j] for j in rest)} persons, "
-            f"{_span(batches[j] for j in rest)} batches each"
-        )
+    lines += _slot_table(plan, persons, batches, shard_sizes, workers)
     equal = min(per_rank) == max(per_rank)
     lines += [
         "",
@@ -132,30 +119,59 @@ def describe(
                      "ranks/workers, or no --drop-last")
     ok = ((mode == EXACT or num_shards % slots == 0) and equal and read == distinct and distinct + dropped == total
           and max(per_rank) > 0)
+    lines += _verdict(ok, mode, shard_sizes, remainder, nodes, gpus, workers, persons, per_rank, dropped, tail)
+    return PlanReport(ok=ok, text="\n".join(lines))
+
+
+def _slot_table(plan: Sequence[Sequence[Segment[int]]], persons: Sequence[int], batches: Sequence[int],
+                shard_sizes: Sequence[int], workers: int) -> list[str]:
+    """The plan's table: each slot's rank, worker, persons, batches and shards (the first few slots, then a summary
+    of the others)."""
+    slots, k = len(plan), max(workers, 1)
+    lines = ["", f"{'rank':>5} {'worker':>6} {'slot':>5} {'persons':>8} {'batches':>8}  shards"]
+    shown = range(min(slots, _MAX_SLOT_LINES))
+    for j in shown:
+        worker = str(j % k) if workers else "-"
+        lines.append(
+            f"{j // k:>5} {worker:>6} {j:>5} {persons[j]:>8} {batches[j]:>8}  {_segments_text(plan[j], shard_sizes)}"
+        )
+    if slots > len(shown):
+        rest = range(len(shown), slots)
+        lines.append(
+            f"  ... {len(rest)} more slots: {_span(persons[j] for j in rest)} persons, "
+            f"{_span(batches[j] for j in rest)} batches each"
+        )
+    return lines
+
+
+def _verdict(ok: bool, mode: str, shard_sizes: Sequence[int], remainder: int, nodes: int, gpus: int, workers: int,
+             persons: Sequence[int], per_rank: Sequence[int], dropped: int, tail: int) -> list[str]:
+    """The plan's last lines: EXACT (and what is left out), or NOT EXACT with the worker counts that divide."""
+    num_shards, world = len(shard_sizes), nodes * gpus
+    slots = num_slots(world, workers)
     if mode == EXACT:
-        if ok:
-            lines += ["", f"EXACT: every person once, {per_rank[0]} batches on every rank."]
-    elif num_shards % slots:
+        return ["", f"EXACT: every person once, {per_rank[0]} batches on every rank."] if ok else []
+    if num_shards % slots:
         fits = dividing_workers(num_shards, world)
         loss = (
             f"{dropped} persons per epoch are left out (others each epoch)"
             if dropped
             else "nothing is left out, but those shards are split between slots"
         )
-        lines += [
+        return [
             "",
             f"NOT EXACT: {num_shards} shards do not divide into {slots} slots ({num_shards} % {slots} = "
             f"{num_shards % slots} shards pooled and sliced); {loss}.",
             f"worker counts in 1..16 that divide exactly for {nodes} x {gpus}: "
             + (", ".join(map(str, fits)) if fits else f"none (reshard to a multiple of {world} x workers shards)"),
         ]
-    elif ok:
+    if ok:
         lost = [f"{dropped} persons are left out (named above)"] if dropped else []
         lost += [f"drop_last drops {tail} persons"] if tail else []
         share = f" and {persons[0] - num_shards // slots * shard_sizes[0]} persons of R" if remainder else ""
-        lines += ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s){share}; "
+        return ["", f"EXACT: every slot reads {num_shards // slots} whole shard(s){share}; "
                   f"{' and '.join(lost) or 'nothing is left out'}."]
-    return PlanReport(ok=ok, text="\n".join(lines))
+    return []
 
 
 def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:

@@ -113,6 +113,8 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return out.astype(np.int32)
 
 
+# One function, over 60 lines: one vectorised draw of a group of persons, each column drawn from the ones before
+# it (birth, then events and their ages, then the tokens); the arrays are only meaningful together.
 def _group(
     rng: np.random.Generator,
     first: int,
