@@ -272,7 +272,7 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
     click.echo(f"{root} {split}: rank 0 of {nodes * gpus}, batch {batch_size}, at most {batches} batches a pass")
     click.echo(HEADER)
     for workers in worker_counts:
-        click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches).row())
+        click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches, m).row())
 
 
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .device.build import packed_views
 from .reader import ShardedDataset, ShardedLoader, World
+from .store.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,15 @@ class Timing:
 HEADER = f"{'workers':>7} {'first batch s':>14} {'batches':>8} {'persons':>9} {'persons/s':>11} {'tokens/s':>12}"
 
 
-def time_pass(root: str, split: str, batch_size: int, workers: int, world: World, max_batches: int) -> Timing:
+def time_pass(root: str, split: str, batch_size: int, workers: int, world: World, max_batches: int,
+              manifest: Manifest | None = None) -> Timing:
     """Read up to ``max_batches`` of epoch 0 of ``split`` as ``world``'s rank with ``workers`` workers, timed. The
-    rates count the batches after the first, so the start-up cost is the first column alone."""
+    rates count the batches after the first, so the start-up cost is the first column alone. ``manifest``: the
+    dataset's, already read (else read here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance warning: a timing reads any layout
-        ds = ShardedDataset(root, split, batch_size, world=world, num_workers=workers, packed=True)
+        ds = ShardedDataset(root, split, batch_size, world=world, num_workers=workers, packed=True,
+                            manifest=manifest)
     start = time.perf_counter()
     first_s, batches, persons, first_persons, rest_tokens = 0.0, 0, 0, 0, 0
     for batch in _batches(ShardedLoader(ds, persistent_workers=False), max_batches):
