@@ -162,13 +162,16 @@ def verify(root: str) -> None:
 @click.argument("root", type=click.Path())
 def upgrade(root: str) -> None:
     """Verify a dataset of an older format, then add every block's checksum to its manifest (the reader checks each
-    block it reads against it, and refuses a dataset without them)."""
+    block it reads against it, and refuses a dataset without them) and a lengths index to each split without one
+    (the token-budget plan reads it instead of every block). The shards and the fingerprint stay as they are."""
     from .convert.integrity import upgrade_dataset
 
     m, problems = upgrade_dataset(root)
     _exit_on_problems(root, problems, "; not upgraded (convert it again)")
     blocks = sum(len(e.block_checksums or ()) for _, e in m.entries())
-    click.echo(f"{root}: OK; format {m.format_version} with the checksums of its {blocks} blocks")
+    indexes = ", ".join(s.lengths.file for s in m.splits.values() if s.lengths)
+    click.echo(f"{root}: OK; format {m.format_version} with the checksums of its {blocks} blocks and the lengths "
+               f"indexes {indexes}")
 
 
 @main.command()
@@ -234,7 +237,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
 def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tokens_per_batch: int,
                  batch_size: int | None, attention: bool) -> None:
     """`shardify plan --tokens-per-batch`: the token-budget plan of the split's persons (their lengths read from its
-    blocks) beside the persons plan."""
+    lengths index, or from its blocks in a dataset without one) beside the persons plan."""
     from .plan.report import describe_tokens
     from .store.lengths import split_lengths
     from .store.remote import read_manifest

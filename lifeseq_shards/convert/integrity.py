@@ -1,5 +1,5 @@
 """``verify`` (re-hash and decode everything, compare with the manifest), ``upgrade`` (verify, then add the blocks'
-checksums that older formats lack to the manifest) and ``inspect`` (a readable summary)."""
+checksums and the lengths indexes that older datasets lack) and ``inspect`` (a readable summary)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import numpy as np
 
 from ..progress import progress_bar
 from ..store.format import CHECKSUMMED_VERSION, RAGGED, RUN_LENGTH, RUNS, TAGGED_VERSION, Block, Field, decode_member
-from ..store.manifest import MANIFEST, Manifest, ManifestError, ShardEntry, write_manifest
+from ..store.lengths import index_lengths, write_lengths_index
+from ..store.manifest import MANIFEST, LengthsIndex, Manifest, ManifestError, ShardEntry, write_manifest
 from ..store.remote import is_local, read_manifest
 from ..store.shardfile import ShardFile, frame_checksum, iter_tar_members, sha256_file
 from ..store.writes import writing
@@ -30,7 +31,7 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
     """Every problem found, one line each naming the shard (and block / person); empty when all holds. The blocks
     are checked the way the reader checks them (:class:`ShardFile`) and more, so that OK means the dataset trains:
     a dataset without the blocks' checksums, which the reader refuses, is a problem too."""
-    problems, manifest, _ = _verify(root, progress, "verify")
+    problems, manifest, _, _ = _verify(root, progress, "verify")
     if any(e.block_checksums is None for _, e in manifest.entries()):
         problems.append(f"manifest: format {manifest.format_version}, without per-block checksums: the reader refuses "
                         f"it; `shardify upgrade {root}` adds them")
@@ -38,26 +39,30 @@ def verify_dataset(root: str | Path, progress: bool = True) -> list[str]:
 
 
 def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, list[str]]:
-    """Verify the dataset, then write its manifest again with every block's checksum (a format-3 dataset becomes
-    the format 4 the converter writes now; formats 1 and 2 keep their version, which says how their blocks are
-    laid out). The checksums are read from shards whose sha256 the manifest vouches for, so a block swapped since
-    the conversion is found, not blessed. Returns the manifest and the problems: with any, nothing is written."""
+    """Verify the dataset at the local directory ``root``, then write its manifest again with every block's checksum
+    (a format-3 dataset becomes the format 4 the converter writes now; formats 1 and 2 keep their version, which says
+    how their blocks are laid out) and a lengths index for each split without one (written before the manifest,
+    from the lengths verify decoded; an index verify found sound is kept as it is, so a second upgrade changes
+    nothing). The shards and the fingerprint stay as they are. The checksums are read from shards whose sha256 the
+    manifest vouches for, so a block swapped since the conversion is found, not blessed. ``progress``: a progress
+    bar. Returns the manifest and the problems: with any, nothing is written."""
     root = _local(root, "upgrade")
     read_manifest(root)  # no dataset there: its one-line error, before a lock file is made
     with _conversion_lock(root):
-        problems, manifest, checksums = _verify(root, progress, "upgrade")
+        problems, manifest, checksums, lengths = _verify(root, progress, "upgrade")
         if problems:
             return manifest, problems
 
         def add(e: ShardEntry) -> ShardEntry:
             return dataclasses.replace(e, block_checksums=checksums[e.file])
 
-        splits = {name: dataclasses.replace(s, shards=tuple(map(add, s.shards)),
-                                            remainder=s.remainder and add(s.remainder))
-                  for name, s in manifest.splits.items()}
         version = CHECKSUMMED_VERSION if manifest.format_version == TAGGED_VERSION else manifest.format_version
-        new = dataclasses.replace(manifest, format_version=version, splits=splits)
         with writing(root / MANIFEST, "the manifest is unchanged (not upgraded); free space and run it again"):
+            splits = {name: dataclasses.replace(
+                s, shards=tuple(map(add, s.shards)), remainder=s.remainder and add(s.remainder),
+                lengths=s.lengths or write_lengths_index(root, name, lengths[name], manifest.schema))
+                for name, s in manifest.splits.items()}
+            new = dataclasses.replace(manifest, format_version=version, splits=splits)
             write_manifest(root, new)
         return new, []
 
@@ -82,8 +87,10 @@ def _local(root: str | Path, command: str) -> Path:
     return Path(root)
 
 
-def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], Manifest, dict[str, tuple[int, ...]]]:
-    """verify's problems, the manifest, and each shard file's block checksums as read."""
+def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], Manifest, dict[str, tuple[int, ...]],
+                                                                      dict[str, np.ndarray]]:
+    """verify's problems, the manifest, each shard file's block checksums as read, and each split's lengths as
+    decoded (in the split's order)."""
     root = _local(root, command)
     manifest = read_manifest(root)
     problems: list[str] = []
@@ -91,10 +98,16 @@ def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], 
     seen: dict[str, set[int]] = {}
     tokens_by_split: dict[str, int] = {}
     checksums: dict[str, tuple[int, ...]] = {}
+    decoded: dict[str, list[np.ndarray]] = {name: [] for name in manifest.splits}
+    indexes = {name: _IndexCheck(root, s.lengths, sum(e.samples for e in s.entries()), problems)
+               for name, s in manifest.splits.items() if s.lengths}
     for split, e in progress_bar(entries, desc=command, unit="shard", disable=not progress):
         path = root / e.file
+        index = indexes.get(split)
         if not path.is_file():
             problems.append(f"{e.file}: missing" + (" (a directory)" if path.exists() else ""))
+            if index:
+                index.skip(e)
             continue
         if path.stat().st_size != e.bytes:
             problems.append(f"{e.file}: {path.stat().st_size} bytes, manifest says {e.bytes}")
@@ -104,8 +117,12 @@ def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], 
         if shard.block_checksums is not None and len(shard.block_checksums) != shard.blocks:
             problems.append(f"{e.file}: the manifest lists {len(shard.block_checksums)} block checksums, its "
                             f"{e.samples} persons in blocks of {manifest.block_persons} make {shard.blocks} blocks")
-        persons, tokens, checksums[e.file] = _check_records(path, shard, manifest.schema, manifest.vocab_size,
-                                                            problems, seen.setdefault(split, set()))
+        checksums[e.file], lengths, ids = _check_records(path, shard, manifest.schema, manifest.vocab_size, problems,
+                                                         seen.setdefault(split, set()))
+        persons, tokens = len(lengths), int(lengths.sum(dtype=np.int64))
+        decoded[split].append(lengths)
+        if index:
+            index.compare(e, lengths, ids)
         tokens_by_split[split] = tokens_by_split.get(split, 0) + tokens
         if persons != e.samples:
             problems.append(f"{e.file}: {persons} persons decoded, manifest says {e.samples}")
@@ -127,12 +144,53 @@ def _verify(root: str | Path, progress: bool, command: str) -> tuple[list[str], 
         problems.append("manifest: totals.tokens differs from the tokens decoded in train + val")
     if not manifest.fingerprint_matches:
         problems.append("manifest: fingerprint does not match its schema and shard checksums")
-    return problems, manifest, checksums
+    return problems, manifest, checksums, {name: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+                                           for name, parts in decoded.items()}
+
+
+class _IndexCheck:
+    """A split's lengths index held against the lengths its blocks decode to, shard by shard in the split's order:
+    its first wrong person is one problem line naming the index file (one line: the rest of the split follows)."""
+
+    def __init__(self, root: Path, index: LengthsIndex, persons: int, problems: list[str]) -> None:
+        """``persons``: what the split's shards hold, by the manifest's counts."""
+        self.index, self.problems = index, problems
+        self.at = 0  # the split's first person of the next shard, by the manifest's counts
+        self.values: np.ndarray | None = None
+        path = root / index.file
+        if not path.is_file():
+            problems.append(f"{index.file}: missing (the lengths index the manifest lists)")
+            return
+        try:
+            self.values = index_lengths(path.read_bytes(), index, persons)
+        except ValueError as e:
+            problems.append(f"{index.file}: {e}")
+
+    def skip(self, entry: ShardEntry) -> None:
+        """A shard that could not be read: its persons are not compared."""
+        self.at += entry.samples
+
+    def compare(self, entry: ShardEntry, lengths: np.ndarray, ids: np.ndarray) -> None:
+        """``entry``'s persons as decoded (their lengths and ids, in shard order) against the index."""
+        if self.values is not None:
+            want = self.values[self.at : self.at + entry.samples]
+            n = min(len(want), len(lengths))  # a shard decoded short is a problem of its own
+            bad = np.flatnonzero(want[:n] != lengths[:n])
+            if len(bad):
+                j = int(bad[0])
+                self.problems.append(f"{self.index.file}: person {self.at + j} of the split (id {int(ids[j])}, "
+                                     f"{entry.file} record {j}) has length {int(want[j])} in the index, "
+                                     f"{int(lengths[j])} in its block")
+                self.values = None
+        self.at += entry.samples
 
 
 def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_size: int | None, problems: list[str],
-                   seen: set[int]) -> tuple[int, int, tuple[int, ...]]:
-    persons = tokens = 0
+                   seen: set[int]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """A shard's every block decoded and checked (problems appended): its block checksums as read, and the lengths
+    and person ids of the persons decoded, in order (copies, not views of the decompressed blocks)."""
+    lengths: list[np.ndarray] = []
+    ids: list[np.ndarray] = []
     checksums: list[int] = []
     name = shard.url
     try:
@@ -153,12 +211,13 @@ def _check_records(path: Path, shard: ShardFile, schema: Sequence[Field], vocab_
                     shard.check_block(i, block)
                 except ValueError as e:
                     problems.append(f"{where}: {e}")
-                persons += block.n
-                tokens += int(block.columns["length"].sum(dtype=np.int64))
+                lengths.append(block.columns["length"].copy())
+                ids.append(block.columns["person_id"].copy())
                 problems.extend(f"{where}: {p}" for p in _record_problems(block, vocab_size, seen))
     except Exception as e:  # noqa: BLE001 - a truncated tar is a finding
         problems.append(f"{name}: unreadable tar ({e})")
-    return persons, tokens, tuple(checksums)
+    return (tuple(checksums), np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64),
+            np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64))
 
 
 def _record_problems(block: Block, vocab_size: int | None, seen: set[int]) -> list[str]:
@@ -228,6 +287,17 @@ def plot_lengths(root: str | Path, path: str | Path) -> None:
         plt.close(fig)
 
 
+def _index_summary(m: Manifest) -> str:
+    """inspect's line on the lengths indexes: which splits have one, and where."""
+    listed = [f"{name} {s.lengths.file} ({s.lengths.dtype})" for name, s in m.splits.items() if s.lengths]
+    missing = [name for name, s in m.splits.items() if not s.lengths]
+    out = "lengths of " + ", ".join(listed) if listed else "no lengths index"
+    if missing:
+        out += (f"{'; none for ' + ', '.join(missing) if listed else ''} (the token-budget plan decodes every block "
+                "for them; `shardify upgrade DIR` adds one)")
+    return out
+
+
 def summarize(root: str | Path) -> str:
     """What `shardify inspect` prints."""
     m = read_manifest(root)
@@ -247,6 +317,7 @@ def summarize(root: str | Path) -> str:
         f"tokens       {t.tokens:,} (mean {t.tokens / max(1, t.persons):.1f} per person)",
         f"bytes        {t.bytes:,} in {t.shards} files ({t.bytes / max(1, t.persons):.1f} per person)",
         f"lengths      p50 <= {pct(0.5)}, p90 <= {pct(0.9)}, p99 <= {pct(0.99)}, max bin <= {len(hist) * width}",
+        "index        " + _index_summary(m),
         "fields       " + ", ".join(f"{f.name}:{f.dtype}{KIND_MARK.get(f.kind, '')}" for f in m.schema),
     ]
     params = m.params or {}

@@ -138,14 +138,16 @@ def _clear_unfinished(out: Path) -> None:
 
 
 def _listed_files(manifest: Path) -> list[str]:
-    """The shard files a manifest lists, relative to its directory: all that replacing its dataset may delete.
+    """The files a manifest lists (shards, lengths indexes), relative to its directory: all that replacing its dataset
+    may delete.
 
     Read from the raw JSON, not with ``parse_manifest``: an old, empty (the INCOMPLETE mark) or damaged manifest
     still names the files to replace, and a path that leaves the dataset must be refused here, not skipped."""
     try:
         text = manifest.read_text()
         splits = json.loads(text)["splits"].values() if text.strip() else []
-        files = [e["file"] for s in splits for e in [*s["shards"], *([s["remainder"]] if s["remainder"] else [])]]
+        files = [e["file"] for s in splits for e in [*s["shards"], *([s["remainder"]] if s["remainder"] else []),
+                                                     *([s["lengths"]] if s.get("lengths") else [])]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConvertError(f"{manifest}: cannot tell which files it lists ({type(e).__name__}: {e}); move the old "
                            "dataset away by hand") from None

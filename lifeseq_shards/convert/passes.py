@@ -126,7 +126,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
-        replace_dataset(out, stage, old_files, [e.file for _, e in manifest.entries()])
+        replace_dataset(out, stage, old_files, manifest.files())
     return manifest
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from ..store.format import Block, Field, concat_blocks, decode_block, encode_block
+from ..store.lengths import index_dtype, write_lengths_index
 from ..store.manifest import ShardEntry, Split
 from ..store.shardfile import write_shard
 from ..store.writes import WriteFailed, writing
@@ -76,6 +78,9 @@ class SplitWriter:
     pending_n: int = 0
     written: int = 0
     futures: list[tuple[str, Future[dict[str, Any]] | dict[str, Any]]] = field(default_factory=list)  # name: stats
+    # each shard's lengths in the order submitted (the split's order), for its lengths index: copies in the index's
+    # dtype (2 bytes a person), not views that would keep every shard's block alive
+    lengths: list[np.ndarray] = field(default_factory=list)
 
     def add(self, block: Block) -> None:
         self.pending.append(block)
@@ -98,6 +103,7 @@ class SplitWriter:
         self.pending, self.pending_n = [], 0
 
     def _submit(self, name: str, block: Block) -> None:
+        self.lengths.append(block.columns["length"].astype(index_dtype(self.schema)))
         args = (self.out / self.name / name, block, self.schema, self.block_persons, self.zstd_level)
         if self.pool is None:
             self.futures.append((name, _write_shard_job(args)))
@@ -106,11 +112,14 @@ class SplitWriter:
         self.futures.append((name, self.pool.submit(_write_shard_job, args)))
 
     def split(self, persons: int) -> Split:
-        """The split's manifest entry, once every shard is written."""
+        """The split's manifest entry, once every shard is written; writes its lengths index (from the lengths the
+        shards were written with: no pass over them)."""
         done = [(n, ShardEntry(file=f"{self.name}/{n}", **(f.result() if isinstance(f, Future) else f)))
                 for n, f in self.futures]
         rem = [e for n, e in done if n == REMAINDER]
-        return Split(persons, self.per_shard, tuple(e for n, e in done if n != REMAINDER), rem[0] if rem else None)
+        index = write_lengths_index(self.out, self.name, np.concatenate(self.lengths), self.schema)
+        return Split(persons, self.per_shard, tuple(e for n, e in done if n != REMAINDER), rem[0] if rem else None,
+                     index)
 
 
 def _bounded(futures: list[tuple[str, Any]], limit: int) -> None:

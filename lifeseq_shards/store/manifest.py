@@ -66,13 +66,32 @@ class ShardEntry:
 
 
 @dataclass(frozen=True)
+class LengthsIndex:
+    """A split's lengths index: every person's length (real tokens) in the split's order (its shards in manifest
+    order, then the remainder), as raw little-endian ``dtype`` (uint16, uint32 or uint64) in ``file``; ``bytes`` and
+    ``sha256`` as a shard's. Optional: a dataset converted before it has none (store/lengths.py)."""
+
+    file: str
+    dtype: str
+    persons: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "dtype": self.dtype, "persons": self.persons, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
 class Split:
-    """A split's shards of exactly ``shard_persons`` each, and the remainder shard that training skips."""
+    """A split's shards of exactly ``shard_persons`` each, the remainder shard that training skips, and (optional)
+    the index of its persons' lengths."""
 
     persons: int
     shard_persons: int
     shards: tuple[ShardEntry, ...]
     remainder: ShardEntry | None
+    lengths: LengthsIndex | None = None
 
     def entries(self, remainder: bool = True) -> tuple[ShardEntry, ...]:
         """The shards in manifest order, then (with ``remainder``) the remainder shard if there is one."""
@@ -81,6 +100,13 @@ class Split:
     @property
     def remainder_persons(self) -> int:
         return self.remainder.samples if self.remainder else 0
+
+    def to_json(self, tagged: bool) -> dict[str, Any]:
+        """``tagged``: as :meth:`ShardEntry.to_json`. Without a lengths index, what earlier versions wrote."""
+        out: dict[str, Any] = {"persons": self.persons, "shard_persons": self.shard_persons,
+                               "shards": [e.to_json(tagged) for e in self.shards],
+                               "remainder": self.remainder.to_json(tagged) if self.remainder else None}
+        return out if self.lengths is None else {**out, "lengths": self.lengths.to_json()}
 
 
 @dataclass(frozen=True)
@@ -153,10 +179,7 @@ class Manifest:
             "format_version": self.format_version,
             "schema": [f.to_json() for f in self.schema],
             "block_persons": self.block_persons,
-            "splits": {name: {"persons": s.persons, "shard_persons": s.shard_persons,
-                              "shards": [e.to_json(tagged) for e in s.shards],
-                              "remainder": s.remainder.to_json(tagged) if s.remainder else None}
-                       for name, s in self.splits.items()},
+            "splits": {name: s.to_json(tagged) for name, s in self.splits.items()},
             "totals": self.totals.to_json(),
             "fingerprint": self.fingerprint,
             "length_histogram": {"bin_width": self.length_histogram.bin_width,
@@ -169,6 +192,11 @@ class Manifest:
         for name, split in self.splits.items():
             for e in split.entries():
                 yield name, e
+
+    def files(self) -> list[str]:
+        """Every file the manifest lists, relative to the dataset root: the shards in manifest order, then the
+        lengths indexes (what a conversion moves into place, and what replacing the dataset deletes)."""
+        return [e.file for _, e in self.entries()] + [s.lengths.file for s in self.splits.values() if s.lengths]
 
     @property
     def tagged(self) -> bool:
@@ -241,6 +269,8 @@ _SPLIT = {"persons": int, "shard_persons": int, "shards": list}
 _ENTRY = {"file": str, "samples": int, "tokens": int, "bytes": int, "sha256": str}
 _TOTALS = {"persons": int, "tokens": int, "bytes": int, "shards": int}
 _HISTOGRAM = {"bin_width": int, "counts": list}
+_LENGTHS = {"file": str, "dtype": str, "persons": int, "bytes": int, "sha256": str}
+LENGTHS_DTYPES = ("uint16", "uint32", "uint64")  # a lengths index's dtypes, the narrowest that holds the schema's
 _HEX = re.compile(r"[0-9a-f]*")
 # a shard's path: relative, inside the dataset (no '..', no leading '/' or '.'), and nothing that the shell of a
 # `pipe:` root, where it replaces {}, would read as syntax or as an option
@@ -254,7 +284,25 @@ def _split(info: Any, at: str, version: int, files: set[str]) -> Split:
     shards = tuple(_entry(e, f"{at}.shards[{j}]", version, files) for j, e in enumerate(info["shards"]))
     rem = info["remainder"]
     return Split(info["persons"], info["shard_persons"], shards,
-                 None if rem is None else _entry(rem, f"{at}.remainder", version, files))
+                 None if rem is None else _entry(rem, f"{at}.remainder", version, files),
+                 _lengths(info.get("lengths"), f"{at}.lengths", files))
+
+
+def _lengths(info: Any, at: str, files: set[str]) -> LengthsIndex | None:
+    """A split's lengths index: absent (converted before it existed), or one value a person, of a dtype it can be,
+    in a file of exactly that many bytes (whether as many as the split's shards hold, its readers check: as the
+    shards' counts, which the reader checks block by block)."""
+    if info is None:
+        return None
+    _has(info, _LENGTHS, at)
+    if info["dtype"] not in LENGTHS_DTYPES:
+        raise ValueError(f"{at}.dtype is {info['dtype']!r}, not one of {', '.join(LENGTHS_DTYPES)}")
+    persons, itemsize = info["persons"], np.dtype(info["dtype"]).itemsize
+    if info["bytes"] != persons * itemsize:
+        raise ValueError(f"{at}.bytes is {info['bytes']}, {persons} persons of {info['dtype']} make "
+                         f"{persons * itemsize}")
+    _listed(info["file"], f"{at}.file", files)
+    return LengthsIndex(**{k: info[k] for k in _LENGTHS})
 
 
 def _entry(e: Any, at: str, version: int, files: set[str]) -> ShardEntry:
@@ -268,12 +316,17 @@ def _entry(e: Any, at: str, version: int, files: set[str]) -> ShardEntry:
     checksums = _block_checksums(e, at, version)
     if checksums and head is not None and checksums[0] != head:
         raise ValueError(f"{at}.head_checksum is not its first block's checksum in block_checksums")
-    if not _SAFE_FILE.fullmatch(e["file"]):
-        raise ValueError(f"{at}.file {e['file']!r} is not a plain relative path inside the dataset")
-    if e["file"] in files:
-        raise ValueError(f"{at}.file {e['file']!r} is listed twice")
-    files.add(e["file"])
+    _listed(e["file"], f"{at}.file", files)
     return ShardEntry(**{k: e[k] for k in _ENTRY}, head_checksum=head, block_checksums=checksums)
+
+
+def _listed(file: str, at: str, files: set[str]) -> None:
+    """A dataset file's path: plain, relative, inside the dataset, and not listed before (``files`` collects them)."""
+    if not _SAFE_FILE.fullmatch(file):
+        raise ValueError(f"{at} {file!r} is not a plain relative path inside the dataset")
+    if file in files:
+        raise ValueError(f"{at} {file!r} is listed twice")
+    files.add(file)
 
 
 def _block_checksums(e: dict[str, Any], at: str, version: int) -> tuple[int, ...] | None:

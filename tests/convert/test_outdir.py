@@ -21,7 +21,7 @@ from lifeseq_shards.store.remote import read_manifest
 
 
 def listed(root: Path) -> set[str]:
-    return {e.file for _, e in read_manifest(root).entries()}
+    return set(read_manifest(root).files())
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_overwrite_removes_only_the_old_datasets_files(dataset: Path, tmp_path: 
     new = listed(dataset)
     assert not [f for f in old - new if (dataset / f).exists()]  # train/shard-000002.tar and the like are gone
     assert person_ids(dataset) == list(range(500, 540)) and shardify("verify", dataset)[0] == 0
-    assert {p.name for p in dataset.iterdir()} == {"manifest.json", "train", "val", "all", "README.txt",
+    assert {p.name for p in dataset.iterdir()} == {"manifest.json", "train", "val", "lengths", "all", "README.txt",
                                                    ".conversion.lock"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SeedRows, shardify
+from helpers import SeedRows, edit_manifest, shardify
 
 from lifeseq_shards.store.lengths import split_lengths
 from lifeseq_shards.store.manifest import ManifestError
@@ -59,9 +59,16 @@ def test_plan_tokens_refusals(nomlm_dataset: Path, tmp_path: Path) -> None:
     assert code == 2 and "needs --batch-size" in out, out
     code, out = shardify("plan", nomlm_dataset, "--tokens-per-batch", 8000, "--split", "nope")
     assert code == 2 and "no split 'nope'" in out, out
-    # a block that is not the one the manifest names: one line naming the shard, exit 2
+    # a lengths index that is not the one the manifest names: one line naming it, exit 2
     bad = tmp_path / "ds"
     shutil.copytree(nomlm_dataset, bad)
+    index = bad / "lengths" / "train.u16"
+    index.write_bytes(index.read_bytes()[:-2])
+    code, out = shardify("plan", bad, "--tokens-per-batch", 8000)
+    assert code == 2 and f"{index}: lengths index of 11128 bytes" in out and len(out.strip().splitlines()) == 1, out
+    # without an index (converted before it), the blocks are read: one that is not the one the manifest names is
+    # one line naming the shard
+    edit_manifest(bad, lambda m: m["splits"]["train"].pop("lengths"))
     shard = bad / read_manifest(bad).splits["train"].shards[3].file
     data = bytearray(shard.read_bytes())
     data[600] ^= 0xFF  # inside the first member's compressed block

@@ -154,7 +154,7 @@ def test_an_older_dataset_is_refused_with_the_command_that_upgrades_it(copy: Pat
                          f"`shardify upgrade {copy}` adds them\n" in out, out
     code, out = shardify("upgrade", str(copy))
     assert code == 0 and f"{copy}: OK; format {4 if version == 3 else version} with the checksums of its {blocks} " \
-                         "blocks\n" in out, out
+                         "blocks and the lengths indexes lengths/train.u16, lengths/val.u16\n" in out, out
     assert shardify("verify", str(copy))[0] == 0
     got = list(epoch(copy))
     assert len(got) == len(sound)
