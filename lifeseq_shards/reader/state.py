@@ -195,10 +195,10 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     history = state.get("history", [])
     if not isinstance(history, list):
         raise StateError(f"{said} has history {history!r}, not a list of stages")
-    history = [{"tokens_per_batch": 0, **s} if isinstance(s, dict) else s for s in history]
+    given, history = history, [{**OPTIONAL, **s} if isinstance(s, dict) else s for s in history]
     for i, stage in enumerate(history):
         if not isinstance(stage, dict) or any(k not in stage for k in (*LAYOUT_KEYS, "batches")):
-            raise StateError(f"{said} has history[{i}] {stage!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
+            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
                              "batches of a layout)")
         for key in (*LAYOUT_KEYS, "batches"):
             _check_value(stage, key, said, f"history[{i}]")
