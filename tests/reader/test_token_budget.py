@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from helpers import shardify
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 from lifeseq_shards.reader.state import VERSION
@@ -208,3 +210,20 @@ def test_packed_batches_hold_the_same_persons(nomlm_dataset: Path) -> None:
     packed = [padded_fields(b) for b in ld]
     assert [b["person_id"].tolist() for b in packed] == padded[0]
     assert [int(b["lengths"].sum()) for b in packed] == tokens[0].tolist()
+
+
+@pytest.mark.timeout(300)
+def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp_path: Path) -> None:
+    state, trained = stop(nomlm_dataset, 2, 2, 5)
+    torch.save(state, tmp_path / "state.ckpt")
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--workers", 1, "--tokens-per-batch", 10000,
+                         "--resume", tmp_path / "state.ckpt")
+    assert code == 0, out
+    rest, loaders, _ = resume(nomlm_dataset, state, 3, 1, budget=10000)
+    after = sum(len(b) for rank in rest for b in rank)
+    assert f"trained on before: {len(trained)} persons; the rest: {after} persons in {len(rest[0])} steps" in out
+    assert f"batches {len(loaders[0]) - len(rest[0])}..{len(loaders[0])} of this layout's epoch" in out
+    assert "left out of epoch 0: nobody" in out
+    # a budget's checkpoint planned as batches of persons: refused as the loader refuses it, in one line
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--batch-size", 50, "--resume", tmp_path / "state.ckpt")
+    assert code == 2 and "tokens_per_batch 8000 -> 0" in out, out
