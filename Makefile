@@ -33,7 +33,8 @@ install-pinned: $(PINNED)/.installed
 wheels:
 	$(PINNED_PYTHON) -m tools.offline_wheels $(WHEELS) --pins constraints-pinned.txt
 
-## The main job on the embedded default: synthesise, convert, verify, plan for 2 GPUs x 2 workers, read batches.
+## The main job on the embedded default: synthesise, convert, verify, plan for 2 GPUs x 2 workers (batches of persons,
+## then of a token budget beside them), read batches.
 demo: $(VENV)/.installed
 	$(VENV)/bin/shardify synth $(DEMO)/raw --people 5000 --seed 0 --overwrite
 	$(VENV)/bin/shardify convert $(DEMO)/raw/sequences.parquet --vocab $(DEMO)/raw/vocab.csv -o $(DEMO)/shards \
@@ -41,6 +42,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardify verify $(DEMO)/shards
 	$(VENV)/bin/shardify inspect $(DEMO)/shards
 	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --batch-size 64
+	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --tokens-per-batch 16384
 	$(PY) -m tools.demo_batches $(DEMO)/shards
 
 ## The whole test suite on both stacks: the newest (with ruff) and the researchers' pins (installs first).

@@ -217,12 +217,13 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     from .plan.report import describe
     from .store.remote import read_manifest
 
+    if checkpoint is not None and (batch_size is not None or tokens_per_batch is not None):
+        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size or 256, drop_last, tokens_per_batch,
+                     "attention" if attention else "tokens")
     if tokens_per_batch is not None:
         _plan_tokens(root, split, nodes, gpus, workers, tokens_per_batch, batch_size, attention)
     if batch_size is None:
         _fail("plan needs --batch-size (persons a rank a step) or --tokens-per-batch")
-    if checkpoint is not None:
-        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last)
     m = read_manifest(root)
     if split not in m.splits:
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
@@ -278,8 +279,10 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
         click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches, m).row())
 
 
-def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool) -> None:
-    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout, as the loader would read it."""
+def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool,
+                 tokens_per_batch: int | None, balance: str) -> None:
+    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout (of batches of ``batch_size``
+    persons, or of ``tokens_per_batch`` tokens), as the loader would read it."""
     import pickle
     import warnings
 
@@ -301,7 +304,8 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
         ds = ShardedDataset(root, state.split, batch_size, world=World(0, world), num_workers=workers,
-                            seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last)
+                            seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last,
+                            tokens_per_batch=tokens_per_batch, balance=balance)
         loader = ShardedLoader(ds)
         try:
             loader.load_state_dict(saved)
@@ -312,6 +316,16 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
         click.echo(f"{', '.join(then['split'])} split: resumes at batch {batches} of epoch {epoch}, as an ordinary "
                    "epoch of this layout")
+        sys.exit(0)
+    if ds.tokens is not None:  # a token budget's rest: every person not yet trained on, once
+        plan, base = ds.token_stage(at)
+        click.echo(f"{', '.join(then['split'])} split, epoch {epoch}: saved after batch {state.stage.batches} "
+                   f"({then['world_size']} ranks x {then['num_workers']} worker(s), budget "
+                   f"{then['tokens_per_batch']}); resumed on {world} ranks x {workers} worker(s), budget "
+                   f"{tokens_per_batch}\ntrained on before: {len(ds.tokens.lengths) - len(plan.persons)} persons; "
+                   f"the rest: {len(plan.persons)} persons in {plan.steps} steps a rank (all equal), batches "
+                   f"{base}..{len(ds)} of this layout's epoch; then this layout's own epochs\nleft out of epoch "
+                   f"{epoch}: nobody")
         sys.exit(0)
     report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
     click.echo(report.text)

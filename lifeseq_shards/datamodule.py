@@ -57,6 +57,13 @@ class LifeSeqDataHooks(DataParts):
     :class:`~lifeseq_shards.EmbeddingWriter` among the Trainer's callbacks, only the shards it has not written yet,
     each person with its ``shard``.
 
+    ``tokens_per_batch``: training batches by a token budget instead of ``batch_size`` persons: each rank's batch
+    holds as many persons as fit in that many real tokens, the ranks of every step balanced (``balance``:
+    ``"tokens"``, or ``"attention"`` for the sum of len^2), planned from every person's length before training
+    (``ShardedDataset`` says what holds: nobody left out, the same steps on every rank, exact ``len()`` and resume, in
+    another layout or budget too). ``batch_size`` then sizes only the validation and predict batches, which stay
+    batches of persons. docs/guides/tune-gpu.md says when to use which.
+
     ``layout`` is the model batch's: ``"padded"`` (the seed's) or ``"packed"``, which hands the model only the real
     tokens (``device.model_batch``; ``pad_to`` then crops without padding) for the encoder's padding-free path.
     ``pad_to``: the padded width (``device.build.Padding`` says which side pads and crops). ``prefetch``: how the

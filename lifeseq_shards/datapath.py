@@ -139,12 +139,13 @@ class DataParts:
                  pin_memory: bool = True, persistent_workers: bool = True,
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
                  batches_per_message: int | None = None, layout: str = PADDED,
-                 prefetch: str | bool | None = None) -> None:
+                 prefetch: str | bool | None = None, tokens_per_batch: int | None = None,
+                 balance: str = "tokens") -> None:
         super().__init__()
         padding = Padding(layout, pad_to)
         train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
                             shuffle=True, seed=seed, drop_last=drop_last, pad_to=padding.host_pad_to,
-                            packed=padding.host_packed)
+                            packed=padding.host_packed, tokens_per_batch=tokens_per_batch, balance=balance)
         reading = Reading(str(data_dir), train, pin_memory, persistent_workers, batches_per_message)
         self.config = DataConfig.resolve(reading, padding, masking, predict_split, prefetch)
         self.builder = BatchBuilder(self.config.masker, layout, padding.max_len)
@@ -212,7 +213,7 @@ class DataParts:
 
     def _val_loader(self) -> ShardedLoader:
         # every val person once, the same batches on every rank (a sync_dist log waits for every rank), or refused
-        return self._loader(split="val", mode=EXACT, shuffle=False, drop_last=False)
+        return self._loader(split="val", mode=EXACT, shuffle=False, drop_last=False, tokens_per_batch=None)
 
     def _check_predictable(self) -> None:
         if self.offline_mlm:
@@ -223,7 +224,7 @@ class DataParts:
     def _predict_loader(self, skip_files: Collection[str] = (), shard_field: bool = False) -> ShardedLoader:
         self._check_predictable()
         return self._loader(split=self.predict_splits, mode=COMPLETE, shuffle=False, drop_last=False,
-                            skip_files=skip_files, shard_field=shard_field)
+                            skip_files=skip_files, shard_field=shard_field, tokens_per_batch=None)
 
     def _left_to_embed(self, writer: EmbeddingWriterHooks, model: torch.nn.Module | None) -> ShardedLoader:
         """The predict data ``writer`` needs: only the shards it has not written, each person with its shard. Rank 0

@@ -51,6 +51,8 @@ from .slots import num_slots
 MIN_BUDGET_PERSONS = 4
 DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
+# what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step
+BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
 # Mixed into the window shuffles' RNG seeds, unlike order.py's _WINDOW_TAG, so the two plans never share a stream.
 _TOKENS_TAG = 0x544F4B42  # "TOKB"
 
@@ -141,7 +143,7 @@ def epoch_steps(total_tokens: int, longest: int, tokens_per_batch: int, world_si
 
 def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch: int, world_size: int,
                num_workers: int, *, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW,
-               cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
+               cost: tuple[float, float] = TOKENS, per_message: int = 1, shuffle: bool = True) -> TokenPlan:
     """The token-budget plan of one epoch (module docstring).
 
     Args:
@@ -155,13 +157,25 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
         cost: (a, b) of the cost a len + b len^2 that the deal evens out across the ranks of a step
             (:data:`TOKENS`, :data:`ATTENTION`); the budget is kept in tokens either way.
         per_message: batches a worker sends in one message (the loader's batches per message).
+        shuffle: False reads the shards in manifest order and each window in order (no reshuffle by epoch).
     """
     lengths = np.asarray(lengths)
     _check(lengths, shard_sizes, window, per_message)
+    return plan_persons(epoch_stream(shard_sizes, seed, epoch, window, shuffle), lengths, tokens_per_batch,
+                        world_size, num_workers, cost=cost, per_message=per_message)
+
+
+def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
+                 *, cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
+    """The token-budget steps of the persons ``order`` (indices into ``lengths``, in the order they are read: an
+    epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`), cut into steps and dealt to the ranks
+    as the module docstring says; the other arguments as :func:`plan_epoch` takes them."""
     person_cost(lengths[:0], cost)  # a bad cost refused before any work
-    stream = _stream(shard_sizes, seed, epoch, window)
+    stream = order
+    if not len(stream):  # the rest of an epoch resumed after its last step
+        return TokenPlan(stream, np.zeros(1, dtype=np.int64), world_size, num_workers, per_message)
     lens = lengths[stream].astype(np.int32)
-    total, longest = int(lens.sum(dtype=np.int64)), int(lens.max())
+    total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
     steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
     before = np.cumsum(lens, dtype=np.int64)
     before -= lens
@@ -192,9 +206,13 @@ def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_mes
         raise ValueError(f"window ({window}) and per_message ({per_message}) must be >= 1")
 
 
-def _stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int) -> np.ndarray:
-    """The persons in the epoch's reading order: shards by epoch_shard_order, each window shuffled on its own."""
+def epoch_stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int,
+                 shuffle: bool = True) -> np.ndarray:
+    """The persons (split numbering) in the epoch's reading order: shards by epoch_shard_order, each window of
+    ``window`` stream positions shuffled on its own; without ``shuffle``, the split's order."""
     sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if not shuffle:
+        return np.arange(int(sizes.sum()), dtype=np.int32 if sizes.sum() < 1 << 31 else np.int64)
     starts = np.cumsum(sizes) - sizes
     order = epoch_shard_order(len(sizes), seed, epoch)
     size_in_order = sizes[order]

@@ -41,12 +41,15 @@ from .partition import BALANCED, Partition, position_runs
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
-LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message")
+LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message",
+               "tokens_per_batch")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The readers of one stage: ranks, workers, batch size, drop_last, shuffle window, batches per message."""
+    """The readers of one stage: ranks, workers, batch size, drop_last, shuffle window, batches per message, and
+    the token budget of a rank's batch (0: batches of ``batch_size`` persons; else :mod:`lifeseq_shards.plan.tokens`
+    plans the epoch and ``batch_size`` and ``drop_last`` play no part)."""
 
     world_size: int
     num_workers: int
@@ -54,6 +57,7 @@ class Layout:
     drop_last: bool
     window: int
     batches_per_message: int
+    tokens_per_batch: int = 0
 
     @classmethod
     def of(cls, values: Sequence[int | bool]) -> Layout:
@@ -61,9 +65,10 @@ class Layout:
         return cls(*(bool(v) if k == "drop_last" else int(v) for k, v in zip(LAYOUT_KEYS, values, strict=True)))
 
     @classmethod
-    def of_partition(cls, partition: Partition, batches_per_message: int) -> Layout:
-        """The readers of ``partition`` (whose fields name them), with the loader's batches per message."""
-        return cls(*(getattr(partition, k) for k in LAYOUT_KEYS[:-1]), batches_per_message)
+    def of_partition(cls, partition: Partition, batches_per_message: int, tokens_per_batch: int = 0) -> Layout:
+        """The readers of ``partition`` (whose fields name them), with the loader's batches per message and the
+        token budget."""
+        return cls(*(getattr(partition, k) for k in LAYOUT_KEYS[:5]), batches_per_message, tokens_per_batch)
 
     @property
     def slots(self) -> int:

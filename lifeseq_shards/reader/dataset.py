@@ -19,14 +19,17 @@ from ..plan import order as plan_order
 from ..plan import partition as plan
 from ..plan import resume as plan_resume
 from ..plan import slots as plan_slots
+from ..plan.balance import BALANCES, TokenPlan
 from ..plan.partition import BALANCED
 from ..plan.resume import LAYOUT_KEYS, Layout, Position, RestPlan, Stage
+from ..plan.tokens import TokenSchedule, stream_window
+from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
 from .launch import World
 from .options import ReadOptions
-from .stages import batches, load_windows, messages, slot_windows, with_shard_field
+from .stages import batches, load_windows, messages, planned_windows, sized_batches, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
 WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
@@ -106,6 +109,12 @@ class ShardedDataset(IterableDataset):
     (``world_size``, ``num_workers``, ``batch_size``, ``drop_last``, ``mode``, ``seed``, ``shuffle``, ``window``)
     are read from :attr:`partition`.
 
+    ``tokens_per_batch`` (training only): instead of ``batch_size`` persons, each rank's batch holds as many persons
+    as fit in that many real tokens, the ranks of a step balanced by ``balance`` (``"tokens"``, or ``"attention"``:
+    the sum of len^2), planned offline from every person's length (:mod:`lifeseq_shards.plan.tokens`): every person
+    of the split once an epoch (nobody left out), the same steps on every rank. ``batch_size`` then plays no part in
+    this dataset (a front end's validation and predict loaders still read ``batch_size`` persons a batch).
+
     The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`, checked
     once (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
 
@@ -117,11 +126,13 @@ class ShardedDataset(IterableDataset):
                  world: World | None = None, num_workers: int = 0, mode: str = BALANCED,
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
                  pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
-                 skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None) -> None:
+                 skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None,
+                 tokens_per_batch: int | None = None, balance: str = "tokens") -> None:
         super().__init__()
         options = ReadOptions(split=split, batch_size=batch_size, num_workers=num_workers, mode=mode, shuffle=shuffle,
                               seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
-                              pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field)
+                              pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field,
+                              tokens_per_batch=tokens_per_batch, balance=balance)
         self._build(path, options, world, manifest)
 
     @classmethod
@@ -176,7 +187,15 @@ class ShardedDataset(IterableDataset):
         self.partition = plan.Partition(tuple(self.sizes), self.world.size, options.num_workers, options.mode,
                                         options.seed, options.shuffled, options.batch_size, options.drop_last, window,
                                         remainder)
-        try:  # exact mode refuses a layout here, not in a worker
+        # a token budget: every person's length, read once here (in the split's order, as self.shards lists them)
+        self.tokens: TokenSchedule | None = None
+        if options.tokens_per_batch:
+            lengths, sizes = split_lengths(self.root, self.manifest, splits[0])
+            self.tokens = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled,
+                                        BALANCES[options.balance])
+        self._stage: tuple[tuple[int, tuple[Stage, ...], Layout], tuple[TokenPlan, int]] | None = None
+        self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
+        try:  # exact mode and a budget refuse a layout here, not in a worker
             len(self)
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
@@ -184,7 +203,6 @@ class ShardedDataset(IterableDataset):
         self.spec = BatchSpec(batch_schema, options.packed, options.pad_multiple, options.pad_to, self.offline_mlm,
                               self.root)
         self._control = EpochControl(options.num_workers)
-        self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
         self._rest: tuple[tuple[int, tuple[Stage, ...]], RestPlan] | None = None  # the last rest of an epoch planned
         self._warn_static_balance(remainder)
@@ -246,10 +264,22 @@ class ShardedDataset(IterableDataset):
                             f"{odd.samples} persons, the split's other shards {common} each: the manifest was edited, "
                             "or is not one `shardify convert` wrote; `shardify verify` checks it against the files")
 
+    @property
+    def tokens_per_batch(self) -> int | None:
+        """The token budget of a rank's batch (None: batches of ``batch_size`` persons)."""
+        return self.options.tokens_per_batch
+
+    @property
+    def batch_persons(self) -> int:
+        """Persons of a typical batch: ``batch_size``, or the persons a budget holds on average."""
+        if self.tokens is None:
+            return self.batch_size
+        return max(1, round(self.options.tokens_per_batch * len(self.tokens.lengths) / self.tokens.total))
+
     def _warn_static_balance(self, remainder: int) -> None:
         """Say once a job, on rank 0 (every rank has the same layout), when the workers do not divide the shards as
         converted, and which worker counts would."""
-        if self.mode != BALANCED or not self.sizes or self.rank != 0:
+        if self.mode != BALANCED or not self.sizes or self.rank != 0 or self.tokens is not None:
             return
         slots = plan_slots.num_slots(self.world_size, self.num_workers)
         lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode, remainder)
@@ -267,6 +297,8 @@ class ShardedDataset(IterableDataset):
 
     def per_worker_batches(self) -> list[int]:
         """Batches each worker of this rank yields per epoch (the same every epoch)."""
+        if self.tokens is not None:
+            return [self.tokens.steps(self.layout) // max(1, self.num_workers)] * max(1, self.num_workers)
         return self.partition.worker_batches(self.rank)
 
     def __len__(self) -> int:
@@ -288,7 +320,7 @@ class ShardedDataset(IterableDataset):
         at = Position(epoch, batches, tuple(history), tuple(left_out_before))
         if epoch < 0:
             raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
-        first = self.rest_plan(at).base if at.history else 0
+        first = self._first_batch(at)
         if not first <= batches <= len(self):
             raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
                              f"has {len(self)} (resume at {first}..{len(self)}, or set_epoch({epoch + 1}) for the "
@@ -304,7 +336,7 @@ class ShardedDataset(IterableDataset):
         """Where the ``n``-th pass after the one starting at ``at`` starts."""
         if n == 0:
             return at
-        while n and (at.history or at.left_out_before) and self.mode == BALANCED:
+        while self.tokens is None and n and (at.history or at.left_out_before) and self.mode == BALANCED:
             at, n = plan_resume.next_epoch(self.partition, at, self.layout), n - 1
         return at if not n else Position(*plan_order.pass_start(at.epoch, at.batches, n))  # ordinary from here
 
@@ -312,14 +344,34 @@ class ShardedDataset(IterableDataset):
         """Where the pass after ``at`` resumes: ``at`` itself until its epoch's ``epoch_batches`` are taken, then
         the next epoch's start (reading those the epoch left out, :func:`plan_resume.next_epoch`)."""
         nxt = at.resumed(epoch_batches)
-        if nxt.epoch == at.epoch or self.mode != BALANCED or epoch_batches < len(self):
+        if nxt.epoch == at.epoch or self.mode != BALANCED or epoch_batches < len(self) or self.tokens is not None:
             return nxt
         return plan_resume.next_epoch(self.partition, at, self.layout)
 
     @property
     def layout(self) -> Layout:
         """This dataset's readers, as a stage of an epoch records them."""
-        return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1)
+        return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1,
+                                   self.options.tokens_per_batch or 0)
+
+    def _first_batch(self, at: Position) -> int:
+        """The first batch of ``at``'s pass in this layout's numbering: 0, or where the rest of an epoch begun in
+        other layouts starts."""
+        if not at.history:
+            return 0
+        return self.token_stage(at)[1] if self.tokens is not None else self.rest_plan(at).base
+
+    def token_stage(self, at: Position) -> tuple[TokenPlan, int]:
+        """The token-budget plan this layout reads of ``at``'s epoch after its history, and the batch it starts at
+        (:meth:`TokenSchedule.stage`; computed once per pass and kept)."""
+        assert self.tokens is not None
+        key = at.epoch, at.history, self.layout
+        if self._stage is None or self._stage[0] != key:
+            try:
+                self._stage = key, self.tokens.stage(at.epoch, at.history, self.layout)
+            except ValueError as e:
+                raise ValueError(f"{self.root}: split {self.split}: epoch {at.epoch}: {e}") from None
+        return self._stage[1]
 
     def rest_plan(self, at: Position) -> RestPlan:
         """The rest of ``at``'s epoch in this layout after its history (computed once per pass and kept)."""
@@ -361,6 +413,8 @@ class ShardedDataset(IterableDataset):
         at = self._pass_position(self._control.loaded(), self._control.claim_pass(worker))
         epoch, skip_total, history, keep = at.epoch, at.batches, at.history, at.left_out_before
         per_message = self._link.batches_per_message if k else 1
+        if self.tokens is not None:
+            return iter(wds.DataPipeline(*self._token_stages(at, worker, per_message)))
         if history:  # the rest of an epoch begun in another layout
             rest = self.rest_plan(at)
             per_worker, skip_total = rest.worker_batches, skip_total - rest.base
@@ -379,6 +433,27 @@ class ShardedDataset(IterableDataset):
         if per_message > 1 or writer is not None:
             stages.append(lambda src: messages(src, per_message, skip, writer))
         return iter(wds.DataPipeline(*stages))
+
+    def _token_stages(self, at: Position, worker: int, per_message: int) -> list:
+        """The stages of a token-budget pass of ``worker``: the windows its batches' persons lie in, loaded, cut
+        into the plan's batches."""
+        assert self.tokens is not None
+        plan, base = self.token_stage(at)
+        per = plan.steps // max(1, self.num_workers)
+        role, skip = plan_order.pass_roles(at.batches - base, self.num_workers, [per] * max(1, self.num_workers),
+                                           per_message)[worker]
+        steps = plan.worker_steps(role)[skip:]
+        persons = [plan.batch(int(s), self.rank) for s in steps]
+        window, epoch = stream_window(at.history, self.layout), at.epoch
+        stages = [
+            lambda: planned_windows(self.tokens, epoch, window, persons),
+            lambda src: load_windows(src, self.shards, self.schema),
+            lambda src: sized_batches(src, self.spec, [len(b) for b in persons]),
+        ]
+        writer = self._writer(worker)
+        if per_message > 1 or writer is not None:
+            stages.append(lambda src: messages(src, per_message, skip, writer))
+        return stages
 
     def _writer(self, worker: int) -> RingWriter | None:
         """This worker's ring writer, set for a new pass; None without rings (no workers, or batches not packed)."""

@@ -20,7 +20,7 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan.resume import Position, start_in
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
-from .state import DatasetChanged, layout_changes, read_state, saved_layout, saved_state
+from .state import DatasetChanged, SavedState, layout_changes, read_state, saved_layout, saved_state
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -73,7 +73,7 @@ class ShardedLoader(DataLoader):
         if batches_per_message is None:  # from the arguments alone, so that a resumed run gets the same value
             rings = dataset.packed and ring_bytes != 0
             persons = RING_MESSAGE_PERSONS if rings else PIPE_MESSAGE_PERSONS
-            batches_per_message = max(1, persons // dataset.batch_size)
+            batches_per_message = max(1, persons // dataset.batch_persons)
         if batches_per_message < 1:
             raise ValueError(f"batches_per_message must be >= 1, not {batches_per_message}")
         self._per_message = batches_per_message if dataset.num_workers else 1
@@ -84,7 +84,7 @@ class ShardedLoader(DataLoader):
             kwargs.setdefault("persistent_workers", True)
             # a worker stops yielding while it loads its next window (a burst of decompression), and the in-order
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
-            window_messages = -(-dataset.window // (dataset.batch_size * self._per_message))
+            window_messages = -(-dataset.window // (dataset.batch_persons * self._per_message))
             kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
             if "multiprocessing_context" not in kwargs:
                 refuse_a_main_script_from_stdin()
@@ -94,7 +94,7 @@ class ShardedLoader(DataLoader):
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
         if ring_bytes is None:
             in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
-            ring_bytes = in_flight * self._per_message * dataset.batch_size * RING_PERSON_BYTES
+            ring_bytes = in_flight * self._per_message * dataset.batch_persons * RING_PERSON_BYTES
         self.ring_bytes = ring_bytes if dataset.num_workers and dataset.packed else 0
         self._position = dataset.next_position()
         self._start = self._position  # where the pass under way began
@@ -255,7 +255,10 @@ class ShardedLoader(DataLoader):
             )
         changed = layout_changes(self._layout(), saved, str(ds.root), ds.mode)
         at = saved.position
-        if changed and (at.batches or at.history):
+        budget_then = saved.layout["tokens_per_batch"]
+        if budget_then or ds.tokens is not None:
+            at = self._token_position(saved, changed)
+        elif changed and (at.batches or at.history):
             at = dataclasses.replace(at, history=(*at.history, saved.stage))
             rest = ds.rest_plan(at)
             at = dataclasses.replace(at, batches=rest.base)
@@ -271,7 +274,32 @@ class ShardedLoader(DataLoader):
         self._position = at
         self._loaded = True
 
+    def _token_position(self, saved: SavedState, changed: list[str]) -> Position:
+        """Where a pass resumes when the saved epoch or this one is read with a token budget: the saved position
+        in its own layout; the rest of its epoch, planned for this layout or budget (:mod:`lifeseq_shards.plan.tokens`);
+        or at an epoch's start, this layout's ordinary epoch (a budget's epoch leaves nobody out, so none is owed).
+        Refused inside an epoch read by persons on one side and by a budget on the other, or balanced otherwise."""
+        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        at, then = saved.position, saved.layout
+        if ds.tokens is not None and then["tokens_per_batch"] and then["balance"] != ds.options.balance:
+            changed = [*changed, f"balance {then['balance']!r} -> {ds.options.balance!r}"]
+        if not changed or not (at.batches or at.history):
+            return at if not changed else Position(at.epoch, 0)
+        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or any(c.startswith("balance") for c in changed):
+            raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
+                             "the checkpoint, and an epoch is read by persons or by a token budget of one balance "
+                             "throughout; resume with the checkpoint's tokens_per_batch and balance until the epoch "
+                             "ends, or without the loader's state to start the epoch over")
+        at = dataclasses.replace(at, history=(*at.history, saved.stage))
+        plan, base = ds.token_stage(at)
+        warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "
+                      f"{len(plan.persons)} persons it had not trained on are planned again, once each, in "
+                      f"{plan.steps} steps per rank (batches {base}..{len(ds)} of this layout's epoch); nobody is "
+                      "left out", stacklevel=3)
+        return dataclasses.replace(at, batches=base)
+
     def _layout(self) -> dict[str, Any]:
         """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message)
+        return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message,
+                            ds.tokens_per_batch or 0, ds.options.balance)

@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
+from ..plan.balance import BALANCES
 from ..plan.partition import BALANCED, COMPLETE, mode_name
 from ..store.manifest import Manifest
 
@@ -37,6 +38,8 @@ class ReadOptions:
     packed: bool = False
     skip_files: Collection[str] = frozenset()
     shard_field: bool = False
+    tokens_per_batch: int | None = None
+    balance: str = "tokens"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", mode_name(self.mode))
@@ -47,7 +50,7 @@ class ReadOptions:
         if not 0 <= self.num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {self.num_workers} outside 0..{MAX_WORKERS}")
         # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
-        for name in ("batch_size", "pad_multiple", "pad_to", "window"):
+        for name in ("batch_size", "pad_multiple", "pad_to", "window", "tokens_per_batch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, Integral) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
@@ -55,6 +58,15 @@ class ReadOptions:
             raise ValueError(f"seed must be an integer >= 0, not {self.seed!r}")
         if (self.skip_files or self.shard_field) and self.mode != COMPLETE:
             raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
+        if self.tokens_per_batch is not None:
+            if self.mode != BALANCED:
+                raise ValueError(f"tokens_per_batch is for training batches (mode='balanced'), not mode={self.mode!r}:"
+                                 " validation and predict read batch_size persons a batch")
+            if self.drop_last:
+                raise ValueError("drop_last with tokens_per_batch: a token budget's batches hold every person of "
+                                 "the epoch, none is dropped; leave drop_last=False")
+        if self.balance not in BALANCES:
+            raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, not {self.balance!r}")
         if self.packed and self.pad_to is not None:
             raise ValueError("packed batches are padded on the device "
                              "(lifeseq_shards.device.build.padded_fields): no pad_to")

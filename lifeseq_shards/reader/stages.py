@@ -1,16 +1,19 @@
 """The reader's pipeline stages, each a small generator taking what it needs (the plan's inputs, the shard files,
 a :class:`BatchSpec`), composed by ``ShardedDataset.__iter__`` in a ``webdataset.DataPipeline``:
 
-``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O)
+``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O; with a
+token budget ``planned_windows``, the windows of the plan's batches)
 -> ``load_windows`` (stream the needed tar members, opened at the I/O edge (:mod:`lifeseq_shards.store.remote`): a
 local or shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks needed)
--> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens)
+-> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens;
+``sized_batches`` for the budget's batches of varying persons)
 -> ``messages`` (in DataLoader workers: a few batches per item, packed buffers moved into the worker's ring).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import zstandard
@@ -19,6 +22,7 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan.order import Window
 from ..plan.partition import Partition
 from ..plan.slots import Segment
+from ..plan.tokens import TokenSchedule
 from ..store.format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..store.remote import close_file, open_file
 from ..store.shardfile import ShardFile, iter_tar_members
@@ -93,29 +97,47 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
 
 def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, size: int, drop_last: bool,
             skip: int) -> Iterator[HostBatch]:
-    """Stage 3: cut the permuted stream into batches of ``size`` (the last, shorter one dropped when
-    ``drop_last``) and collate them: one gather per batch from its window (a batch that spans two windows joins its
-    two parts), so the cost is linear in the persons read."""
+    """Stage 3: cut the permuted stream into batches of ``size`` from batch ``skip`` on (the last, shorter one
+    dropped when ``drop_last``) and collate them (:func:`sized_batches`)."""
+    first = skip * size  # resume may start inside the first window
+    trimmed = ((win, order[max(first - win.start, 0):], block) for win, order, block in src)
+    return sized_batches(trimmed, spec, itertools.repeat(size), drop_last)
+
+
+def sized_batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, sizes: Iterable[int],
+                  drop_last: bool = False) -> Iterator[HostBatch]:
+    """Stage 3: cut a stream of persons (each item: a window, the indices of its ``block``'s persons in the order
+    they are yielded, and the block) into batches of ``sizes`` persons, in turn, and
+    collate them: one gather per batch from its block (a batch that spans two blocks joins its two parts), so the
+    cost is linear in the persons read. A last batch the stream leaves short is yielded unless ``drop_last``."""
     schema = spec.schema
+    sizes = iter(sizes)
+    size = next(sizes, None)
     carry: Block | None = None
-    b = skip
-    for win, win_order, block in src:
-        order = win_order[max(b * size - win.start, 0):]  # resume may start inside the first window
+    for _, order, block in src:
         i = 0
-        if carry is not None:
+        if carry is not None and size is not None:
             i = min(size - carry.n, len(order))
             carry = concat_blocks([carry, block.take(order[:i], schema)], schema)
             if carry.n < size:
                 continue
             yield collate(carry, spec)
-            b, carry = b + 1, None
-        while i + size <= len(order):
+            carry, size = None, next(sizes, None)
+        while size is not None and i + size <= len(order):
             yield collate(block, spec, order[i : i + size])
-            b, i = b + 1, i + size
-        if i < len(order):
+            i, size = i + size, next(sizes, None)
+        if i < len(order) and size is not None:
             carry = block.take(order[i:], schema)
     if carry is not None and not drop_last:
         yield collate(carry, spec)
+
+
+def planned_windows(schedule: TokenSchedule, epoch: int, window: int,
+                    persons: Sequence[np.ndarray]) -> Iterator[Ordered]:
+    """Stage 1 of a token-budget pass: the windows of ``epoch``'s stream (``window`` positions each) that hold the
+    persons of a worker's batches (``persons``, one array a batch, from the plan), each once, with the order its
+    persons are yielded in (:meth:`TokenSchedule.ordered_windows`; no I/O)."""
+    return schedule.ordered_windows(epoch, window, persons)
 
 
 def messages(src: Iterator[HostBatch], per_message: int, first: int,

@@ -10,7 +10,11 @@ that decides which persons a position holds: the splits read, the readers of
 name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another layout,
 ``history`` (the stages that read its start, oldest first), and, only when the epoch before left out persons the
 layout reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
-``Position.left_out_before``). :func:`read_state` takes such a state or any dict that holds exactly one (a whole
+``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
+records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out), and
+is version 3, which an install that predates the budget refuses instead of resuming in another order; a state
+without them reads as batches of persons (version 2 is still written for those, key for key as before).
+:func:`read_state` takes such a state or any dict that holds exactly one (a whole
 Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
 value (:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own
 layout or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the
@@ -27,10 +31,14 @@ from typing import Any
 import numpy as np
 
 from ..plan import partition as plan
+from ..plan.balance import BALANCES
 from ..plan.partition import Partition
 from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
 
-VERSION = 2  # 1: the states saved before the version key; 2: the same keys, and ``version``
+VERSION = 3  # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets
+PERSONS_VERSION = 2  # what a state of batches of persons is written as: every version since reads it
+# keys a state without them holds as these values (written only when they differ: a budget's state)
+OPTIONAL = {"tokens_per_batch": 0, "balance": "tokens"}
 # the Partition's fields a saved state records beside the readers (its shard sizes and remainder are the dataset's,
 # which the fingerprint covers)
 FIXED_KEYS = ("seed", "mode", "shuffle")
@@ -45,6 +53,8 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "drop_last": (_FLAG, lambda v: isinstance(v, (bool, np.bool_))),
     "window": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
     "batches_per_message": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
+    "tokens_per_batch": (_NATURAL, lambda v: _is_int(v) and v >= 0),
+    "balance": ("one of " + ", ".join(map(repr, BALANCES)), lambda v: v in BALANCES),
     "seed": (_NATURAL, lambda v: _is_int(v) and v >= 0),
     "mode": ("one of " + ", ".join(map(repr, sorted(set(plan.STORED_MODE.values())))),
              lambda v: v in plan.STORED_MODE.values()),
@@ -69,23 +79,34 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int) -> dict[str, Any]:
+def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int, tokens_per_batch: int = 0,
+                 balance: str = "tokens") -> dict[str, Any]:
     """Every setting that decides which persons a position in the epoch holds, as a state stores them: the splits,
     the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`, the mode under its stored
-    name)."""
-    layout = dataclasses.asdict(Layout.of_partition(partition, batches_per_message))
+    name); a token budget's ``tokens_per_batch`` and ``balance`` only where there is one (:data:`OPTIONAL`)."""
+    layout = _stored(Layout.of_partition(partition, batches_per_message, tokens_per_batch))
     fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
-    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode]}
+    budget = {"balance": balance} if tokens_per_batch else {}
+    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode], **budget}
+
+
+def _stored(layout: Layout) -> dict[str, Any]:
+    """A layout's keys as a state stores them: ``tokens_per_batch`` only when there is a budget."""
+    values = dataclasses.asdict(layout)
+    if not layout.tokens_per_batch:
+        del values["tokens_per_batch"]
+    return values
 
 
 def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
                 position: Position) -> dict[str, Any]:
     """A loader's checkpoint state (the module's contract): ``history`` and ``left_out_before`` only where the
     position has them, so that an ordinary epoch's state holds the keys it always held, and ``version``."""
-    state: dict[str, Any] = {"version": VERSION, "fingerprint": fingerprint, "split": split,
+    version = VERSION if layout.get("tokens_per_batch") else PERSONS_VERSION
+    state: dict[str, Any] = {"version": version, "fingerprint": fingerprint, "split": split,
                              "epoch": position.epoch, "batches": position.batches, "layout": layout}
     if position.history:
-        state["history"] = [{**dataclasses.asdict(stage.layout), "batches": stage.batches}
+        state["history"] = [{**_stored(stage.layout), "batches": stage.batches}
                             for stage in position.history]
     if position.left_out_before:
         state["left_out_before"] = list(position.left_out_before)
@@ -163,19 +184,21 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     layout = state["layout"]
     if not isinstance(layout, dict):
         raise StateError(f"{said} has layout {layout!r}, not a dict")
+    layout = {**OPTIONAL, **layout}
     old = [k for k in ("split", *LAYOUT_KEYS, *FIXED_KEYS) if k not in layout]
     if old:
         raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
                          "(saved by an older lifeseq_shards), so it may have read in another order; resume without "
                          "the loader's state to start its epoch over")
-    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS):
+    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, "balance"):
         _check_value(layout, key, said, "layout")
     history = state.get("history", [])
     if not isinstance(history, list):
         raise StateError(f"{said} has history {history!r}, not a list of stages")
+    given, history = history, [{**OPTIONAL, **s} if isinstance(s, dict) else s for s in history]
     for i, stage in enumerate(history):
         if not isinstance(stage, dict) or any(k not in stage for k in (*LAYOUT_KEYS, "batches")):
-            raise StateError(f"{said} has history[{i}] {stage!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
+            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
                              "batches of a layout)")
         for key in (*LAYOUT_KEYS, "batches"):
             _check_value(stage, key, said, f"history[{i}]")
@@ -199,8 +222,10 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
     """What of the readers changed since ``saved`` (empty: its own layout), each as ``"key old -> new"``, between
     the layout ``now`` of a ``mode`` dataset at ``root`` and the saved one. Another order of the epoch's persons
     (split, seed, mode, shuffle) is refused, and another layout of a pass whose ranks have unequal lengths."""
-    then = saved.layout
-    fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now if k not in LAYOUT_KEYS and then[k] != now[k]]
+    then, now = saved.layout, {**OPTIONAL, **now}
+    # balance: what a token budget's deal evens out, which only a resume inside such an epoch must keep (the loader)
+    fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now
+             if k not in (*LAYOUT_KEYS, "balance") and then[k] != now[k]]
     if fixed:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                          "split, or another order of its persons); resume with the checkpoint's settings, or "

@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-persistent", action="store_true", help="persistent_workers=False")
     p.add_argument("--batches-per-message", type=int, default=None)
+    p.add_argument("--tokens-per-batch", type=int, default=None, help="training batches by a token budget")
     p.add_argument("--masking", choices=("none", "dynamic"), default="none")
     p.add_argument("--prefetch", action="store_true", help="build the next batch during the step (CUDA's default)")
     p.add_argument("--epochs", type=int, default=1)
@@ -78,7 +79,8 @@ def main() -> None:
                          num_sanity_val_steps=0 if args.no_sanity else None, val_check_interval=args.val_check_interval)
     dm = LifeSeqDataModule(args.data, batch_size=args.batch_size, num_workers=args.workers,
                            persistent_workers=not args.no_persistent, batches_per_message=args.batches_per_message,
-                           masking=MaskingConfig() if args.masking == "dynamic" else None, prefetch=args.prefetch)
+                           masking=MaskingConfig() if args.masking == "dynamic" else None, prefetch=args.prefetch,
+                           tokens_per_batch=args.tokens_per_batch)
     if args.predict:
         trainer.predict(Tiny(args.out), datamodule=dm, return_predictions=False)
     else:

@@ -1,7 +1,7 @@
 """Run under torchrun: read the train split for some epochs with ShardedDataset + ShardedLoader and report, per rank,
 the person ids of every batch, len(loader), and the loader's state_dict taken after ``--snapshot-at`` batches of the
 first epoch. ``--resume FILE`` restarts from rank 0's snapshot in an earlier run's output (any number of ranks,
-workers, batch size: the rest of that epoch, then whole epochs)."""
+workers, batch size or token budget: the rest of that epoch, then whole epochs)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--snapshot-at", type=int, default=0)
     p.add_argument("--resume")
+    p.add_argument("--tokens-per-batch", type=int, default=None, help="a token budget instead of --batch-size")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     # rank and world size are deliberately not passed: the dataset must take them from torch.distributed
-    loader = ShardedLoader(ShardedDataset(args.data, "train", args.batch_size, num_workers=args.workers))
+    loader = ShardedLoader(ShardedDataset(args.data, "train", args.batch_size, num_workers=args.workers,
+                                          tokens_per_batch=args.tokens_per_batch))
     if args.resume:
         with open(args.resume) as fh:
             # rank 0's, as Lightning's checkpoint holds: the state has no per-rank part, and the world may differ

@@ -1,0 +1,134 @@
+"""The token-budget epoch as the reader runs it: the split's fixed inputs (:class:`TokenSchedule`), the plan of the
+stage that reads now, and where its persons lie in the shards. Pure, like the rest of plan/.
+
+Contract. An epoch read in one layout is :func:`~lifeseq_shards.plan.balance.plan_epoch`'s plan; ``len()`` is
+:meth:`TokenSchedule.steps` of the layout, the same every epoch. A checkpoint says how many steps of the epoch each
+stage took (``Position.history``, then ``batches`` in the reading layout's numbering): the persons of the later steps
+of each stage's plan are the *rest*, kept in the epoch's stream order, and the next stage plans them as a split of its
+own (:func:`~lifeseq_shards.plan.balance.plan_persons`), in another layout (ranks, workers, batches per message) or
+another budget alike. The rest's G steps are numbered to end where an ordinary epoch of the layout ends: its first is
+``base = steps - G``. So every person is trained on exactly once an epoch however often it is resumed, every rank takes
+the same steps, and the next epoch is an ordinary one. A rest too small to give every rank a person at every step is
+refused (ValueError naming what to change) rather than read unequally.
+
+Where the persons lie: the epoch's stream, unshuffled, is the shards in ``epoch_shard_order``; its windows of
+``window`` positions are shuffled each on its own, so a person stays in its window. A worker's batches are runs of the
+(rest of the) stream, hence its persons' windows only grow from batch to batch: :func:`TokenSchedule.ordered_windows`
+yields each window once, with the persons of it to yield (each batch's persons by stream position).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .balance import TOKENS, TokenPlan, epoch_steps, epoch_stream, plan_persons
+from .order import Window
+from .partition import epoch_shard_order
+from .resume import Layout, Stage
+from .slots import Segment, _cut
+
+
+def stream_window(history: Sequence[Stage], layout: Layout) -> int:
+    """The window of the epoch's stream: the one of the layout that read its start."""
+    return (history[0].layout if history else layout).window
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSchedule:
+    """What every token-budget epoch of one split is planned from: each person's ``lengths`` (the split's order:
+    shards in manifest order, then the remainder), ``shard_sizes`` (the same shards' persons), the ``seed``, whether
+    the epochs are reshuffled (``shuffle``), and the ``cost`` the deal evens out (:data:`~.balance.TOKENS` or
+    :data:`~.balance.ATTENTION`). The layout (ranks, workers, budget, window, batches per message) is handed to each
+    query, so one schedule serves a resume in another layout."""
+
+    lengths: np.ndarray
+    shard_sizes: tuple[int, ...]
+    seed: int = 0
+    shuffle: bool = True
+    cost: tuple[float, float] = TOKENS
+    _starts: np.ndarray = field(init=False, repr=False)  # each shard's first person in the split's numbering
+
+    def __post_init__(self) -> None:
+        # int32: every worker holds a copy (4 bytes a person, 108 MB at 27 M), and plan_persons works in int32
+        object.__setattr__(self, "lengths", np.asarray(self.lengths, dtype=np.int32))
+        sizes = np.asarray(self.shard_sizes, dtype=np.int64)
+        if int(sizes.sum()) != len(self.lengths):
+            raise ValueError(f"shard sizes add up to {int(sizes.sum())}, not the {len(self.lengths)} lengths")
+        object.__setattr__(self, "_starts", np.cumsum(sizes) - sizes)
+
+    @functools.cached_property
+    def total(self) -> int:
+        return int(np.asarray(self.lengths).sum(dtype=np.int64))
+
+    @functools.cached_property
+    def longest(self) -> int:
+        return int(np.asarray(self.lengths).max(initial=0))
+
+    def steps(self, layout: Layout) -> int:
+        """Steps of an ordinary epoch in ``layout`` (``len()``): ValueError for a budget or layout the plan refuses."""
+        return epoch_steps(self.total, self.longest, layout.tokens_per_batch, layout.world_size, layout.num_workers)
+
+    def stage(self, epoch: int, history: Sequence[Stage], layout: Layout) -> tuple[TokenPlan, int]:
+        """(the plan ``layout`` reads of ``epoch`` after the stages of ``history``, the step it starts at in
+        ``layout``'s numbering): the whole epoch at 0 without a history, else the rest (module docstring)."""
+        order = epoch_stream(self.shard_sizes, self.seed, epoch, stream_window(history, layout), self.shuffle)
+        for i, stage in enumerate(history):
+            plan = self._plan(order, stage.layout)
+            base = self.steps(stage.layout) - plan.steps if i else 0
+            taken = stage.batches - base
+            if not 0 <= taken <= plan.steps:
+                raise ValueError(f"a stage took batch {stage.batches} of epoch {epoch}, whose steps in its layout are "
+                                 f"{base}..{base + plan.steps}: the checkpoint is not of this dataset's plan")
+            left = np.zeros(len(self.lengths), dtype=bool)
+            left[plan.persons[plan.bounds[taken * plan.world_size] :]] = True
+            order = order[left[order]]
+        plan = self._plan(order, layout)
+        return plan, (self.steps(layout) - plan.steps if history else 0)
+
+    def _plan(self, order: np.ndarray, layout: Layout) -> TokenPlan:
+        return plan_persons(order, self.lengths, layout.tokens_per_batch, layout.world_size, layout.num_workers,
+                            cost=self.cost, per_message=layout.batches_per_message if layout.num_workers else 1)
+
+    def positions(self, epoch: int, persons: np.ndarray) -> np.ndarray:
+        """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
+        persons = np.asarray(persons, dtype=np.int64)
+        sizes = np.asarray(self.shard_sizes, dtype=np.int64)
+        shard = np.searchsorted(self._starts, persons, side="right") - 1
+        if not self.shuffle:
+            return persons
+        order = epoch_shard_order(len(sizes), self.seed, epoch)
+        start_in_stream = np.empty(len(sizes), dtype=np.int64)
+        start_in_stream[order] = np.cumsum(sizes[order]) - sizes[order]
+        return start_in_stream[shard] + persons - self._starts[shard]
+
+    def window(self, epoch: int, index: int, window: int) -> Window:
+        """Window ``index`` of the epoch's unshuffled stream, its shard segments in stream order."""
+        sizes = list(self.shard_sizes)
+        order = epoch_shard_order(len(sizes), self.seed, epoch) if self.shuffle else np.arange(len(sizes))
+        lo, hi = index * window, min((index + 1) * window, len(self.lengths))
+        shards = [Segment(int(s), 0, sizes[s]) for s in order]
+        return Window(index, lo, hi, tuple(_cut(shards, lo, hi)))
+
+    def ordered_windows(self, epoch: int, window: int,
+                        batches: Sequence[np.ndarray]) -> Iterator[tuple[Window, np.ndarray]]:
+        """The windows holding ``batches`` (each a batch's persons, in the order they are read), each once and in
+        stream order, with the indices into it of the persons it gives, in the order they are yielded: every
+        batch's persons sorted by stream position, batch after batch."""
+        if not batches:
+            return
+        persons = np.concatenate(batches)
+        pos = self.positions(epoch, persons)
+        cuts = np.cumsum([len(b) for b in batches])[:-1]
+        pos = np.concatenate([np.sort(p) for p in np.split(pos, cuts)])
+        win = pos // window
+        if len(win) > 1 and (np.diff(win) < 0).any():  # the plan's batches are runs of the stream: never expected
+            raise AssertionError("a token-budget worker's batches went back a window")
+        edges = np.flatnonzero(np.diff(win)) + 1
+        for part in np.split(np.arange(len(pos)), edges):
+            if len(part):
+                w = int(win[part[0]])
+                yield self.window(epoch, w, window), pos[part] - w * window

@@ -1,0 +1,229 @@
+"""The reader with a token budget (``tokens_per_batch``), on the converted sample, each rank a dataset of its own
+as under DDP: every person of the split once an epoch, the same steps on every rank (``len()`` exact), no batch over
+the budget, the ranks of a step balanced, reshuffled by (seed, epoch); and exact resume in the same layout, in
+another layout and another budget, and across the switch between persons and a budget."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import shardify
+
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
+from lifeseq_shards.reader.state import VERSION
+from lifeseq_shards.store.remote import read_manifest
+
+BUDGET = 8000  # about 24 of the sample's persons (mean length ~330)
+
+
+def train_persons(root: Path) -> int:
+    return read_manifest(root).splits["train"].persons
+
+
+def make(root: Path, world: int, rank: int, workers: int, budget: int | None = BUDGET, **kw: Any) -> ShardedLoader:
+    per_message = kw.pop("batches_per_message", None)
+    ds = ShardedDataset(root, world=World(rank, world), num_workers=workers, tokens_per_batch=budget, **kw)
+    return ShardedLoader(ds, persistent_workers=False, batches_per_message=per_message)
+
+
+def ids(batch: Any) -> list[int]:
+    return batch["person_id"].tolist()
+
+
+def epoch(root: Path, world: int, workers: int, e: int = 0, **kw: Any) -> tuple[list[list[list[int]]], np.ndarray]:
+    """Every rank's batches of epoch ``e`` (person ids) and their real tokens, shape (ranks, steps)."""
+    persons, tokens = [], []
+    for rank in range(world):
+        ld = make(root, world, rank, workers, **kw)
+        ld.set_epoch(e)
+        batches = list(ld)
+        assert len(batches) == len(ld)  # len() is exact
+        persons.append([ids(b) for b in batches])
+        tokens.append([int(b["lengths"].sum()) for b in batches])
+    return persons, np.array(tokens)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("world", "workers", "per_message"), [(1, 0, None), (2, 0, None), (2, 2, None),
+                                                              (3, 1, None), (2, 2, 3)])
+def test_every_person_once_an_epoch_equal_steps_balanced(nomlm_dataset: Path, world: int, workers: int,
+                                                         per_message: int | None) -> None:
+    persons, tokens = epoch(nomlm_dataset, world, workers, batches_per_message=per_message)
+    everyone = [p for rank in persons for b in rank for p in b]
+    assert len(everyone) == len(set(everyone)) == train_persons(nomlm_dataset)  # nobody left out, nobody twice
+    assert tokens.max() <= BUDGET
+    ratio = tokens.max(axis=0) / tokens.mean(axis=0)  # max / mean across the ranks of each step
+    assert ratio.mean() <= 1.01 and np.quantile(ratio, 0.99) <= 1.02, ratio
+
+
+@pytest.mark.timeout(300)
+def test_epochs_reshuffle_and_repeat(nomlm_dataset: Path) -> None:
+    first, _ = epoch(nomlm_dataset, 2, 0, 0)
+    again, _ = epoch(nomlm_dataset, 2, 0, 0)
+    second, _ = epoch(nomlm_dataset, 2, 0, 1)
+    assert first == again and first != second
+    assert len(first[0]) == len(second[0])  # the same steps every epoch
+    reseeded, _ = epoch(nomlm_dataset, 2, 0, 0, seed=1)
+    assert reseeded != first
+
+
+@pytest.mark.timeout(300)
+def test_attention_balance_evens_out_len_squared(nomlm_dataset: Path) -> None:
+    def len2_ratio(balance: str) -> float:
+        costs = []
+        for rank in range(4):
+            ld = make(nomlm_dataset, 4, rank, 0, balance=balance)
+            costs.append([float((b["lengths"].double() ** 2).sum()) for b in ld])
+        c = np.array(costs)
+        return float((c.max(axis=0) / c.mean(axis=0)).mean())
+
+    assert len2_ratio("attention") < len2_ratio("tokens")
+
+
+def stop(root: Path, world: int, workers: int, taken: int, **kw: Any) -> tuple[dict[str, Any], list[int]]:
+    """Every rank takes ``taken`` batches: rank 0's state (through pickle, as a checkpoint stores it) and the
+    persons trained."""
+    trained: list[int] = []
+    state: dict[str, Any] = {}
+    for rank in range(world):
+        ld = make(root, world, rank, workers, **kw)
+        it = iter(ld)
+        trained += [p for _ in range(taken) for p in ids(next(it))]
+        state = state or pickle.loads(pickle.dumps(ld.state_dict()))
+        del it
+    return state, trained
+
+
+def resume(root: Path, state: dict[str, Any], world: int, workers: int,
+           **kw: Any) -> tuple[list[list[list[int]]], list[ShardedLoader], list[str]]:
+    loaders = [make(root, world, rank, workers, **kw) for rank in range(world)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for ld in loaders:
+            ld.load_state_dict(state)
+    said = [str(w.message) for w in caught if "another layout" in str(w.message)]
+    return [[ids(b) for b in ld] for ld in loaders], loaders, said
+
+
+@pytest.mark.timeout(300)
+def test_resume_in_the_same_layout_gives_the_batches_not_yet_given(nomlm_dataset: Path) -> None:
+    whole, _ = epoch(nomlm_dataset, 2, 2, batches_per_message=2)
+    for taken in (1, 3, 4):
+        state, _ = stop(nomlm_dataset, 2, 2, taken, batches_per_message=2)
+        assert state["version"] == VERSION and state["layout"]["tokens_per_batch"] == BUDGET
+        rest, loaders, said = resume(nomlm_dataset, state, 2, 2, batches_per_message=2)
+        assert not said
+        assert rest == [rank[taken:] for rank in whole]
+        assert all(ld.position.batches == len(ld) for ld in loaders)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("world", "workers", "budget"), [(3, 1, BUDGET), (1, 2, BUDGET), (2, 2, 12000),
+                                                          (4, 0, 5000)])
+def test_resume_in_another_layout_or_budget_trains_everyone_else_once(nomlm_dataset: Path, world: int,
+                                                                      workers: int, budget: int) -> None:
+    state, trained = stop(nomlm_dataset, 2, 2, 5)
+    rest, loaders, said = resume(nomlm_dataset, state, world, workers, budget=budget)
+    assert len(said) == world and "nobody is left out" in said[0]
+    after = [p for rank in rest for b in rank for p in b]
+    assert sorted(trained + after) == sorted(set(trained + after))  # nobody twice
+    assert len(trained) + len(after) == train_persons(nomlm_dataset)  # nobody left out
+    steps = {len(r) for r in rest}
+    assert len(steps) == 1  # the same steps on every rank
+    # the rest ends where this layout's ordinary epoch ends, and the next epoch is that ordinary epoch
+    assert all(ld.position.batches == len(ld) for ld in loaders)
+    assert loaders[0].state_dict()["epoch"] == 1 and loaders[0].state_dict()["batches"] == 0
+    nxt = loaders[0]
+    nxt.set_epoch(1)
+    fresh = make(nomlm_dataset, world, 0, workers, budget=budget)
+    fresh.set_epoch(1)
+    assert [ids(b) for b in nxt] == [ids(b) for b in fresh]
+
+
+@pytest.mark.timeout(300)
+def test_a_rest_stopped_again_resumes_in_a_third_layout(nomlm_dataset: Path) -> None:
+    state, trained = stop(nomlm_dataset, 2, 2, 4)
+    middle = [make(nomlm_dataset, 3, rank, 1, budget=10000) for rank in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for ld in middle:
+            ld.load_state_dict(state)
+    for ld in middle:
+        it = iter(ld)
+        trained += [p for _ in range(3) for p in ids(next(it))]
+        del it
+    again = pickle.loads(pickle.dumps(middle[0].state_dict()))
+    assert len(again["history"]) == 1 and again["history"][0]["tokens_per_batch"] == BUDGET
+    rest, _, _ = resume(nomlm_dataset, again, 2, 0, budget=6000)
+    after = [p for rank in rest for b in rank for p in b]
+    assert sorted(trained + after) == list(sorted(set(trained + after)))
+    assert len(trained) + len(after) == train_persons(nomlm_dataset)
+
+
+@pytest.mark.timeout(300)
+def test_switching_between_persons_and_a_budget(nomlm_dataset: Path) -> None:
+    # inside an epoch: refused, saying what to do
+    state, _ = stop(nomlm_dataset, 2, 0, 2, budget=None, batch_size=50)
+    with pytest.raises(ValueError, match="cannot resume exactly inside epoch 0: .*tokens_per_batch 0 -> 8000"):
+        make(nomlm_dataset, 2, 0, 0).load_state_dict(state)
+    state, _ = stop(nomlm_dataset, 2, 0, 2)
+    with pytest.raises(ValueError, match="cannot resume exactly inside epoch 0: tokens_per_batch 8000 -> 0"):
+        make(nomlm_dataset, 2, 0, 0, budget=None).load_state_dict(state)
+    with pytest.raises(ValueError, match="balance 'tokens' -> 'attention'"):
+        make(nomlm_dataset, 2, 0, 0, balance="attention").load_state_dict(state)
+    # at an epoch's end: the next epoch in the new mode, whole
+    ld = make(nomlm_dataset, 2, 0, 0, budget=None, batch_size=50)
+    list(ld)
+    ended = ld.state_dict()
+    assert ended["version"] == 2 and "tokens_per_batch" not in ended["layout"]  # batches of persons: as before
+    budget = make(nomlm_dataset, 2, 0, 0)
+    budget.load_state_dict(ended)
+    assert budget.position.epoch == 1 and budget.position.batches == 0
+    assert len(list(budget)) == len(budget)
+
+
+def test_a_budget_is_checked_up_front(nomlm_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="tokens_per_batch=100 is under 4 x the longest person"):
+        make(nomlm_dataset, 2, 0, 0, budget=100)
+    with pytest.raises(ValueError, match="tokens_per_batch is for training batches"):
+        ShardedDataset(nomlm_dataset, "val", mode="exact", tokens_per_batch=BUDGET)
+    with pytest.raises(ValueError, match="drop_last with tokens_per_batch"):
+        make(nomlm_dataset, 1, 0, 0, drop_last=True)
+    with pytest.raises(ValueError, match="balance must be one of 'tokens', 'attention'"):
+        make(nomlm_dataset, 1, 0, 0, balance="len2")
+    with pytest.raises(ValueError, match="tokens_per_batch must be an integer >= 1"):
+        make(nomlm_dataset, 1, 0, 0, budget=0)
+
+
+@pytest.mark.timeout(300)
+def test_packed_batches_hold_the_same_persons(nomlm_dataset: Path) -> None:
+    padded, tokens = epoch(nomlm_dataset, 2, 1)
+    ld = make(nomlm_dataset, 2, 0, 1, packed=True)
+    from lifeseq_shards.device.build import padded_fields
+
+    packed = [padded_fields(b) for b in ld]
+    assert [b["person_id"].tolist() for b in packed] == padded[0]
+    assert [int(b["lengths"].sum()) for b in packed] == tokens[0].tolist()
+
+
+@pytest.mark.timeout(300)
+def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp_path: Path) -> None:
+    state, trained = stop(nomlm_dataset, 2, 2, 5)
+    torch.save(state, tmp_path / "state.ckpt")
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--workers", 1, "--tokens-per-batch", 10000,
+                         "--resume", tmp_path / "state.ckpt")
+    assert code == 0, out
+    rest, loaders, _ = resume(nomlm_dataset, state, 3, 1, budget=10000)
+    after = sum(len(b) for rank in rest for b in rank)
+    assert f"trained on before: {len(trained)} persons; the rest: {after} persons in {len(rest[0])} steps" in out
+    assert f"batches {len(loaders[0]) - len(rest[0])}..{len(loaders[0])} of this layout's epoch" in out
+    assert "left out of epoch 0: nobody" in out
+    # a budget's checkpoint planned as batches of persons: refused as the loader refuses it, in one line
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--batch-size", 50, "--resume", tmp_path / "state.ckpt")
+    assert code == 2 and "tokens_per_batch 8000 -> 0" in out, out
