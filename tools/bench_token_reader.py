@@ -21,13 +21,17 @@ from tools.common import synth_dataset, write_csv
 
 
 def epoch_rate(root: Path, ranks: int, workers: int, batch: int, budget: int | None, epoch: int) -> tuple[float, int]:
-    """(persons/s, persons) of rank 0's whole epoch ``epoch``, packed batches (the padding-free layout's)."""
+    """(persons/s, persons) of rank 0's whole epoch ``epoch`` + 1, packed batches (the padding-free layout's), after
+    an untimed epoch that starts the (persistent) workers, as in training."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance warning of layouts that do not divide
         ds = ShardedDataset(root, "train", batch, world=World(0, ranks), num_workers=workers, packed=True,
                             tokens_per_batch=budget)
-    loader = ShardedLoader(ds, persistent_workers=False)
+    loader = ShardedLoader(ds)
     loader.set_epoch(epoch)
+    for _ in loader:
+        pass
+    loader.set_epoch(epoch + 1)  # each worker plans the new epoch, as in training: timed
     start, persons = time.perf_counter(), 0
     for b in loader:
         persons += b.counts[0]  # the first column is a person's scalar: one value a person
