@@ -145,7 +145,8 @@ class DataParts:
         padding = Padding(layout, pad_to)
         train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
                             shuffle=True, seed=seed, drop_last=drop_last, pad_to=padding.host_pad_to,
-                            packed=padding.host_packed, tokens_per_batch=tokens_per_batch, balance=balance)
+                            packed=padding.host_packed, tokens_per_batch=tokens_per_batch, balance=balance,
+                            crop=padding.max_len)
         reading = Reading(str(data_dir), train, pin_memory, persistent_workers, batches_per_message)
         self.config = DataConfig.resolve(reading, padding, masking, predict_split, prefetch)
         self.builder = BatchBuilder(self.config.masker, layout, padding.max_len)

@@ -57,6 +57,7 @@ class Point:
     prefetch: bool = False  # the next batch built on a side CUDA stream (prefetch.DevicePrefetcher)
     prefetch_thread: bool = False  # ... launched from a background thread (prefetch="thread")
     masker: str = "eager"  # DynamicMasker's launch: "eager", "compiled" (torch.compile) or "graphed" (CUDA graphs)
+    tokens_per_batch: int = 0  # 0: batches of batch_size persons; else training batches of this token budget a GPU
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,11 @@ class Preset:
 
 
 def _grid(sizes, lengths, batches, precisions=("32-true",), compile=(False,), workers=(2,), pin=(True,),
-          attention=("padded",), prefetch=(False,), prefetch_thread=(False,), masker=("eager",)) -> dict:
+          attention=("padded",), prefetch=(False,), prefetch_thread=(False,), masker=("eager",),
+          tokens=(0,)) -> dict:
     return {"size": sizes, "max_len": lengths, "batch_size": batches, "precision": precisions, "compile": compile,
             "workers": workers, "pin_memory": pin, "attention": attention, "prefetch": prefetch,
-            "prefetch_thread": prefetch_thread, "masker": masker}
+            "prefetch_thread": prefetch_thread, "masker": masker, "tokens_per_batch": tokens}
 
 
 PRESETS: dict[str, Preset] = {
@@ -156,6 +158,19 @@ PRESETS: dict[str, Preset] = {
               for length in (1024, 512) for attn in ("padded", "varlen")),
         steps=20, warmup=5, people=20000, budget_s=240, max_seq_len=1024,
     ),
+    # token-budget batches against batches of persons (tools/device_check.sh tokens): bf16, small-tc and large-tc at
+    # L=512 (256 persons, or the tokens 256 mean persons hold: ~60,000 of the synthetic lengths), padded, padding-free
+    # by persons, then padding-free by tokens eager and compiled with the CUDA-graphed masker (static shapes).
+    "tokens": Preset(
+        tuple(_grid((size,), (512,), (256,), ("bf16-mixed",), compile=(comp,), attention=(attn,), prefetch=(pre,),
+                    masker=(masker,), tokens=(tok,))
+              for size in ("small-tc", "large-tc")
+              for attn, pre, comp, masker, tok in (
+                  ("padded", False, False, "eager", 0), ("varlen", True, False, "eager", 0),
+                  ("varlen", True, False, "eager", 60000), ("varlen", True, True, "graphed", 60000),
+              )),
+        steps=40, warmup=5, people=20000, budget_s=240,
+    ),
     # training speed as a function of batch size: the small models' step is launch-bound at 256
     # (docs/results/training-gpu.md),
     # so the batch is the first lever; up to what memory allows (an OOM point is a row with its reason). bf16, L=512,
@@ -224,6 +239,7 @@ def run_point(p: Point, data_dir: Path, vocab_size: int, steps: int, warmup: int
         pin_memory=p.pin_memory, persistent_workers=p.workers > 0,
         layout="packed" if p.attention == "varlen" else "padded",
         prefetch="thread" if p.prefetch_thread else p.prefetch,  # the results' two columns, as one choice
+        tokens_per_batch=p.tokens_per_batch or None,
     )
     module = LifeSeqPretrainModule(p.size, vocab_size, compile=p.compile)
     meter = StepMeter(warmup)
@@ -429,6 +445,8 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
               help="launch the prefetch's preparation from a background thread")
 @click.option("--masker", default=None, help="comma list of eager, compiled (torch.compile), graphed (CUDA graphs): "
               "DynamicMasker's launch")
+@click.option("--tokens-per-batch", "tokens", default=None,
+              help="comma list of token budgets a GPU a step (0: batches of --batch-sizes persons)")
 @click.option("--steps", type=int, default=None)
 @click.option("--warmup", type=int, default=None)
 @click.option("--budget-s", type=float, default=None, help="skip the points left after this many seconds")
@@ -437,7 +455,7 @@ def run_sweep(points: list[Point], data_dir: Path, out: Path, steps: int, warmup
 @click.option("--plots/--no-plots", default=True, show_default=True, help="the PNGs (off: only results.csv/.md)")
 def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: str | None, batch_sizes: str | None,
          precisions: str | None, compile_: str | None, workers: str | None, attention: str | None,
-         prefetch: str | None, prefetch_thread: str | None, masker: str | None, steps: int | None,
+         prefetch: str | None, prefetch_thread: str | None, masker: str | None, tokens: str | None, steps: int | None,
          warmup: int | None, budget_s: float | None, seed: int, resume: bool, plots: bool) -> None:
     """Sweep training throughput; each option given replaces that axis in every grid of the preset."""
     pre = PRESETS[preset]
@@ -452,6 +470,7 @@ def main(preset: str, out: Path, data: Path | None, sizes: str | None, lengths: 
         "prefetch": prefetch and {"off": (False,), "on": (True,), "both": (False, True)}[prefetch],
         "prefetch_thread": prefetch_thread and {"off": (False,), "on": (True,), "both": (False, True)}[prefetch_thread],
         "masker": masker and tuple(masker.split(",")),
+        "tokens_per_batch": tokens and tuple(int(x) for x in tokens.split(",")),
     }
     grids = tuple({**g, **{k: v for k, v in overrides.items() if v}} for g in pre.grids)
     for axis, known in (("precision", PRECISIONS), ("attention", ATTENTION), ("masker", MASKERS)):

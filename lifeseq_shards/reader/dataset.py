@@ -11,6 +11,7 @@ import os
 import warnings
 from collections.abc import Collection, Iterator, Sequence
 
+import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
@@ -110,7 +111,8 @@ class ShardedDataset(IterableDataset):
     are read from :attr:`partition`.
 
     ``tokens_per_batch`` (training only): instead of ``batch_size`` persons, each rank's batch holds as many persons
-    as fit in that many real tokens, the ranks of a step balanced by ``balance`` (``"tokens"``, or ``"attention"``:
+    as fit in that many real tokens (each person counted up to ``crop``, the tokens the model sees when the device
+    crops, else ``pad_to``), the ranks of a step balanced by ``balance`` (``"tokens"``, or ``"attention"``:
     the sum of len^2), planned offline from every person's length (:mod:`lifeseq_shards.plan.tokens`): every person
     of the split once an epoch (nobody left out), the same steps on every rank. ``batch_size`` then plays no part in
     this dataset (a front end's validation and predict loaders still read ``batch_size`` persons a batch).
@@ -127,12 +129,12 @@ class ShardedDataset(IterableDataset):
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
                  pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
                  skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None,
-                 tokens_per_batch: int | None = None, balance: str = "tokens") -> None:
+                 tokens_per_batch: int | None = None, balance: str = "tokens", crop: int | None = None) -> None:
         super().__init__()
         options = ReadOptions(split=split, batch_size=batch_size, num_workers=num_workers, mode=mode, shuffle=shuffle,
                               seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
                               pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field,
-                              tokens_per_batch=tokens_per_batch, balance=balance)
+                              tokens_per_batch=tokens_per_batch, balance=balance, crop=crop)
         self._build(path, options, world, manifest)
 
     @classmethod
@@ -191,6 +193,8 @@ class ShardedDataset(IterableDataset):
         self.tokens: TokenSchedule | None = None
         if options.tokens_per_batch:
             lengths, sizes = split_lengths(self.root, self.manifest, splits[0])
+            if options.budget_crop:  # a longer person costs the model only the tokens it sees
+                lengths = np.minimum(lengths, options.budget_crop)
             self.tokens = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled,
                                         BALANCES[options.balance])
         self._stage: tuple[tuple[int, tuple[Stage, ...], Layout], tuple[TokenPlan, int]] | None = None

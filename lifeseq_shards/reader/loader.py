@@ -20,7 +20,7 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan.resume import Position, start_in
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
-from .state import DatasetChanged, SavedState, layout_changes, read_state, saved_layout, saved_state
+from .state import BUDGET_KEYS, DatasetChanged, SavedState, layout_changes, read_state, saved_layout, saved_state
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -281,15 +281,16 @@ class ShardedLoader(DataLoader):
         Refused inside an epoch read by persons on one side and by a budget on the other, or balanced otherwise."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         at, then = saved.position, saved.layout
-        if ds.tokens is not None and then["tokens_per_batch"] and then["balance"] != ds.options.balance:
-            changed = [*changed, f"balance {then['balance']!r} -> {ds.options.balance!r}"]
+        now = self._layout()
+        if ds.tokens is not None and then["tokens_per_batch"]:
+            changed = [*changed, *(f"{k} {then[k]!r} -> {now[k]!r}" for k in BUDGET_KEYS if then[k] != now[k])]
         if not changed or not (at.batches or at.history):
             return at if not changed else Position(at.epoch, 0)
-        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or any(c.startswith("balance") for c in changed):
+        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or any(c.split()[0] in BUDGET_KEYS for c in changed):
             raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
-                             "the checkpoint, and an epoch is read by persons or by a token budget of one balance "
-                             "throughout; resume with the checkpoint's tokens_per_batch and balance until the epoch "
-                             "ends, or without the loader's state to start the epoch over")
+                             "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
+                             "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
+                             "the epoch ends, or without the loader's state to start the epoch over")
         at = dataclasses.replace(at, history=(*at.history, saved.stage))
         plan, base = ds.token_stage(at)
         warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "
@@ -302,4 +303,4 @@ class ShardedLoader(DataLoader):
         """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message,
-                            ds.tokens_per_batch or 0, ds.options.balance)
+                            ds.tokens_per_batch or 0, ds.options.balance, ds.options.budget_crop)

@@ -40,6 +40,7 @@ class ReadOptions:
     shard_field: bool = False
     tokens_per_batch: int | None = None
     balance: str = "tokens"
+    crop: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", mode_name(self.mode))
@@ -50,7 +51,7 @@ class ReadOptions:
         if not 0 <= self.num_workers <= MAX_WORKERS:
             raise ValueError(f"num_workers {self.num_workers} outside 0..{MAX_WORKERS}")
         # refused here, not at the first batch in a worker (pad_to=0 cropped every person to no tokens)
-        for name in ("batch_size", "pad_multiple", "pad_to", "window", "tokens_per_batch"):
+        for name in ("batch_size", "pad_multiple", "pad_to", "window", "tokens_per_batch", "crop"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, Integral) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
@@ -70,6 +71,12 @@ class ReadOptions:
         if self.packed and self.pad_to is not None:
             raise ValueError("packed batches are padded on the device "
                              "(lifeseq_shards.device.build.padded_fields): no pad_to")
+
+    @property
+    def budget_crop(self) -> int:
+        """The most tokens of a person a token budget counts: those the model sees (``crop``, the device's, else
+        ``pad_to``, the host's); 0: all of them."""
+        return self.crop or self.pad_to or 0
 
     @property
     def splits(self) -> tuple[str, ...]:

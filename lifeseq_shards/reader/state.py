@@ -11,7 +11,8 @@ name, ``plan.partition.STORED_MODE``, which every version writes) and, only in a
 ``history`` (the stages that read its start, oldest first), and, only when the epoch before left out persons the
 layout reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
 ``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
-records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out), and
+records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out) and
+``crop`` (the most tokens a person is counted for), and
 is version 3, which an install that predates the budget refuses instead of resuming in another order; a state
 without them reads as batches of persons (version 2 is still written for those, key for key as before).
 :func:`read_state` takes such a state or any dict that holds exactly one (a whole
@@ -38,7 +39,9 @@ from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
 VERSION = 3  # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets
 PERSONS_VERSION = 2  # what a state of batches of persons is written as: every version since reads it
 # keys a state without them holds as these values (written only when they differ: a budget's state)
-OPTIONAL = {"tokens_per_batch": 0, "balance": "tokens"}
+OPTIONAL = {"tokens_per_batch": 0, "balance": "tokens", "crop": 0}
+# what a token budget's plan depends on beside the readers: kept throughout an epoch read with a budget (the loader)
+BUDGET_KEYS = ("balance", "crop")
 # the Partition's fields a saved state records beside the readers (its shard sizes and remainder are the dataset's,
 # which the fingerprint covers)
 FIXED_KEYS = ("seed", "mode", "shuffle")
@@ -55,6 +58,7 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "batches_per_message": (_POSITIVE, lambda v: _is_int(v) and v >= 1),
     "tokens_per_batch": (_NATURAL, lambda v: _is_int(v) and v >= 0),
     "balance": ("one of " + ", ".join(map(repr, BALANCES)), lambda v: v in BALANCES),
+    "crop": (_NATURAL, lambda v: _is_int(v) and v >= 0),
     "seed": (_NATURAL, lambda v: _is_int(v) and v >= 0),
     "mode": ("one of " + ", ".join(map(repr, sorted(set(plan.STORED_MODE.values())))),
              lambda v: v in plan.STORED_MODE.values()),
@@ -80,13 +84,14 @@ def _is_int(value: Any) -> bool:
 
 
 def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int, tokens_per_batch: int = 0,
-                 balance: str = "tokens") -> dict[str, Any]:
+                 balance: str = "tokens", crop: int = 0) -> dict[str, Any]:
     """Every setting that decides which persons a position in the epoch holds, as a state stores them: the splits,
     the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`, the mode under its stored
-    name); a token budget's ``tokens_per_batch`` and ``balance`` only where there is one (:data:`OPTIONAL`)."""
+    name); a token budget's ``tokens_per_batch``, ``balance`` and ``crop`` only where there is one
+    (:data:`OPTIONAL`)."""
     layout = _stored(Layout.of_partition(partition, batches_per_message, tokens_per_batch))
     fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
-    budget = {"balance": balance} if tokens_per_batch else {}
+    budget = {"balance": balance, "crop": crop} if tokens_per_batch else {}
     return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode], **budget}
 
 
@@ -190,7 +195,7 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
                          "(saved by an older lifeseq_shards), so it may have read in another order; resume without "
                          "the loader's state to start its epoch over")
-    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, "balance"):
+    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, *BUDGET_KEYS):
         _check_value(layout, key, said, "layout")
     history = state.get("history", [])
     if not isinstance(history, list):
@@ -223,9 +228,9 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
     the layout ``now`` of a ``mode`` dataset at ``root`` and the saved one. Another order of the epoch's persons
     (split, seed, mode, shuffle) is refused, and another layout of a pass whose ranks have unequal lengths."""
     then, now = saved.layout, {**OPTIONAL, **now}
-    # balance: what a token budget's deal evens out, which only a resume inside such an epoch must keep (the loader)
+    # what a token budget's plan depends on, which only a resume inside such an epoch must keep (the loader)
     fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now
-             if k not in (*LAYOUT_KEYS, "balance") and then[k] != now[k]]
+             if k not in (*LAYOUT_KEYS, *BUDGET_KEYS) and then[k] != now[k]]
     if fixed:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                          "split, or another order of its persons); resume with the checkpoint's settings, or "

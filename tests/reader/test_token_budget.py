@@ -227,3 +227,23 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     # a budget's checkpoint planned as batches of persons: refused as the loader refuses it, in one line
     code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--batch-size", 50, "--resume", tmp_path / "state.ckpt")
     assert code == 2 and "tokens_per_batch 8000 -> 0" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_a_crop_counts_only_the_tokens_the_model_sees(nomlm_dataset: Path) -> None:
+    """The device crops each person to 128 tokens: a budget of 600 (under 4 x the longest stored person) plans
+    batches of at most 600 cropped tokens, everyone once; the crop is part of the saved budget."""
+    persons, seen = [], []
+    for rank in range(2):
+        ld = make(nomlm_dataset, 2, rank, 0, budget=600, crop=128, packed=True)
+        from lifeseq_shards.device.build import padded_fields
+
+        for b in ld:
+            fields = padded_fields(b)
+            persons += fields["person_id"].tolist()
+            seen.append(int(fields["lengths"].clamp(max=128).sum()))
+    assert max(seen) <= 600 and len(persons) == len(set(persons)) == train_persons(nomlm_dataset)
+    state, _ = stop(nomlm_dataset, 2, 0, 2, budget=600, crop=128)
+    assert state["layout"]["crop"] == 128
+    with pytest.raises(ValueError, match="crop 128 -> 120"):
+        make(nomlm_dataset, 2, 0, 0, budget=600, crop=120).load_state_dict(state)
