@@ -39,19 +39,10 @@ from lifeseq_shards.convert.sources.synth import (
 )
 from lifeseq_shards.plan.balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from lifeseq_shards.plan.compare import persons_plan_costs
-from tools.common import write_csv
+from tools.common import SHARD, sample_lengths, shards_of, write_csv
 
-SHARD = 1024  # persons a shard: the converter's default least (MIN_SHARD_PERSONS); the rest is the remainder
 RANKS, PERSONS, WORKERS = (2, 4, 8), (50, 256), 2
 GROUP = 50_000  # synth's rows a row group: its RNG stream per group
-
-
-def sample_lengths(sample: Path) -> np.ndarray:
-    """Real tokens of each person of the sample's encoded_nomlm.h5 (its padding mask's sum), in file order."""
-    import h5py
-
-    with h5py.File(sample / "encoded_nomlm.h5", "r") as f:
-        return f["padding_mask"][()].sum(axis=1).astype(np.int64)
 
 
 def synth_lengths(people: int, seed: int = 0, max_seq_len: int = 512) -> np.ndarray:
@@ -81,10 +72,6 @@ def synth_lengths(people: int, seed: int = 0, max_seq_len: int = 512) -> np.ndar
         length = PREFIX_LEN + np.bincount(owner, weights=ev_len * fits, minlength=n).astype(np.int64)
         out.append(length[events >= MIN_EVENTS])
     return np.concatenate(out)
-
-
-def shards_of(n: int) -> list[int]:
-    return [SHARD] * (n // SHARD) + [n % SHARD]
 
 
 def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str, object]], dict[str, np.ndarray]]:
@@ -203,6 +190,8 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
                   f"{timing['peak_mib']:.0f} MiB against {timing['base_mib']:.0f} MiB before planning (the "
                   f"interpreter, and making the lengths: {timing['lengths_mib']:.0f} MiB as uint16), so planning "
                   f"took at most {timing['peak_mib'] - timing['base_mib']:.0f} MiB more."]
+    lines += ["", "What the balance buys under DDP, in the ranks' wait at the gradient all-reduce on real processes: "
+              "[balance-ddp.md](balance-ddp.md) (tools/bench_ddp_wait.py)."]
     return "\n".join(lines) + "\n"
 
 

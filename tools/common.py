@@ -1,6 +1,7 @@
-"""What more than one tool uses; a tool imports this module and no other tool. CSV rows in one format, the synthetic
-dataset the training benches run on, the loader bench's train persons read back and written as the seed's
-encoded.h5, and the loader bench's bars (which tools/bench_revisions.py judges each of its runs by)."""
+"""What more than one tool uses; a tool imports this module and no other tool. CSV rows in one format, the sample's
+lengths and the shards the balance benches lay them in, the synthetic dataset the training benches run on, the
+loader bench's train persons read back and written as the seed's encoded.h5, and the loader bench's bars (which
+tools/bench_revisions.py judges each of its runs by)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from lifeseq_shards.store.shardfile import read_shard_blocks
 SEQ = 512  # the seed's width
 NARROW = {"tokens": np.uint16, "abspos": np.int16, "age": np.uint8, "segment": np.uint8}
 RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")  # the loader bench's contenders 2-5
+SHARD = 1024  # persons a shard in the balance benches: the converter's default least (MIN_SHARD_PERSONS)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], fieldnames: Sequence[str] | None = None) -> None:
@@ -32,6 +34,17 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], fieldnames: Sequence[s
         w = csv.DictWriter(fh, fieldnames=cols, restval="", extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def sample_lengths(sample: Path) -> np.ndarray:
+    """Real tokens of each person of the sample's encoded_nomlm.h5 (its padding mask's sum), in file order."""
+    with h5py.File(sample / "encoded_nomlm.h5", "r") as f:
+        return f["padding_mask"][()].sum(axis=1).astype(np.int64)
+
+
+def shards_of(n: int) -> list[int]:
+    """Shard sizes of ``n`` persons in shards of :data:`SHARD`, the rest a remainder shard (last)."""
+    return [SHARD] * (n // SHARD) + [n % SHARD]
 
 
 def synth_dataset(root: Path, people: int, seed: int, max_seq_len: int = 512) -> Path:
