@@ -19,7 +19,9 @@
 #   small     100   the masker's CUDA graph: the small preset's first points, its prep table, the CUDA tests
 #   base       80   BERT-base at 1,024: the base preset's first points, the plain loop's CUDA tests
 #   embed      60   the embedding writer at the large size, bf16 and fp32, verified (what is left of the 480)
-#   tokens      -   token-balanced batches have not landed: no stage yet (the loop says so in the log)
+#   tokens    120   token-budget batches (train_bench --preset tokens: small-tc and large-tc, bf16, L=512: padded,
+#                   padding-free by persons, by a budget eager and compiled with the graphed masker), then BERT-base
+#                   at 1,024 by persons and by a budget; whatever is left of the 480 (it runs last)
 #   total     480   + ~120 s start = ~10 min of the session's 15. The margin is for a partial rerun: every finished
 #                   point and stage is kept, so a rerun on the still-warm machine (it goes back 30 s after a call)
 #                   takes only what is missing, e.g. STAGES="small base" DEADLINE_S=200 with timeout_s=230
@@ -118,12 +120,9 @@ case "$MODE" in all|all-cpu)  # every stage, most important first; the budget is
   rm -rf "$WORK" && mkdir -p "$WORK"
   export DATA PYTHONUNBUFFERED  # PYTHONPATH (the wheels, this checkout) is exported above
   for STAGE in ${STAGES:-seed pinned small base embed tokens}; do
-    if [ "$STAGE" = tokens ]; then  # the last stage: only once token-balanced batches exist
-      stamp "tokens: not run: token-balanced batches have not landed, so there is nothing to measure yet"
-      continue
-    fi
     VAR=B_${STAGE^^}
-    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; *) B=60;; esac
+    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; tokens) B=120;; *) B=60;;
+    esac
     B=${!VAR:-$B}
     [ -n "$SUFFIX" ] && B=${!VAR:-1800}  # CPU dry runs: minutes per stage on 2 shared cores
     LEFT=$((DEADLINE - SECONDS))
@@ -272,6 +271,33 @@ synth_dataset(Path(".devshared/bench-data-1024"), 20000, 0, max_seq_len=1024)'
   timeout "$(cap "$T_TESTS" 1)" $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_loop.py tests/test_base_1024.py \
     >>"$OUT/tests.log" 2>&1
   echo "tests exit $?: $(tail -1 "$OUT/tests.log")"
+  stamp done
+  exit 0;;
+esac
+
+case "$MODE" in tokens|tokens-cpu)  # token-budget batches against batches of persons (train_bench --preset tokens)
+  DATA1024=${DATA1024:-.devshared/bench-data-1024/shards}
+  if [ "$MODE" = tokens-cpu ]; then  # the same points at sizes a 2-core CPU runs; the crop (64) bounds the budget
+    SWEEP=(--sizes small-tc --lengths 64 --batch-sizes 4 --precisions 32-true --workers 1 --steps 4 --warmup 2
+           --compile off --masker eager --tokens-per-batch 0,600 --budget-s 300)
+    BASE=(--sizes small-tc --lengths 128 --batch-sizes 2 --precisions 32-true --workers 1 --steps 3 --warmup 1
+          --tokens-per-batch 0,800 --budget-s 300)
+    DEADLINE=$((T0 + ${DEADLINE_S:-1800}))
+  else
+    SWEEP=(--budget-s "${SWEEP_BUDGET:-80}")
+    # BERT-base at 1,024 (their newest): 50 persons, or the tokens 50 mean persons of the 1,024 data hold
+    BASE=(--sizes base --lengths 1024 --batch-sizes 50 --precisions bf16-mixed --attention varlen --prefetch on
+          --tokens-per-batch 0,20000 --steps 20 --warmup 5 --budget-s 40)
+  fi
+  { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc; } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  stamp "train_bench --preset tokens"
+  timeout "$(cap 160 45)" $PY -m tools.train_bench --preset tokens --out "$OUT" --data "$DATA" --no-plots "${SWEEP[@]}"
+  echo "sweep exit $?"
+  stamp "train_bench base at 1,024, by persons and by a budget"
+  timeout "$(cap 60 5)" $PY -m tools.train_bench --preset tokens --out "$OUT/base" --data "$DATA1024" --no-plots \
+    "${BASE[@]}"
+  echo "base exit $?"
   stamp done
   exit 0;;
 esac
