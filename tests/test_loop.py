@@ -308,3 +308,32 @@ def test_a_cuda_device_without_cuda_is_refused_naming_the_argument(vocab_dataset
     with pytest.raises(ValueError, match=r"LifeSeqData\(device='cuda(:[01])?'\): this process sees no CUDA device.*"
                                          r"pass device='cpu'"):
         LifeSeqData(vocab_dataset, BATCH, num_workers=0, device=device)
+
+
+def test_a_token_budget_in_the_plain_loop(vocab_dataset: Path) -> None:
+    """LifeSeqData(tokens_per_batch=...): the training batches hold at most the budget's real tokens, every train
+    person once an epoch in len() batches, the same batches as the DataModule's; a mid-epoch state resumes exactly;
+    validation stays batches of BATCH persons."""
+    kw = {"layout": "packed", "tokens_per_batch": 6000}
+    loop = data(vocab_dataset, **kw)
+    train = loop.train()
+    epoch0 = list(train)
+    assert len(epoch0) == len(train)
+    persons = [p for b in ids(epoch0) for p in b]
+    assert len(persons) == len(set(persons)) == loop.manifest.splits["train"].persons
+    assert max(int(b["lengths"].sum()) for b in epoch0) <= 6000
+    dm = LifeSeqDataModule(vocab_dataset, BATCH, num_workers=0, masking=MaskingConfig(), **kw)
+    dm.trainer = None
+    host = dm.train_dataloader()
+    host.set_epoch(0)
+    assert_same_batches(epoch0, datamodule_batches(dm, host, 0))
+    assert {len(b["person_id"]) for b in list(loop.val())[:-1]} == {BATCH}
+    run = data(vocab_dataset, **kw)
+    for i, _batch in enumerate(run.train(), start=1):
+        if i == 3:
+            state = run.state_dict()
+            break
+    assert state["train"]["layout"]["tokens_per_batch"] == 6000
+    resumed = data(vocab_dataset, **kw)
+    resumed.load_state_dict(state)
+    assert_same_batches(list(resumed.train()), epoch0[3:])
