@@ -243,9 +243,9 @@ def model_batch(
 
     ``static`` (a :class:`StaticShape`; packed layout and ``max_len`` only) pads that batch to ``static.tokens`` rows
     of the packed arrays and ``static.rows(max_len)`` persons, as :class:`StaticShape` says, whatever the batch holds:
-    a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets are ``floor(0.3 max_len)`` slots a
-    person (the masker's, or the offline ones, refused if a person has more), none on padding.
-    """
+    a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets have a fixed number of slots a person
+    (the masker's ``floor(ratio x max_len)``; ``floor(0.3 max_len)`` for the offline ones, a person with more
+    refused), none on padding. For training batches: ``model.pool`` (predict) counts a row's tokens by ``lengths``."""
     if layout not in (PADDED, PACKED):
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
     _check_static(static, layout, max_len)
@@ -357,6 +357,7 @@ class BatchBuilder:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "masking", Offline.of(self.masking))  # the word "offline" says OFFLINE here too
+        _check_static(self.static, self.layout, self.max_len)
 
     def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
         if isinstance(batch, ModelBatch):

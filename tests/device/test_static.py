@@ -64,6 +64,8 @@ def test_refusals() -> None:
         Padding(PADDED, 64, StaticShape(100, 3))
     with pytest.raises(ValueError, match="set it to the longest person"):
         Padding(PACKED, None, StaticShape(100, 3))
+    with pytest.raises(ValueError, match="layout='padded'"):
+        BatchBuilder(None, PADDED, 64, StaticShape(100, 3))  # refused when built, not at its first batch
     assert Padding(PACKED, 64, StaticShape(100, 3)).max_len == 64
 
 
