@@ -187,10 +187,10 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{rows['compiled', 'static']['compile_s'] / max(rows['compiled', 'varying']['compile_s'], 1e-9):.2f}. "
         f"The static batches' token positions are {100 * b['real_tokens'] / (b['steps'] * b['static'].tokens):.0f} % "
         f"real, and they have {b['rows']} person rows where the batches hold {b['persons_mean']:.1f} persons on "
-        f"average: {b['rows'] / b['persons_mean']:.1f} x the work that goes by person rows (the MLM head's "
-        f"floor(0.3 width) target slots a row, and on this CPU backend the padded attention's width slots a row; "
-        "FlashAttention's varlen kernel spends nothing on a person without tokens; the masker's (rows, width) draw "
-        "too, outside the timed step here).",
+        f"average: {b['rows'] / b['persons_mean']:.1f} x the work that goes by person rows (on this CPU backend the "
+        "padded attention's width slots a row, where FlashAttention's varlen kernel spends nothing on a person "
+        "without tokens; the masker's (rows, width) draw too, outside the timed step here). The MLM head reads "
+        "floor(0.3 x tokens) target slots a static batch, against floor(0.3 x width) a person unpadded.",
         "",
         "compiles: graphs dynamo compiled (forward and its backward count once); compile_s: the wall time of the "
         "steps that compiled over the median step's; steady_steps_per_s: 1 / the median step that did not compile; "

@@ -243,9 +243,11 @@ def model_batch(
 
     ``static`` (a :class:`StaticShape`; packed layout and ``max_len`` only) pads that batch to ``static.tokens`` rows
     of the packed arrays and ``static.rows(max_len)`` persons, as :class:`StaticShape` says, whatever the batch holds:
-    a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets have a fixed number of slots a person
-    (the masker's ``floor(ratio x max_len)``; ``floor(0.3 max_len)`` for the offline ones, a person with more
-    refused), none on padding. For training batches: ``model.pool`` (predict) counts a row's tokens by ``lengths``."""
+    a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets, drawn as above (offline ones: a
+    person with more than ``floor(0.3 max_len)`` refused), none on padding, are the batch's: ``target_index`` and
+    ``target_tokens`` (1, floor(ratio x ``static.tokens``)), the used slots first in person order (``ratio``: the
+    masker's, 0.3 for offline targets). For training batches: ``model.pool`` (predict) counts a row's tokens by
+    ``lengths``."""
     if layout not in (PADDED, PACKED):
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
     _check_static(static, layout, max_len)
@@ -310,7 +312,20 @@ def model_batch(
     out["max_len"] = L
     if "target_pos" in out:
         out["target_index"] = (starts(lengths)[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
+        if static is not None:
+            ratio = masker.cfg.ratio if masker is not None else DEFAULT_RATIO
+            out["target_index"], out["target_tokens"] = _batch_targets(
+                out["target_index"], out["target_tokens"], math.floor(ratio * static.tokens))
     return PackedModelBatch(out) if static is None else StaticModelBatch(out)
+
+
+def _batch_targets(index: torch.Tensor, tokens: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, slots) target rows and tokens of a static batch: every person's used slots (token != 0), in person order,
+    then unused ones. Each person has at most floor(ratio x its tokens) targets, so the batch at most
+    floor(ratio x static tokens) = ``slots``: none is dropped, and the MLM head reads that many slots, not
+    floor(ratio x width) for each of the (mostly padding) person rows."""
+    order = torch.sort((tokens == 0).flatten().int(), stable=True).indices[:slots]
+    return index.flatten()[order][None], tokens.flatten()[order][None]
 
 
 def _static_rows(static: StaticShape, persons: int, n_tokens: int, width: int) -> int:

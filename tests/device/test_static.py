@@ -100,10 +100,14 @@ def test_static_batches_have_one_shape_and_the_unpadded_contents(vocab_dataset: 
         if masker is None:
             assert "target_index" not in got and "target_cls" not in got
             continue
-        assert got["target_index"].shape == (rows, math.floor(0.3 * WIDTH))
-        for k in ("target_index", "target_tokens", "target_cls"):
-            assert torch.equal(got[k][:b], plain[k]), k
-        assert not got["target_tokens"][b:].any() and (got["target_cls"][b:] == NO_CLS).all()
+        # the batch's targets, not a person's: the used slots first, in person order, then unused ones (token 0)
+        assert got["target_index"].shape == got["target_tokens"].shape == (1, math.floor(0.3 * static.tokens))
+        used = plain["target_tokens"] != 0
+        k = int(used.sum())
+        assert torch.equal(got["target_index"][0, :k], plain["target_index"][used])
+        assert torch.equal(got["target_tokens"][0, :k], plain["target_tokens"][used])
+        assert k and not got["target_tokens"][0, k:].any()
+        assert torch.equal(got["target_cls"][:b], plain["target_cls"]) and (got["target_cls"][b:] == NO_CLS).all()
     assert len(shapes) == 1  # every batch, whatever it holds
 
 
@@ -126,14 +130,16 @@ def test_static_losses_and_gradients_are_the_unpadded_ones(vocab_dataset: Path, 
 
 
 def test_offline_targets_in_a_static_batch(mlm_dataset: Path) -> None:
-    """The stored masks: floor(0.3 WIDTH) target slots a person, the real persons' targets as unpadded; a width
-    whose slots cannot hold a person's stored targets is refused, not cropped."""
+    """The stored masks: floor(0.3 x 2048) target slots for the batch, the real persons' targets as unpadded; a
+    width whose slots cannot hold a person's stored targets is refused, not cropped."""
     host = next(iter(ShardedDataset(mlm_dataset, "train", batch_size=5, seed=1, packed=True)))
     plain, got = _both(count_tokens(host, WIDTH), StaticShape(2048, 8))
     b = len(plain["lengths"])
-    assert got["target_index"].shape == (StaticShape(2048, 8).rows(WIDTH), math.floor(0.3 * WIDTH))
+    assert got["target_index"].shape == (1, math.floor(0.3 * 2048))
     used = plain["target_tokens"] != 0
-    assert used.any() and torch.equal(got["target_tokens"][:b, : used.shape[1]], plain["target_tokens"])
+    k = int(used.sum())
+    assert k and torch.equal(got["target_tokens"][0, :k], plain["target_tokens"][used])
+    assert torch.equal(got["target_index"][0, :k], plain["target_index"][used])
     assert (got["target_cls"][b:] == NO_CLS).all()
     narrow = count_tokens(host, 16)
     with pytest.raises(ValueError, match="offline MLM targets, more than the static shape's 4 slots"):
