@@ -145,14 +145,18 @@ class PaddedIndex(NamedTuple):
     """A packed batch's rows laid out padded, for attention on the ``"padded-sdpa"`` backend."""
 
     rows: Tensor  # (B, max_len) the packed row of each padded slot, clamped into range
-    real: Tensor  # (B, max_len) which slots hold a token
+    real: Tensor  # (B, max_len) the slots attention reads as keys: those holding a token (slot 0 of one without any)
     slots: Tensor  # (N,) each packed row's slot in the flattened (B * max_len) padded array
 
 
 def padded_index(packed: Packed, n: int) -> PaddedIndex:
     """The :class:`PaddedIndex` of ``n`` packed rows (:mod:`lifeseq_shards.device.index`, as the device's packing)."""
-    counts = packed.cu_seqlens.diff().long()
+    # not diff(): torch 2.1's dynamo cannot trace diff of a dynamic size (a recompile for another person count failed)
+    counts = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
     rows, real = padded_rows(counts, packed.max_len)
+    # a person without tokens (a static batch's padding persons) attends to one key all the same: over no key at all,
+    # SDPA's softmax is NaN before torch 2.5, and its backward carries the NaN into the rows the slots were read from
+    real[:, 0] = True
     return PaddedIndex(rows.clamp_(max=max(n - 1, 0)), real, packed_slots(counts, packed.max_len, n))
 
 
@@ -256,7 +260,8 @@ class LifeSeqEncoder(nn.Module):
         positions in each row (padded), or rows of the packed array (packed)."""
         x = self.encode(input_ids, layout)
         if isinstance(layout, Packed):
-            picked, first = x[targets], x[layout.cu_seqlens[:-1].long()]
+            # clamped: a static batch's last padding persons hold no token and start past the last row
+            picked, first = x[targets], x[layout.cu_seqlens[:-1].long().clamp(max=x.shape[0] - 1)]
         else:
             picked, first = torch.gather(x, 1, targets.unsqueeze(-1).expand(-1, -1, x.shape[-1])), x[:, 0]
         mlm = self.mlm_transform(picked) @ self.embed.token.weight.t() + self.mlm_bias

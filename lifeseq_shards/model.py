@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .device.batch import ModelBatch, PackedModelBatch
+from .device.batch import ModelBatch, PackedModelBatch, StaticModelBatch
 from .encoder import SIZES, EncoderConfig, LifeSeqEncoder, Packed, model_flops_per_token, resolve_size
 from .schedule import resize_one_cycle
 from .store.format import PAD
@@ -108,8 +108,9 @@ class PretrainSteps:
             self.encoder.compile()  # in place: parameter names and checkpoints stay those of the eager model
 
     def _mark_dynamic(self, batch: ModelBatch) -> None:
-        if self.hparams.compile and isinstance(batch, PackedModelBatch):
-            # the packed token count changes every batch: compile for any count at once, not once per count
+        if self.hparams.compile and isinstance(batch, PackedModelBatch) and not isinstance(batch, StaticModelBatch):
+            # the packed token count changes every batch: compile for any count at once, not once per count (a static
+            # batch's never changes, and a step compiled for its one shape can be captured as a CUDA graph)
             torch._dynamo.maybe_mark_dynamic(batch["input_ids"], 1)
 
     def forward(self, batch: ModelBatch) -> Tensor:

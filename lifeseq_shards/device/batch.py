@@ -29,6 +29,9 @@ import torch
 from .. import compat
 from ..store.format import RUN_LENGTH, RUNS, SCALAR, STAMPS, TARGETS, Field
 
+# target_cls of a static batch's padding persons: torch's cross_entropy ignore_index, so the CLS loss (a mean over
+# the persons it does not ignore) counts only the real persons
+NO_CLS = -100
 OFFLINE_MLM_FIELDS = ("masked_tokens", "target_pos", "target_tokens", "n_targets", "target_cls")
 # the fields the device turns into the model batch (their batch names: a schema's "length" is "lengths");
 # "n_runs" and "run_length" are consumed when the stamps are repeated over their tokens
@@ -283,3 +286,11 @@ class PackedModelBatch(ModelBatch):
     """Only the real tokens, for the encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,),
     ``cu_seqlens`` (B+1,) int32, ``max_len`` (a host int), ``person_id``, ``lengths``, and with MLM targets
     ``target_index`` (B, T) (rows of the packed arrays), ``target_tokens``, ``target_cls``."""
+
+
+class StaticModelBatch(PackedModelBatch):
+    """A :class:`PackedModelBatch` padded to a ``device.build.StaticShape``: the same shapes every batch. Its first
+    persons and rows are the real ones; the padding persons after them have ``lengths`` 0, ``target_cls``
+    :data:`NO_CLS` and no MLM target, and hold the padding token rows ([PAD], all stamps 0) in ``cu_seqlens``. The
+    MLM targets are the batch's, not a person's: ``target_index`` and ``target_tokens`` (1, T), the used slots first
+    (token 0: unused)."""

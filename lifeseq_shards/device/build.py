@@ -24,6 +24,7 @@ import torch
 
 from lifeseq_shards import compat
 from lifeseq_shards.device.batch import (
+    NO_CLS,
     OFFLINE_MLM_FIELDS,
     HostBatch,
     ModelBatch,
@@ -31,6 +32,7 @@ from lifeseq_shards.device.batch import (
     PackedModelBatch,
     PaddedBatch,
     PaddedModelBatch,
+    StaticModelBatch,
     check_fields,
     widen_unsigned,
 )
@@ -119,18 +121,59 @@ PADDED, PACKED = "padded", "packed"
 
 
 @dataclass(frozen=True)
+class StaticShape:
+    """The one shape of every packed model batch of a token-budget run, so that a compiled step compiles once and a
+    CUDA graph can be captured: ``tokens`` token positions (at least the budget: the real tokens a batch may hold)
+    and room for ``persons`` real persons (``lifeseq_shards.plan.balance.person_slots`` of the split's lengths and
+    the budget).
+
+    A batch is padded after its real persons and tokens: the padding tokens ([PAD], abspos, age and segment 0) are
+    dealt to padding persons of at most the padded width each, after which the remaining padding persons hold no
+    token (``cu_seqlens`` repeats). Every token position belongs to a person because both attention backends need
+    it: FlashAttention's varlen kernel never writes the rows past the last person (whatever the memory held would
+    reach the next layer, and a NaN there the weights' gradients), and the padded fallback maps each row to a
+    person's slot. A padding person attends only among its own padding tokens, so the real persons' outputs are
+    those of the unpadded batch; it has ``lengths`` 0, no MLM target and ``target_cls`` :data:`NO_CLS`, so the
+    losses count only the real persons and their targets.
+
+    Args:
+        tokens: the token positions of every batch (>= the most real tokens one holds).
+        persons: the most real persons a batch holds (>= 1, <= ``tokens``).
+    """
+
+    tokens: int
+    persons: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.persons <= self.tokens:
+            raise ValueError(f"StaticShape(tokens={self.tokens}, persons={self.persons}): persons must be between 1 "
+                             "and tokens (every person holds a token)")
+
+    def rows(self, width: int) -> int:
+        """The person rows of a batch padded to this shape at padded width ``width``: room for :attr:`persons` real
+        ones and for the padding persons that hold the rest of the tokens, ``width`` at most each. (b real persons
+        hold at least b tokens, so the rows they need, b + ceil((tokens - b) / width), are most at b = persons.)"""
+        return self.persons + -(-(self.tokens - self.persons) // width)
+
+
+@dataclass(frozen=True)
 class Padding:
     """Where a front end's batches are padded and cropped, derived here only from its ``layout`` (the model batch's,
-    :data:`PADDED` or :data:`PACKED`) and ``pad_to``. The host pads (and crops) to ``pad_to`` for a padded model batch
-    with a ``pad_to``; otherwise it sends packed host batches (real tokens only), which the device pads to each batch's
-    longest or, for a packed model batch, crops to ``pad_to`` (:attr:`max_len`)."""
+    :data:`PADDED` or :data:`PACKED`), ``pad_to`` and ``static``. The host pads (and crops) to ``pad_to`` for a padded
+    model batch with a ``pad_to``; otherwise it sends packed host batches (real tokens only), which the device pads to
+    each batch's longest or, for a packed model batch, crops to ``pad_to`` (:attr:`max_len`).
+
+    ``static``: a :class:`StaticShape` every packed training batch is padded to (token-budget batches); it needs
+    ``layout="packed"`` and a ``pad_to``, the padded width, which must be a constant of the step too."""
 
     layout: str = PADDED
     pad_to: int | None = None
+    static: StaticShape | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in (PADDED, PACKED):
             raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {self.layout!r}")
+        _check_static(self.static, self.layout, self.max_len)
 
     @property
     def host_pad_to(self) -> int | None:
@@ -148,6 +191,25 @@ class Padding:
         return self.pad_to if self.layout == PACKED else None
 
 
+def _check_static(static: StaticShape | None, layout: str, max_len: int | None) -> None:
+    """A static shape is for the packed layout at a fixed width (the padded intermediate and the attention's
+    ``max_len`` are shapes of the step too)."""
+    if static is None:
+        return
+    if layout != PACKED:
+        raise ValueError(f"a static shape pads packed model batches, not layout={layout!r}: use layout={PACKED!r}")
+    if max_len is None:
+        raise ValueError("a static shape needs a fixed width, and max_len (the front ends' pad_to) is None: set it to "
+                         "the longest person (or the crop)")
+
+
+def _pad_rows(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """``values`` with zero rows appended up to ``rows`` along dim 0, in the same dtype (unsigned ones through their
+    signed view, as :func:`_take` does)."""
+    view = _signed(values)
+    return torch.cat([view, view.new_zeros((rows - view.shape[0], *view.shape[1:]))]).view(values.dtype)
+
+
 def count_tokens(batch: HostBatch, max_len: int | None = None) -> HostBatch:
     """On the host, before the copy: a packed batch gets ``n_tokens``, how many tokens its persons keep when cropped
     to ``max_len`` (read from the host buffer: no sync), so that the device can size the packed layout without asking
@@ -163,7 +225,7 @@ def count_tokens(batch: HostBatch, max_len: int | None = None) -> HostBatch:
 # padding and the masking, and the two short endings read best beside each other.
 def model_batch(
     batch: HostBatch, masker: DynamicMasker | None = None, *, epoch: int = 0, layout: str = PADDED,
-    max_len: int | None = None,
+    max_len: int | None = None, static: StaticShape | None = None,
 ) -> ModelBatch:
     """The model's batch (the seed code's layout, docs/reference/masking.md), built where ``batch`` lives,
     without a host sync.
@@ -178,9 +240,17 @@ def model_batch(
     for the encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
     ``max_len`` (a host int: the padded width, an upper bound of the lengths) and ``target_index`` (B, T), the MLM
     targets as rows of the packed arrays (unused slots point at a real row; their token 0 is ignored by the loss).
-    """
+
+    ``static`` (a :class:`StaticShape`; packed layout and ``max_len`` only) pads that batch to ``static.tokens`` rows
+    of the packed arrays and ``static.rows(max_len)`` persons, as :class:`StaticShape` says, whatever the batch holds:
+    a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets, drawn as above (offline ones: a
+    person with more than ``floor(0.3 max_len)`` refused), none on padding, are the batch's: ``target_index`` and
+    ``target_tokens`` (1, floor(ratio x ``static.tokens``)), the used slots first in person order (``ratio``: the
+    masker's, 0.3 for offline targets). For training batches: ``model.pool`` (predict) counts a row's tokens by
+    ``lengths``."""
     if layout not in (PADDED, PACKED):
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
+    _check_static(static, layout, max_len)
     n_tokens = batch.n_tokens if isinstance(batch, PackedBatch) else None
     if layout == PACKED:
         if not isinstance(batch, PackedBatch) or n_tokens is None:
@@ -192,6 +262,11 @@ def model_batch(
                              f"but model_batch got max_len={max_len}: count with the same max_len")
     extra = check_fields(batch)
     fields = padded_fields(batch, max_len)
+    persons = fields["lengths"].shape[0]
+    if static is not None:
+        assert n_tokens is not None and max_len is not None  # packed and counted, with a width: checked above
+        rows = _static_rows(static, persons, n_tokens, max_len)
+        fields = {k: _pad_rows(v, rows) for k, v in fields.items()}  # zero-length persons: no target, no token
     tokens = fields["tokens"].long()
     stamps = [fields[k].long() for k in STAMPS]
     lengths = fields["lengths"].long()
@@ -207,9 +282,17 @@ def model_batch(
     elif all(k in fields for k in OFFLINE_MLM_FIELDS):
         shown = fields["masked_tokens"].long()
         pos, tok = fields["target_pos"].long(), fields["target_tokens"].long()
-        slots = max(math.floor(DEFAULT_RATIO * L), pos.shape[1])
+        slots = math.floor(DEFAULT_RATIO * L)
+        if static is None:
+            slots = max(slots, pos.shape[1])  # the stored targets' count decides: no target dropped
+        elif pos.shape[1] > slots:
+            raise ValueError(f"a person of the batch has {pos.shape[1]} offline MLM targets, more than the static "
+                             f"shape's {slots} slots (floor({DEFAULT_RATIO} x max_len={L})): raise pad_to")
         target_pos, target_tokens = fill_target_slots(pos, tok, fields["n_targets"].long(), L, slots)
         out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=fields["target_cls"].long())
+    if static is not None and "target_cls" in out:  # the padding persons' CLS never counts
+        real = torch.arange(tokens.shape[0], device=tokens.device) < persons
+        out["target_cls"] = torch.where(real, out["target_cls"], NO_CLS)
     if layout == PADDED:
         out["padding_mask"] = (torch.arange(L, device=tokens.device) < lengths[:, None]).long()
         out["input_ids"] = torch.stack([shown, *stamps], 1)
@@ -219,11 +302,49 @@ def model_batch(
     flat = packed_slots(lengths, L, n_tokens)  # each real token's padded slot
     out["input_ids"] = torch.stack([shown, *stamps], 0).flatten(1)[:, flat]
     out["original_sequence"] = tokens.flatten()[flat]
-    out["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).int()
+    counts = lengths
+    if static is not None:  # the padding tokens (all fields 0) after the real ones, held by the padding persons
+        spare = static.tokens - n_tokens
+        out["input_ids"] = torch.nn.functional.pad(out["input_ids"], (0, spare))
+        out["original_sequence"] = torch.nn.functional.pad(out["original_sequence"], (0, spare))
+        counts = lengths + _padding_counts(tokens.shape[0], persons, spare, L, tokens.device)
+    out["cu_seqlens"] = torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0)).int()
     out["max_len"] = L
     if "target_pos" in out:
         out["target_index"] = (starts(lengths)[:, None] + out.pop("target_pos")).clamp(max=max(n_tokens - 1, 0))
-    return PackedModelBatch(out)
+        if static is not None:
+            ratio = masker.cfg.ratio if masker is not None else DEFAULT_RATIO
+            out["target_index"], out["target_tokens"] = _batch_targets(
+                out["target_index"], out["target_tokens"], math.floor(ratio * static.tokens))
+    return PackedModelBatch(out) if static is None else StaticModelBatch(out)
+
+
+def _batch_targets(index: torch.Tensor, tokens: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, slots) target rows and tokens of a static batch: every person's used slots (token != 0), in person order,
+    then unused ones. Each person has at most floor(ratio x its tokens) targets, so the batch at most
+    floor(ratio x static tokens) = ``slots``: none is dropped, and the MLM head reads that many slots, not
+    floor(ratio x width) for each of the (mostly padding) person rows."""
+    order = torch.sort((tokens == 0).flatten().int(), stable=True).indices[:slots]
+    return index.flatten()[order][None], tokens.flatten()[order][None]
+
+
+def _static_rows(static: StaticShape, persons: int, n_tokens: int, width: int) -> int:
+    """The person rows of a batch of ``persons`` persons and ``n_tokens`` tokens (host ints) padded to ``static``;
+    ValueError when it does not fit."""
+    rows = static.rows(width)
+    needed = persons + -(-(static.tokens - n_tokens) // width)
+    if n_tokens > static.tokens or needed > rows:
+        raise ValueError(f"a batch of {persons} persons and {n_tokens} tokens does not fit StaticShape(tokens="
+                         f"{static.tokens}, persons={static.persons}): size it from the same lengths and budget "
+                         "as the batches (plan.balance.person_slots)")
+    return rows
+
+
+def _padding_counts(rows: int, persons: int, spare: int, width: int, device: torch.device) -> torch.Tensor:
+    """(rows,) the tokens each person row holds of the ``spare`` padding tokens: none for the ``persons`` real
+    ones, then ``width`` each while they last, then none."""
+    j = torch.arange(rows, device=device) - persons
+    return (spare - j * width).clamp(0, width) * (j >= 0)
 
 
 def without_offline_masks(batch: HostBatch) -> HostBatch:
@@ -237,7 +358,8 @@ class BatchBuilder:
     """Host batch -> the model's batch on ``device``: :func:`count_tokens`, :func:`to_device`, :func:`model_batch`.
 
     ``masking``: None (no targets: offline fields dropped), :data:`~lifeseq_shards.masking.OFFLINE` (the stored
-    masks) or a :class:`DynamicMasker`. ``layout`` and ``max_len``: the model batch's (:class:`Padding`'s). The two
+    masks) or a :class:`DynamicMasker`. ``layout``, ``max_len`` and ``static``: the model batch's (:class:`Padding`'s
+    ``layout``, :attr:`Padding.max_len` and ``static``; give ``static`` to the training batches' builder). The two
     halves are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
     :class:`~lifeseq_shards.device.batch.ModelBatch` (one :class:`DevicePrefetcher` built ahead) passes through both as
     it is.
@@ -246,9 +368,11 @@ class BatchBuilder:
     masking: DynamicMasker | Offline | None = None
     layout: str = PADDED
     max_len: int | None = None
+    static: StaticShape | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "masking", Offline.of(self.masking))  # the word "offline" says OFFLINE here too
+        _check_static(self.static, self.layout, self.max_len)
 
     def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
         if isinstance(batch, ModelBatch):
@@ -261,7 +385,7 @@ class BatchBuilder:
         if self.masking is None:
             batch = without_offline_masks(batch)
         masker = self.masking if isinstance(self.masking, DynamicMasker) else None
-        return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len)
+        return model_batch(batch, masker, epoch=epoch, layout=self.layout, max_len=self.max_len, static=self.static)
 
     def __call__(self, batch: HostBatch, device: torch.device | str, epoch: int) -> ModelBatch:
         return self.widen(self.transfer(batch, device), epoch)

@@ -289,3 +289,22 @@ def _segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     cum = np.zeros(len(values) + 1)
     np.cumsum(values, out=cum[1:])
     return cum[bounds[1:]] - cum[bounds[:-1]]
+
+
+def person_slots(lengths: np.ndarray, tokens_per_batch: int) -> int:
+    """The most persons any batch of at most ``tokens_per_batch`` real tokens can hold: how many of the shortest
+    ``lengths`` add up to at most the budget. A function of the lengths and the budget alone, so the same every epoch,
+    on every rank and after every resume: the person slots of a static batch shape (device.build.StaticShape).
+
+    Args:
+        lengths: real tokens of each person of the split (the lengths :func:`plan_epoch` plans with), all >= 1.
+        tokens_per_batch: B, the most real tokens a batch may hold (>= 1).
+    """
+    lengths = np.asarray(lengths)
+    if tokens_per_batch < 1:
+        raise ValueError(f"tokens_per_batch={tokens_per_batch} holds no token: use tokens_per_batch >= 1")
+    if len(lengths) and lengths.min() < 1:
+        raise ValueError(f"a person of length {int(lengths.min())}: every length must be >= 1")
+    # a person longer than the budget never fits: only the others are sorted
+    fits = lengths[lengths <= tokens_per_batch]
+    return int(np.searchsorted(np.cumsum(np.sort(fits), dtype=np.int64), tokens_per_batch, side="right"))
