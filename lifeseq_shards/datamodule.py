@@ -57,6 +57,11 @@ class LifeSeqDataHooks(DataParts):
     :class:`~lifeseq_shards.EmbeddingWriter` among the Trainer's callbacks, only the shards it has not written yet,
     each person with its ``shard``.
 
+    ``static_shapes=True`` (with ``tokens_per_batch``, ``layout="packed"`` and ``pad_to``) pads every training batch
+    on the device to the budget's token positions and to the most persons a batch of the split can hold
+    (``device.build.StaticShape``), so that a compiled step compiles once and a CUDA graph can be captured; the
+    losses are those of the unpadded batch. Validation and predict batches keep their own shapes.
+
     ``tokens_per_batch``: training batches by a token budget instead of ``batch_size`` persons: each rank's batch
     holds as many persons as fit in that many real tokens, the ranks of every step balanced (``balance``:
     ``"tokens"``, or ``"attention"`` for the sum of len^2), planned from every person's length before training
@@ -159,10 +164,12 @@ class LifeSeqDataHooks(DataParts):
 
     # -- the batch on the device -------------------------------------------------------------------------------
     def _stage_builder(self) -> BatchBuilder:
-        """Predict's builder (the sequences as they are) while predicting, else training's (masks for validation
-        too)."""
-        predicting = self.trainer is not None and self.trainer.predicting
-        return self.predict_builder if predicting else self.builder
+        """Predict's builder (the sequences as they are) while predicting, validation's while validating (training's
+        masks, without its static shape), else training's."""
+        trainer = self.trainer
+        if trainer is not None and trainer.predicting:
+            return self.predict_builder
+        return self.builder if trainer is None or trainer.training else self.val_builder
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return self._stage_builder().transfer(batch, device)

@@ -13,17 +13,20 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from .device.batch import check_schema
-from .device.build import PADDED, BatchBuilder, Padding
+from .device.build import PACKED, PADDED, BatchBuilder, Padding, StaticShape
 from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
 from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
+from .plan.balance import person_slots
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
 from .reader.state import read_state
+from .store.lengths import split_lengths
 from .store.manifest import Manifest
 from .store.remote import read_manifest
 
@@ -128,6 +131,19 @@ class DataConfig:
                    predict_splits(manifest, predict_split), prefetch)
 
 
+def static_shape(config: DataConfig, tokens_per_batch: int | None) -> StaticShape:
+    """The one shape of every training batch of a token budget (``static_shapes=True``): the budget's token
+    positions and room for the most persons a batch of the train split can hold
+    (:func:`~lifeseq_shards.plan.balance.person_slots`, each person counted up to the crop, as the plan counts)."""
+    padding = config.padding
+    if not tokens_per_batch or padding.layout != PACKED or padding.pad_to is None:
+        raise ValueError("static_shapes=True pads each training batch to the token budget: it needs "
+                         "tokens_per_batch, layout='packed' and pad_to (the width, part of the step's shape); got "
+                         f"tokens_per_batch={tokens_per_batch}, layout={padding.layout!r}, pad_to={padding.pad_to}")
+    lengths, _ = split_lengths(config.reading.data_dir, config.manifest, "train")
+    return StaticShape(tokens_per_batch, person_slots(np.minimum(lengths, padding.pad_to), tokens_per_batch))
+
+
 class DataParts:
     """The configuration both front ends take (``LifeSeqDataModule``'s arguments; its docstring says what each
     does), resolved once into a :class:`DataConfig` (:attr:`config`), the parts built from it, and this rank's
@@ -140,7 +156,7 @@ class DataParts:
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
                  batches_per_message: int | None = None, layout: str = PADDED,
                  prefetch: str | bool | None = None, tokens_per_batch: int | None = None,
-                 balance: str = "tokens") -> None:
+                 balance: str = "tokens", static_shapes: bool = False) -> None:
         super().__init__()
         padding = Padding(layout, pad_to)
         train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
@@ -149,7 +165,10 @@ class DataParts:
                             crop=padding.max_len)
         reading = Reading(str(data_dir), train, pin_memory, persistent_workers, batches_per_message)
         self.config = DataConfig.resolve(reading, padding, masking, predict_split, prefetch)
-        self.builder = BatchBuilder(self.config.masker, layout, padding.max_len)
+        static = static_shape(self.config, tokens_per_batch) if static_shapes else None
+        self.builder = BatchBuilder(self.config.masker, layout, padding.max_len, static)
+        # validation's batches of persons may hold more tokens than the budget: never the training's static shape
+        self.val_builder = BatchBuilder(self.config.masker, layout, padding.max_len) if static else self.builder
         self.predict_builder = BatchBuilder(None, layout, padding.max_len)  # predict embeds the sequences as they are
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader

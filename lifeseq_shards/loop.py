@@ -112,7 +112,8 @@ class LifeSeqData(DataParts):
     def val(self) -> DevicePrefetcher:
         """The val split (every rank the same number of batches), masked as training's epoch is."""
         if self._val is None:
-            self._val = self._built(self._val_loader(), lambda batch: self.builder(batch, self.device, self._epoch()))
+            self._val = self._built(self._val_loader(),
+                                    lambda batch: self.val_builder(batch, self.device, self._epoch()))
         return self._val
 
     def predict(self, writer: EmbeddingWriterHooks | None = None, model: torch.nn.Module | None = None,

@@ -337,3 +337,17 @@ def test_a_token_budget_in_the_plain_loop(vocab_dataset: Path) -> None:
     resumed = data(vocab_dataset, **kw)
     resumed.load_state_dict(state)
     assert_same_batches(list(resumed.train()), epoch0[3:])
+
+
+def test_static_shapes_give_every_training_batch_one_shape(vocab_dataset: Path) -> None:
+    kw = {"layout": "packed", "pad_to": 512, "tokens_per_batch": 6000, "static_shapes": True}
+    loop = data(vocab_dataset, **kw)
+    shapes = {tuple((k, tuple(v.shape)) for k, v in sorted(b.items()) if isinstance(v, torch.Tensor))
+              for b in loop.train()}
+    assert len(shapes) == 1  # the whole epoch: one shape, so a compiled step compiles once
+    varying = data(vocab_dataset, **{**kw, "static_shapes": False})
+    assert len({tuple(b["input_ids"].shape) for b in varying.train()}) > 1
+    # validation keeps batches of persons, and their shapes
+    assert {len(b["person_id"]) for b in list(loop.val())[:-1]} == {BATCH}
+    with pytest.raises(ValueError, match="static_shapes=True pads each training batch to the token budget"):
+        data(vocab_dataset, layout="packed", pad_to=512, static_shapes=True)
