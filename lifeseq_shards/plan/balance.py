@@ -50,6 +50,9 @@ from .slots import num_slots
 # leaves steps of >= (R + 1) m tokens, enough to give every rank a person (epoch_steps)
 MIN_BUDGET_PERSONS = 4
 DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
+# a batch's gap to its share is filled by up to PICKS persons among the next batch's LOOKAHEAD first: enough to
+# bring the ranks of a step within ~0.1 % of each other, few enough to stay near the cut (a window rarely crossed)
+LOOKAHEAD, PICKS = 32, 2
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
 # what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step
 BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
@@ -122,19 +125,20 @@ def step_of(worker: int, j: np.ndarray | int, per_worker: int, workers: int, per
 
 
 def epoch_steps(total_tokens: int, longest: int, tokens_per_batch: int, world_size: int, num_workers: int) -> int:
-    """Steps of every epoch: the fewest groups of at most R (B - m) - m tokens that hold the split's T tokens, a
-    multiple of the workers a rank. ValueError for a budget under :data:`MIN_BUDGET_PERSONS` longest persons, or
-    steps of under (R + 1) m tokens: a step holds at least T / G - m tokens, so that many always give every rank a
-    person, whatever the epoch's order; fewer might not (refused up front, not in some later epoch)."""
-    k = num_slots(world_size, num_workers) // world_size
+    """Steps of every epoch: the fewest, a multiple of the K workers a rank, that keep both plans under the budget
+    (module docstring): T + R K m <= G R (B - m) for the slots and T <= G (R (B - m) - m) for the deal. ValueError
+    for a budget under :data:`MIN_BUDGET_PERSONS` longest persons, or too few tokens to give every rank a person at
+    every step, whatever the epoch's order: T >= R m (G + K) for the slots (a batch's share of its slot then holds a
+    longest person), T >= G (R + 1) m for the deal (refused up front, not in some later epoch)."""
+    r, k = world_size, num_slots(world_size, num_workers) // world_size
     if tokens_per_batch < MIN_BUDGET_PERSONS * longest:
         raise ValueError(f"tokens_per_batch={tokens_per_batch} is under {MIN_BUDGET_PERSONS} x the longest person "
                          f"({longest} tokens): the plan keeps one longest person a rank as its margin; use "
                          f"tokens_per_batch >= {MIN_BUDGET_PERSONS * longest}")
-    cap = world_size * (tokens_per_batch - longest) - longest
-    fewest = -(-total_tokens // cap)
+    room = tokens_per_batch - longest
+    fewest = max(-(-total_tokens // (r * room - longest)), -(-(total_tokens + r * k * longest) // (r * room)))
     steps = -(-fewest // k) * k
-    if total_tokens < steps * (world_size + 1) * longest:
+    if total_tokens < max(r * longest * (steps + k), steps * (r + 1) * longest):
         raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker) make under "
                          f"{world_size + 1} x the longest person ({longest} tokens) a step, too few to give each of "
                          f"{world_size} ranks a person at every step: use fewer ranks or workers, or a larger split")
@@ -168,8 +172,9 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
 def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
                  *, cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
     """The token-budget steps of the persons ``order`` (indices into ``lengths``, in the order they are read: an
-    epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`), cut into steps and dealt to the ranks
-    as the module docstring says; the other arguments as :func:`plan_epoch` takes them."""
+    epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`): cut into slots and batches (a cost in
+    tokens) or into steps dealt to the ranks (a cost with a len^2 term), as the module docstring says; the other
+    arguments as :func:`plan_epoch` takes them."""
     person_cost(lengths[:0], cost)  # a bad cost refused before any work
     stream = order
     if not len(stream):  # the rest of an epoch resumed after its last step
@@ -177,23 +182,78 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, 
     lens = lengths[stream].astype(np.int32)
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
     steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
-    before = np.cumsum(lens, dtype=np.int64)
-    before -= lens
-    before *= steps
-    before //= total  # the group of each stream position: < steps, as before <= total - 1
-    group = before.astype(np.int32)
-    del before
-    counts = np.bincount(group, minlength=steps)  # each >= R (epoch_steps)
-    rank = _deal(group, lens, counts, world_size, longest, cost)
-    # group g is batch g % per of worker g // per; renumbered as the rank's step it is yielded at
-    per = steps // max(1, num_workers)
-    groups = np.arange(steps)
-    step = step_of(groups // per, groups % per, per, steps // per, per_message)
-    batch = step[group] * world_size + rank  # the (step, rank) batch of each stream position
-    del group, rank
+    k = max(1, num_workers)
+    per = steps // k
+    if cost[1]:
+        group = _groups(lens, total, steps)
+        rank = _deal(group, lens, np.bincount(group, minlength=steps), world_size, longest, cost)
+        worker, j = np.divmod(group, per)  # group g is batch g % per of worker g // per
+        del group
+    else:
+        slot, j = _slot_batches(lens, total, world_size * k, per)
+        rank, worker = np.divmod(slot, k)  # slot r K + w: rank r's worker w
+        del slot
+    # batch j of a worker, renumbered as the rank's step it is yielded at
+    batch = step_of(worker, j, per, k, per_message) * world_size + rank  # the (step, rank) batch of each position
+    del worker, j, rank
     bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
     return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
+
+
+def _runs(lens: np.ndarray, total: int, parts: int, start: int = 0) -> np.ndarray:
+    """Each person's run when a stream of ``total`` tokens, after ``start`` tokens before it, is cut into ``parts``
+    runs of equal tokens at token positions: person i goes to run floor((e_i - 1) parts / total), e_i the tokens up
+    to its end. A run holds every person whose last token falls in its share, so each run holds fewer than
+    total / parts + m tokens and more than total / parts - m (m the longest), and is not empty when
+    total / parts >= m (consecutive ends are at most m apart)."""
+    end = np.cumsum(lens, dtype=np.int64)
+    end -= 1 + start
+    end *= parts
+    end //= total  # < parts, as e_i - 1 <= total - 1
+    return end
+
+
+def _groups(lens: np.ndarray, total: int, steps: int) -> np.ndarray:
+    """Each stream position's step group for the deal: ``steps`` runs of equal tokens (int32)."""
+    return _runs(lens, total, steps).astype(np.int32)
+
+
+def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, batch of the slot) of each stream position: the stream cut into ``slots`` runs of equal tokens, each
+    run into ``per`` batches of equal tokens by :func:`_runs`, then each batch's gap to its share filled from
+    below by up to :data:`PICKS` persons of the next batch's first :data:`LOOKAHEAD` (never its first person)."""
+    slot = _runs(lens, total, slots)
+    counts = np.bincount(slot, minlength=slots)  # each >= 1 (epoch_steps)
+    first = np.cumsum(counts) - counts
+    start = np.cumsum(lens, dtype=np.int64)
+    start -= lens  # tokens of the stream before each position
+    offset = start - start[first][slot]  # tokens of its slot before each position
+    del start
+    size = np.add.reduceat(lens.astype(np.int64), first)  # each slot's tokens
+    end = offset + lens
+    end -= 1
+    end *= per
+    end //= size[slot]
+    j = end  # batch of the slot, as _runs cuts it (one slot at a time would be a loop over R K slots)
+    # the cuts: the first position of every batch but a slot's first, its end share ceil(j S / per) and the next cut
+    cut = np.flatnonzero(np.diff(j, prepend=0) > 0)  # a new slot starts at batch 0: not a cut
+    nxt = np.append(cut[1:], len(j))
+    nxt = np.minimum(nxt, (first + counts)[slot[cut]])  # the next batch's start, or the slot's end
+    share = -(-j[cut] * size[slot[cut]] // per)
+    gap = share - offset[cut]  # the tokens batch j - 1 may still take: its persons end at or before the share
+    del offset
+    for _ in range(PICKS):
+        cand = cut[:, None] + np.arange(1, LOOKAHEAD + 1)
+        fits = (cand < nxt[:, None]) & (j[np.minimum(cand, len(j) - 1)] == j[cut][:, None])
+        cand_len = np.where(fits, lens[np.minimum(cand, len(lens) - 1)], 0)
+        cand_len[cand_len > gap[:, None]] = 0  # never over the share: the budget's margin (module docstring)
+        best = cand_len.argmax(axis=1)
+        took = cand_len[np.arange(len(cut)), best] > 0
+        chosen = cand[took, best[took]]
+        j[chosen] -= 1
+        gap[took] -= lens[chosen]
+    return slot, j
 
 
 def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:

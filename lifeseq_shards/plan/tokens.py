@@ -105,11 +105,12 @@ class TokenSchedule:
         start_in_stream[order] = np.cumsum(sizes[order]) - sizes[order]
         return start_in_stream[shard] + persons - self._starts[shard]
 
-    def window(self, epoch: int, index: int, window: int) -> Window:
-        """Window ``index`` of the epoch's unshuffled stream, its shard segments in stream order."""
+    def window(self, epoch: int, index: int, window: int, count: int = 1) -> Window:
+        """Windows ``index`` .. ``index + count - 1`` of the epoch's unshuffled stream as one, its shard segments in
+        stream order."""
         sizes = list(self.shard_sizes)
         order = epoch_shard_order(len(sizes), self.seed, epoch) if self.shuffle else np.arange(len(sizes))
-        lo, hi = index * window, min((index + 1) * window, len(self.lengths))
+        lo, hi = index * window, min((index + count) * window, len(self.lengths))
         shards = [Segment(int(s), 0, sizes[s]) for s in order]
         return Window(index, lo, hi, tuple(_cut(shards, lo, hi)))
 
@@ -117,7 +118,10 @@ class TokenSchedule:
                         batches: Sequence[np.ndarray]) -> Iterator[tuple[Window, np.ndarray]]:
         """The windows holding ``batches`` (each a batch's persons, in the order they are read), each once and in
         stream order, with the indices into it of the persons it gives, in the order they are yielded: every
-        batch's persons sorted by stream position, batch after batch."""
+        batch's persons sorted by stream position, batch after batch. Where a batch took a person of a later window
+        (the plan's lookahead, near a cut) before the next batch's persons of an earlier one, those windows are
+        given as one (:meth:`window` of several): the persons yielded between two cuts here lie in windows below
+        all that follow, so each window is still read once."""
         if not batches:
             return
         persons = np.concatenate(batches)
@@ -125,10 +129,8 @@ class TokenSchedule:
         cuts = np.cumsum([len(b) for b in batches])[:-1]
         pos = np.concatenate([np.sort(p) for p in np.split(pos, cuts)])
         win = pos // window
-        if len(win) > 1 and (np.diff(win) < 0).any():  # the plan's batches are runs of the stream: never expected
-            raise AssertionError("a token-budget worker's batches went back a window")
-        edges = np.flatnonzero(np.diff(win)) + 1
-        for part in np.split(np.arange(len(pos)), edges):
-            if len(part):
-                w = int(win[part[0]])
-                yield self.window(epoch, w, window), pos[part] - w * window
+        # a cut before yield i + 1 where every window so far is below every window to come
+        below = np.maximum.accumulate(win)[:-1] < np.minimum.accumulate(win[::-1])[::-1][1:]
+        for part in np.split(np.arange(len(pos)), np.flatnonzero(below) + 1):
+            lo, hi = int(win[part].min()), int(win[part].max())
+            yield self.window(epoch, lo, window, hi - lo + 1), pos[part] - lo * window
