@@ -9,26 +9,36 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   shard). The epoch reads the shards, remainder included, in :func:`~lifeseq_shards.plan.partition.epoch_shard_order`
   (a permutation by (seed, epoch)), and shuffles each window of ``window`` consecutive stream positions on its own,
   as :mod:`lifeseq_shards.plan.order` does for a slot's stream.
-* **Steps.** The stream is cut into G groups of consecutive persons, one group a step: person i goes to group
-  ``floor(c_i * G / T)``, where c_i is the stream's tokens before it and T the split's tokens, so a group holds at
-  most T / G + m tokens. G, the steps of an epoch, is the fewest that keep T / G <= R (B - m) - m, rounded up to a
-  multiple of K; it depends on T, m, R, K and B alone, hence is the same every epoch (``len()`` is exact and
-  constant).
-* **Ranks.** A group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank
-  a round: the round's longest to the rank of least ``cost`` so far (tokens, or a len + b len^2 to balance attention),
-  its next to the next least, and so on. The rounds' length spans add up to at most m, so one person a rank a round
-  keeps the ranks' tokens within one longest person of each other (a short last round included), whatever the cost:
-  the busiest rank holds at most (T / G + m) / R + m <= B tokens, so the budget is never exceeded; and the cost is
-  balanced to about 1 (docs/results/balance.md).
-* **Workers.** Worker w of every rank owns the contiguous run of groups [w G/K, (w+1) G/K): its persons are ~1/K of
-  the stream, a few consecutive windows, hence a few shards. Its j-th batch is group w G/K + j; the DataLoader's
-  round robin (``per_message`` batches a message) makes that the rank's step :func:`step_of`. Every rank's worker w
-  reads the same windows and keeps its own persons of them: each block is decoded R times in all, where the persons
-  plan decodes it once; the price of balancing a step across ranks from one pool.
+* **Steps.** G, the steps of an epoch, is the fewest, a multiple of K, with T + R K m <= G R (B - m) (the slots'
+  margin) and T <= G (R (B - m) - m) (the deal's), T the split's tokens: a function of T, m, R, K and B alone, hence
+  the same every epoch (``len()`` is exact and constant), and never more for a part of the split (the rest of an
+  epoch) than for all of it. Worker w's j-th batch is yielded at the rank's step :func:`step_of` (the DataLoader's
+  round robin, ``per_message`` batches a message).
+* **Slots (a cost in tokens, the default).** The stream is cut at token positions into R K slots, slot r K + w
+  (rank r's worker w) a contiguous run holding an equal share of the tokens: person i goes to slot
+  floor((e_i - 1) R K / T), e_i the stream's tokens up to its end, so a slot holds S < T / (R K) + m tokens. Each
+  slot's run is cut the same way into its n = G / K batches, batch j ending by ceil((j + 1) S / n) tokens into the
+  slot; then the gap batch j - 1 leaves to that share is filled from below by up to :data:`PICKS` persons, each the
+  longest that still fits the gap, among the next batch's first :data:`LOOKAHEAD` persons (never its first). The
+  window is shuffled anyway, so the order within a batch is free; the ranks of a step are then within a few tokens
+  of each other (docs/results/balance.md). **Budget:** batch j starts after its slot's first j S / n + 1 - m tokens
+  (its first person ends past the share j S / n) and ends by ceil((j + 1) S / n) < (j + 1) S / n + 1 (picks only
+  fill the gap to it), so it holds under S / n + m < T / (G R) + m K / G + m <= B tokens. **Reading:** each slot is
+  one worker's run of the stream, a few consecutive windows of its shards; a pick takes a person at most
+  :data:`LOOKAHEAD` places ahead, so every block is decoded once in all, as the persons plan decodes it.
+* **Deal (a cost with a len^2 term, e.g. :data:`ATTENTION`).** Balancing len^2 across ranks that read distant runs
+  cannot keep a token budget (a run of short persons holds many tokens for its len^2), so this cost keeps the pooled
+  design: the stream is cut into G groups of equal tokens, one a step (a group holds at most T / G + m tokens), and
+  a group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank a round: the
+  round's longest to the rank of least ``cost`` so far, its next to the next least, and so on. The rounds' length
+  spans add up to at most m, so the ranks' tokens stay within one longest person of each other: the busiest rank
+  holds at most (T / G + m) / R + m <= B tokens. Worker w of every rank owns groups [w G / K, (w+1) G / K) and keeps
+  its own persons of them: each block is decoded R times in all, the price of balancing len^2 from one pool.
 * **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
   split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
-  (ValueError, :func:`epoch_steps`, the same answer every epoch), as is a budget under :data:`MIN_BUDGET_PERSONS`
-  longest persons (the margin of one longest person a rank that guarantees the budget would leave too little).
+  (ValueError, :func:`epoch_steps`, the same answer every epoch: a slot's batch share must hold a longest person, so
+  that every batch keeps the first person of its run), as is a budget under :data:`MIN_BUDGET_PERSONS` longest
+  persons (the margin of one longest person that guarantees the budget would leave too little).
 * **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
   (:meth:`TokenPlan.remaining`) and worker w has given :meth:`TokenPlan.worker_done` of its batches: an exact
   mid-epoch resume in the same layout. Resuming in another layout or budget is not planned yet (refused by the
@@ -138,10 +148,11 @@ def epoch_steps(total_tokens: int, longest: int, tokens_per_batch: int, world_si
     room = tokens_per_batch - longest
     fewest = max(-(-total_tokens // (r * room - longest)), -(-(total_tokens + r * k * longest) // (r * room)))
     steps = -(-fewest // k) * k
-    if total_tokens < max(r * longest * (steps + k), steps * (r + 1) * longest):
-        raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker) make under "
-                         f"{world_size + 1} x the longest person ({longest} tokens) a step, too few to give each of "
-                         f"{world_size} ranks a person at every step: use fewer ranks or workers, or a larger split")
+    need = max(r * longest * (steps + k), steps * (r + 1) * longest)
+    if total_tokens < need:
+        raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker; the longest person "
+                         f"{longest} tokens) are too few to give each of {world_size} ranks a person at every step "
+                         f"(that needs {need}): use fewer ranks or workers, or a larger split")
     return steps
 
 
@@ -184,67 +195,64 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, 
     steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
     k = max(1, num_workers)
     per = steps // k
+    # the (step, rank) batch of rank r's worker w's batch j, at r G + w n + j (n = G / K): batch j of a worker is
+    # yielded at the rank's step step_of
+    step = step_of(np.arange(k)[:, None], np.arange(per), per, k, per_message).ravel()
+    batch_of = (step * world_size + np.arange(world_size)[:, None]).ravel()
     if cost[1]:
-        group = _groups(lens, total, steps)
-        rank = _deal(group, lens, np.bincount(group, minlength=steps), world_size, longest, cost)
-        worker, j = np.divmod(group, per)  # group g is batch g % per of worker g // per
+        # int32: a few bytes a person fewer at 27 M persons; group g is batch g % n of worker g // n
+        group = _runs(np.cumsum(lens, dtype=np.int64), total, steps).astype(np.int32)
+        batch = batch_of[_deal(group, lens, np.bincount(group, minlength=steps), world_size, longest, cost) * steps
+                         + group]
         del group
     else:
-        slot, j = _slot_batches(lens, total, world_size * k, per)
-        rank, worker = np.divmod(slot, k)  # slot r K + w: rank r's worker w
-        del slot
-    # batch j of a worker, renumbered as the rank's step it is yielded at
-    batch = step_of(worker, j, per, k, per_message) * world_size + rank  # the (step, rank) batch of each position
-    del worker, j, rank
+        slot, j = _slot_batches(lens, total, world_size * k, per)  # slot r K + w: rank r's worker w
+        slot *= per
+        slot += j
+        batch = batch_of[slot]
+        del slot, j
     bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
     return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
 
 
-def _runs(lens: np.ndarray, total: int, parts: int, start: int = 0) -> np.ndarray:
-    """Each person's run when a stream of ``total`` tokens, after ``start`` tokens before it, is cut into ``parts``
-    runs of equal tokens at token positions: person i goes to run floor((e_i - 1) parts / total), e_i the tokens up
-    to its end. A run holds every person whose last token falls in its share, so each run holds fewer than
-    total / parts + m tokens and more than total / parts - m (m the longest), and is not empty when
-    total / parts >= m (consecutive ends are at most m apart)."""
-    end = np.cumsum(lens, dtype=np.int64)
-    end -= 1 + start
-    end *= parts
-    end //= total  # < parts, as e_i - 1 <= total - 1
-    return end
-
-
-def _groups(lens: np.ndarray, total: int, steps: int) -> np.ndarray:
-    """Each stream position's step group for the deal: ``steps`` runs of equal tokens (int32)."""
-    return _runs(lens, total, steps).astype(np.int32)
+def _runs(end: np.ndarray, total: int, parts: int) -> np.ndarray:
+    """Each person's run when a stream of ``total`` tokens is cut into ``parts`` runs of equal tokens at token
+    positions, ``end`` the tokens up to each person's end: person i goes to run floor((end_i - 1) parts / total).
+    A run holds every person whose last token falls in its share, so each run holds fewer than total / parts + m
+    tokens and more than total / parts - m (m the longest), and is not empty when total / parts >= m (consecutive
+    ends are at most m apart)."""
+    run = end - 1
+    run *= parts
+    run //= total  # < parts, as end_i - 1 <= total - 1
+    return run
 
 
 def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> tuple[np.ndarray, np.ndarray]:
     """(slot, batch of the slot) of each stream position: the stream cut into ``slots`` runs of equal tokens, each
-    run into ``per`` batches of equal tokens by :func:`_runs`, then each batch's gap to its share filled from
-    below by up to :data:`PICKS` persons of the next batch's first :data:`LOOKAHEAD` (never its first person)."""
-    slot = _runs(lens, total, slots)
+    run into ``per`` batches of equal tokens as :func:`_runs` cuts (each slot by its own tokens), then each batch's
+    gap to its share filled from below by up to :data:`PICKS` persons of the next batch's first :data:`LOOKAHEAD`
+    (never its first)."""
+    end = np.cumsum(lens, dtype=np.int64)
+    slot = _runs(end, total, slots)
     counts = np.bincount(slot, minlength=slots)  # each >= 1 (epoch_steps)
     first = np.cumsum(counts) - counts
-    start = np.cumsum(lens, dtype=np.int64)
-    start -= lens  # tokens of the stream before each position
-    offset = start - start[first][slot]  # tokens of its slot before each position
-    del start
-    size = np.add.reduceat(lens.astype(np.int64), first)  # each slot's tokens
-    end = offset + lens
-    end -= 1
-    end *= per
-    end //= size[slot]
-    j = end  # batch of the slot, as _runs cuts it (one slot at a time would be a loop over R K slots)
+    before = end[first] - lens[first]  # the stream's tokens before each slot
+    size = np.diff(before, append=total)  # each slot's tokens
+    end -= np.repeat(before, counts)  # now the slot's tokens up to each person's end
+    j = end - 1
+    j *= per
+    j //= np.repeat(size, counts)  # _runs of each slot's own tokens
     # the cuts: the first position of every batch but a slot's first, its end share ceil(j S / per) and the next cut
     cut = np.flatnonzero(np.diff(j, prepend=0) > 0)  # a new slot starts at batch 0: not a cut
     nxt = np.append(cut[1:], len(j))
     nxt = np.minimum(nxt, (first + counts)[slot[cut]])  # the next batch's start, or the slot's end
     share = -(-j[cut] * size[slot[cut]] // per)
-    gap = share - offset[cut]  # the tokens batch j - 1 may still take: its persons end at or before the share
-    del offset
+    gap = share - (end[cut] - lens[cut])  # the tokens batch j - 1 may still take: its persons end by the share
+    del end
     for _ in range(PICKS):
         cand = cut[:, None] + np.arange(1, LOOKAHEAD + 1)
+        # in the next batch's run and not picked yet (a pick moved to batch j - 1)
         fits = (cand < nxt[:, None]) & (j[np.minimum(cand, len(j) - 1)] == j[cut][:, None])
         cand_len = np.where(fits, lens[np.minimum(cand, len(lens) - 1)], 0)
         cand_len[cand_len > gap[:, None]] = 0  # never over the share: the budget's margin (module docstring)

@@ -13,8 +13,10 @@ refused (ValueError naming what to change) rather than read unequally.
 
 Where the persons lie: the epoch's stream, unshuffled, is the shards in ``epoch_shard_order``; its windows of
 ``window`` positions are shuffled each on its own, so a person stays in its window. A worker's batches are runs of the
-(rest of the) stream, hence its persons' windows only grow from batch to batch: :func:`TokenSchedule.ordered_windows`
-yields each window once, with the persons of it to yield (each batch's persons by stream position).
+(rest of the) stream, but for a few persons a batch takes from the start of the next (the plan's lookahead), hence
+its persons' windows only grow from batch to batch except across a window edge near a cut:
+:func:`TokenSchedule.ordered_windows` yields each window once (such neighbours joined as one), with the persons of it
+to yield (each batch's persons by stream position).
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ class TokenSchedule:
             return
         persons = np.concatenate(batches)
         pos = self.positions(epoch, persons)
-        cuts = np.cumsum([len(b) for b in batches])[:-1]
-        pos = np.concatenate([np.sort(p) for p in np.split(pos, cuts)])
+        batch = np.repeat(np.arange(len(batches)), [len(b) for b in batches])
+        pos = pos[np.lexsort((pos, batch))]  # batch after batch, each by stream position
         win = pos // window
         # a cut before yield i + 1 where every window so far is below every window to come
         below = np.maximum.accumulate(win)[:-1] < np.minimum.accumulate(win[::-1])[::-1][1:]
