@@ -62,7 +62,7 @@ MIN_BUDGET_PERSONS = 4
 DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
 # a batch's gap to its share is filled by up to PICKS persons among the next batch's LOOKAHEAD first: enough to
 # bring the ranks of a step within ~0.1 % of each other, few enough to stay near the cut (a window rarely crossed)
-LOOKAHEAD, PICKS = 32, 2
+LOOKAHEAD, PICKS = 16, 2
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
 # what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step
 BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
@@ -176,8 +176,10 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
     """
     lengths = np.asarray(lengths)
     _check(lengths, shard_sizes, window, per_message)
-    return plan_persons(epoch_stream(shard_sizes, seed, epoch, window, shuffle), lengths, tokens_per_batch,
-                        world_size, num_workers, cost=cost, per_message=per_message)
+    order = epoch_stream(shard_sizes, seed, epoch, window, shuffle)
+    place = np.repeat(stream_offsets(shard_sizes, seed, epoch, shuffle), shard_sizes)[order] + order
+    return plan_persons(split_edges(order, place, lengths, window, world_size, num_workers, cost), lengths,
+                        tokens_per_batch, world_size, num_workers, cost=cost, per_message=per_message)
 
 
 def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
@@ -190,7 +192,7 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, 
     stream = order
     if not len(stream):  # the rest of an epoch resumed after its last step
         return TokenPlan(stream, np.zeros(1, dtype=np.int64), world_size, num_workers, per_message)
-    lens = lengths[stream].astype(np.int32)
+    lens = lengths[stream].astype(np.int32, copy=False)  # a new array already: no second copy
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
     steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
     k = max(1, num_workers)
@@ -206,11 +208,7 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, 
                          + group]
         del group
     else:
-        slot, j = _slot_batches(lens, total, world_size * k, per)  # slot r K + w: rank r's worker w
-        slot *= per
-        slot += j
-        batch = batch_of[slot]
-        del slot, j
+        batch = batch_of[_slot_batches(lens, total, world_size * k, per)]  # slot r K + w: rank r's worker w
     bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
     return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
@@ -228,40 +226,81 @@ def _runs(end: np.ndarray, total: int, parts: int) -> np.ndarray:
     return run
 
 
-def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slot, batch of the slot) of each stream position: the stream cut into ``slots`` runs of equal tokens, each
-    run into ``per`` batches of equal tokens as :func:`_runs` cuts (each slot by its own tokens), then each batch's
-    gap to its share filled from below by up to :data:`PICKS` persons of the next batch's first :data:`LOOKAHEAD`
-    (never its first)."""
+def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> np.ndarray:
+    """Each stream position's slot q and batch j of the slot, as q n + j (n = ``per``): the stream cut into
+    ``slots`` runs of equal tokens, each run into n batches of equal tokens as :func:`_runs` cuts (each slot by its
+    own tokens), then each batch's gap to its share filled from below by up to :data:`PICKS` persons of the next
+    batch's first :data:`LOOKAHEAD` (never its first). A run's persons are those whose end e_i > the run's start
+    share (e_i - 1 >= ceil(share)), so the cuts are found by a search of the ends, not computed a person at a time."""
     end = np.cumsum(lens, dtype=np.int64)
-    slot = _runs(end, total, slots)
-    counts = np.bincount(slot, minlength=slots)  # each >= 1 (epoch_steps)
-    first = np.cumsum(counts) - counts
-    before = end[first] - lens[first]  # the stream's tokens before each slot
-    size = np.diff(before, append=total)  # each slot's tokens
-    end -= np.repeat(before, counts)  # now the slot's tokens up to each person's end
-    j = end - 1
-    j *= per
-    j //= np.repeat(size, counts)  # _runs of each slot's own tokens
-    # the cuts: the first position of every batch but a slot's first, its end share ceil(j S / per) and the next cut
-    cut = np.flatnonzero(np.diff(j, prepend=0) > 0)  # a new slot starts at batch 0: not a cut
-    nxt = np.append(cut[1:], len(j))
-    nxt = np.minimum(nxt, (first + counts)[slot[cut]])  # the next batch's start, or the slot's end
-    share = -(-j[cut] * size[slot[cut]] // per)
-    gap = share - (end[cut] - lens[cut])  # the tokens batch j - 1 may still take: its persons end by the share
-    del end
+    edge = np.searchsorted(end, -(-np.arange(slots + 1) * total // slots), side="right")  # each slot's first
+    before = np.append(end[edge[:-1]] - lens[edge[:-1]], total)  # the stream's tokens before each slot; then all
+    size = np.diff(before)  # each slot's tokens
+    # batch j of slot q starts at the first person ending past before_q + ceil(j S_q / n): its share so far
+    share = -(-np.arange(per) * size[:, None] // per)
+    first = np.searchsorted(end, before[:-1, None] + share, side="right").ravel()  # at q n + j
+    nxt = np.append(first[1:], len(lens))  # the next batch's first person, or the stream's end
+    gap = share.ravel() - (end[first] - lens[first] - np.repeat(before[:-1], per))  # batch j - 1's room to share
+    cut = np.flatnonzero(share.ravel() > 0)  # batch j >= 1 of a slot: its first person ends a cut
+    cand = first[cut, None] + np.arange(1, LOOKAHEAD + 1)
+    cand_len = np.where(cand < nxt[cut, None], lens[np.minimum(cand, len(lens) - 1)], 0)  # in batch j's run
+    gap = gap[cut]
+    batch = np.repeat(np.arange(slots * per), np.diff(first, append=len(lens)))
+    rows = np.arange(len(cut))
     for _ in range(PICKS):
-        cand = cut[:, None] + np.arange(1, LOOKAHEAD + 1)
-        # in the next batch's run and not picked yet (a pick moved to batch j - 1)
-        fits = (cand < nxt[:, None]) & (j[np.minimum(cand, len(j) - 1)] == j[cut][:, None])
-        cand_len = np.where(fits, lens[np.minimum(cand, len(lens) - 1)], 0)
-        cand_len[cand_len > gap[:, None]] = 0  # never over the share: the budget's margin (module docstring)
-        best = cand_len.argmax(axis=1)
-        took = cand_len[np.arange(len(cut)), best] > 0
-        chosen = cand[took, best[took]]
-        j[chosen] -= 1
-        gap[took] -= lens[chosen]
-    return slot, j
+        fill = np.where(cand_len <= gap[:, None], cand_len, 0)  # never over the share: the budget's margin
+        best = fill.argmax(axis=1)
+        took = fill[rows, best] > 0
+        batch[cand[took, best[took]]] -= 1  # to batch j - 1 of the same slot
+        gap[took] -= fill[took, best[took]]
+        cand_len[took, best[took]] = 0  # picked: not again
+    return batch
+
+
+def split_edges(order: np.ndarray, positions: np.ndarray, lengths: np.ndarray, window: int, world_size: int,
+                num_workers: int, cost: tuple[float, float] = TOKENS) -> np.ndarray:
+    """``order`` (a stream, or the rest of one, ``positions`` its persons' places in the epoch's unshuffled stream)
+    with the persons of each window that a slot edge of :func:`plan_persons` cuts (a cost in tokens) rearranged so
+    that the edge falls between two runs of the window's places: the persons before it the window's first by place,
+    each part still in its shuffled order. Each slot then reads only its own part of the window, where the shuffled
+    window would have each of the two slots decode all of it. The tokens before every person outside such a window,
+    hence the slot edges, are unchanged; a cost with a len^2 term (the deal) reads every window of a run anyway."""
+    slots = world_size * max(1, num_workers)
+    if cost[1] or slots == 1 or not len(order):
+        return order
+    lens = lengths[order].astype(np.int64)
+    end = np.cumsum(lens)
+    share = -(-np.arange(1, slots) * int(end[-1]) // slots)  # a slot's persons end after its share (_slot_batches)
+    win = positions // window
+    start = np.flatnonzero(np.diff(win, prepend=-1))  # each window's run of the order
+    stop = np.append(start[1:], len(order))
+    before = end[start] - lens[start]
+    run = np.searchsorted(before, share, side="right") - 1
+    cut = share > before[run]  # an edge at a window's first person needs nothing
+    order = order.copy()
+    for r in np.unique(run[cut]):
+        idx = np.arange(start[r], stop[r])
+        by_place = np.argsort(positions[idx], kind="stable")
+        # the edges as counts of the window's persons by place: those whose tokens end by the share go before it
+        edges = np.searchsorted(np.cumsum(lens[idx][by_place]), share[cut & (run == r)] - before[r], side="right")
+        rank = np.empty(len(idx), dtype=np.int64)
+        rank[by_place] = np.arange(len(idx))
+        # part by place; the person right after an edge leads its part, so that it ends past the share
+        key = 2 * np.searchsorted(edges, rank, side="right") + ~np.isin(rank, edges)
+        order[idx] = order[idx][np.argsort(key, kind="stable")]
+    return order
+
+
+def stream_offsets(shard_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Each shard's first place in the epoch's unshuffled stream less its first person (split numbering): person p
+    of shard s lies at place p + offsets[s]."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if not shuffle:
+        return np.zeros(len(sizes), dtype=np.int64)
+    order = epoch_shard_order(len(sizes), seed, epoch)
+    first = np.empty(len(sizes), dtype=np.int64)
+    first[order] = np.cumsum(sizes[order]) - sizes[order]
+    return first - (np.cumsum(sizes) - sizes)
 
 
 def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:

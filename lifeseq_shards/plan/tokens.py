@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .balance import TOKENS, TokenPlan, epoch_steps, epoch_stream, plan_persons
+from .balance import TOKENS, TokenPlan, epoch_steps, epoch_stream, plan_persons, split_edges, stream_offsets
 from .order import Window
 from .partition import epoch_shard_order
 from .resume import Layout, Stage
@@ -77,9 +77,10 @@ class TokenSchedule:
     def stage(self, epoch: int, history: Sequence[Stage], layout: Layout) -> tuple[TokenPlan, int]:
         """(the plan ``layout`` reads of ``epoch`` after the stages of ``history``, the step it starts at in
         ``layout``'s numbering): the whole epoch at 0 without a history, else the rest (module docstring)."""
-        order = epoch_stream(self.shard_sizes, self.seed, epoch, stream_window(history, layout), self.shuffle)
+        window = stream_window(history, layout)
+        order = epoch_stream(self.shard_sizes, self.seed, epoch, window, self.shuffle)
         for i, stage in enumerate(history):
-            plan = self._plan(order, stage.layout)
+            plan = self._plan(epoch, order, stage.layout, window)
             base = self.steps(stage.layout) - plan.steps if i else 0
             taken = stage.batches - base
             if not 0 <= taken <= plan.steps:
@@ -88,33 +89,32 @@ class TokenSchedule:
             left = np.zeros(len(self.lengths), dtype=bool)
             left[plan.persons[plan.bounds[taken * plan.world_size] :]] = True
             order = order[left[order]]
-        plan = self._plan(order, layout)
+        plan = self._plan(epoch, order, layout, window)
         return plan, (self.steps(layout) - plan.steps if history else 0)
 
-    def _plan(self, order: np.ndarray, layout: Layout) -> TokenPlan:
+    def _plan(self, epoch: int, order: np.ndarray, layout: Layout, window: int) -> TokenPlan:
+        order = split_edges(order, self.positions(epoch, order), self.lengths, window, layout.world_size,
+                            layout.num_workers, self.cost)
         return plan_persons(order, self.lengths, layout.tokens_per_batch, layout.world_size, layout.num_workers,
                             cost=self.cost, per_message=layout.batches_per_message if layout.num_workers else 1)
 
     def positions(self, epoch: int, persons: np.ndarray) -> np.ndarray:
         """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
         persons = np.asarray(persons, dtype=np.int64)
-        sizes = np.asarray(self.shard_sizes, dtype=np.int64)
         shard = np.searchsorted(self._starts, persons, side="right") - 1
-        if not self.shuffle:
-            return persons
-        order = epoch_shard_order(len(sizes), self.seed, epoch)
-        start_in_stream = np.empty(len(sizes), dtype=np.int64)
-        start_in_stream[order] = np.cumsum(sizes[order]) - sizes[order]
-        return start_in_stream[shard] + persons - self._starts[shard]
+        return persons + stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)[shard]
 
     def window(self, epoch: int, index: int, window: int, count: int = 1) -> Window:
         """Windows ``index`` .. ``index + count - 1`` of the epoch's unshuffled stream as one, its shard segments in
         stream order."""
+        return _window(self._shards(epoch), index, index * window, min((index + count) * window, len(self.lengths)))
+
+    def _shards(self, epoch: int) -> list[Segment[int]]:
+        """The split's shards whole, in the epoch's stream order."""
         sizes = list(self.shard_sizes)
         order = epoch_shard_order(len(sizes), self.seed, epoch) if self.shuffle else np.arange(len(sizes))
-        lo, hi = index * window, min((index + count) * window, len(self.lengths))
-        shards = [Segment(int(s), 0, sizes[s]) for s in order]
-        return Window(index, lo, hi, tuple(_cut(shards, lo, hi)))
+        return [Segment(int(s), 0, sizes[s]) for s in order]
+
 
     def ordered_windows(self, epoch: int, window: int,
                         batches: Sequence[np.ndarray]) -> Iterator[tuple[Window, np.ndarray]]:
@@ -122,7 +122,7 @@ class TokenSchedule:
         stream order, with the indices into it of the persons it gives, in the order they are yielded: every
         batch's persons sorted by stream position, batch after batch. Where a batch took a person of a later window
         (the plan's lookahead, near a cut) before the next batch's persons of an earlier one, those windows are
-        given as one (:meth:`window` of several): the persons yielded between two cuts here lie in windows below
+        given as one: the persons yielded between two cuts here lie in windows below
         all that follow, so each window is still read once."""
         if not batches:
             return
@@ -133,6 +133,14 @@ class TokenSchedule:
         win = pos // window
         # a cut before yield i + 1 where every window so far is below every window to come
         below = np.maximum.accumulate(win)[:-1] < np.minimum.accumulate(win[::-1])[::-1][1:]
+        shards = self._shards(epoch)  # once, not a window at a time
         for part in np.split(np.arange(len(pos)), np.flatnonzero(below) + 1):
-            lo, hi = int(win[part].min()), int(win[part].max())
-            yield self.window(epoch, lo, window, hi - lo + 1), pos[part] - lo * window
+            # only the positions from the part's first to its last: a window a slot's run shares with the next
+            # slot's (at its ends) is not decoded whole by both
+            lo, hi = int(pos[part].min()), int(pos[part].max()) + 1
+            yield _window(shards, lo // window, lo, hi), pos[part] - lo
+
+
+def _window(shards: list[Segment[int]], index: int, lo: int, hi: int) -> Window:
+    """Stream positions [lo, hi) of window ``index`` on (``shards``: the split's, in the epoch's stream order)."""
+    return Window(index, lo, hi, tuple(_cut(shards, lo, hi)))
