@@ -270,24 +270,34 @@ def split_edges(order: np.ndarray, positions: np.ndarray, lengths: np.ndarray, w
         return order
     lens = lengths[order].astype(np.int64)
     end = np.cumsum(lens)
-    share = -(-np.arange(1, slots) * int(end[-1]) // slots)  # a slot's persons end after its share (_slot_batches)
-    win = positions // window
-    start = np.flatnonzero(np.diff(win, prepend=-1))  # each window's run of the order
-    stop = np.append(start[1:], len(order))
-    before = end[start] - lens[start]
-    run = np.searchsorted(before, share, side="right") - 1
-    cut = share > before[run]  # an edge at a window's first person needs nothing
+    share = -(-np.arange(1, slots) * int(end[-1]) // slots)  # a slot's persons end by its share (_slot_batches)
+    win = positions // window  # non-decreasing: a stream's windows are runs of it
+    after = np.searchsorted(end, share, side="right")  # each edge's first person of the later slot
+    first = np.searchsorted(win, win[np.minimum(after, len(order) - 1)])  # its window's first person
+    inside = (after < len(order)) & (after > first)  # an edge at a window's first person needs nothing
+    share, after, first = share[inside], after[inside], first[inside]
+    if not len(share):
+        return order
+    # the windows cut, their persons by place (each window's run at once: the windows' places are disjoint)
+    lo, edge_run = np.unique(first, return_inverse=True)
+    hi = np.searchsorted(win, win[lo], side="right")
+    idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)])
+    by_place = np.argsort(positions[idx])  # places are distinct: any sort
+    cum = np.cumsum(lens[idx][by_place])
+    run_at = np.cumsum(hi - lo) - (hi - lo)  # each window's first in idx
+    # an edge as a count of persons by place: those whose tokens end by the share go before it
+    done = cum[run_at - 1] * (run_at > 0)  # tokens of the earlier windows of idx
+    edges = np.searchsorted(cum, done[edge_run] + share - (end[lo] - lens[lo])[edge_run], side="right")
+    rank = np.empty(len(idx), dtype=np.int64)
+    rank[by_place] = np.arange(len(idx))
+    # each part by place keeps its shuffled order; the person right after an edge leads its part, so it ends past
+    # the share (every part stays in its window's run: the parts' keys grow with the places)
+    small = np.int16 if len(edges) < 1 << 14 else np.int64  # int16 keys sort by radix
+    leads = np.ones(len(idx) + 1, dtype=small)
+    leads[edges] = 0
+    key = 2 * np.searchsorted(edges, rank, side="right").astype(small) + leads[rank]
     order = order.copy()
-    for r in np.unique(run[cut]):
-        idx = np.arange(start[r], stop[r])
-        by_place = np.argsort(positions[idx], kind="stable")
-        # the edges as counts of the window's persons by place: those whose tokens end by the share go before it
-        edges = np.searchsorted(np.cumsum(lens[idx][by_place]), share[cut & (run == r)] - before[r], side="right")
-        rank = np.empty(len(idx), dtype=np.int64)
-        rank[by_place] = np.arange(len(idx))
-        # part by place; the person right after an edge leads its part, so that it ends past the share
-        key = 2 * np.searchsorted(edges, rank, side="right") + ~np.isin(rank, edges)
-        order[idx] = order[idx][np.argsort(key, kind="stable")]
+    order[idx] = order[idx][np.argsort(key, kind="stable")]
     return order
 
 

@@ -101,8 +101,8 @@ class TokenSchedule:
     def positions(self, epoch: int, persons: np.ndarray) -> np.ndarray:
         """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
         persons = np.asarray(persons, dtype=np.int64)
-        shard = np.searchsorted(self._starts, persons, side="right") - 1
-        return persons + stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)[shard]
+        offsets = stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)
+        return persons + np.repeat(offsets, self.shard_sizes)[persons]  # a gather: faster than a search a person
 
     def window(self, epoch: int, index: int, window: int, count: int = 1) -> Window:
         """Windows ``index`` .. ``index + count - 1`` of the epoch's unshuffled stream as one, its shard segments in
