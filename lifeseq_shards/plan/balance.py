@@ -24,8 +24,12 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   of each other (docs/results/balance.md). **Budget:** batch j starts after its slot's first j S / n + 1 - m tokens
   (its first person ends past the share j S / n) and ends by ceil((j + 1) S / n) < (j + 1) S / n + 1 (picks only
   fill the gap to it), so it holds under S / n + m < T / (G R) + m K / G + m <= B tokens. **Reading:** each slot is
-  one worker's run of the stream, a few consecutive windows of its shards; a pick takes a person at most
-  :data:`LOOKAHEAD` places ahead, so every block is decoded once in all, as the persons plan decodes it.
+  one worker's run of the stream, a few consecutive windows of its shards. A window that a slot edge cuts would be
+  decoded whole by both slots (its persons are shuffled across its places), so :func:`split_edges` first puts the
+  window's persons of lower places before the edge (each part still shuffled): each slot decodes only its part. A
+  pick takes a person at most :data:`LOOKAHEAD` places ahead, rarely across a window edge (the reader then joins the
+  two windows, :meth:`~lifeseq_shards.plan.tokens.TokenSchedule.ordered_windows`): every block is decoded about
+  once in all, as the persons plan decodes it.
 * **Deal (a cost with a len^2 term, e.g. :data:`ATTENTION`).** Balancing len^2 across ranks that read distant runs
   cannot keep a token budget (a run of short persons holds many tokens for its len^2), so this cost keeps the pooled
   design: the stream is cut into G groups of equal tokens, one a step (a group holds at most T / G + m tokens), and
@@ -61,7 +65,8 @@ from .slots import num_slots
 MIN_BUDGET_PERSONS = 4
 DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
 # a batch's gap to its share is filled by up to PICKS persons among the next batch's LOOKAHEAD first: enough to
-# bring the ranks of a step within ~0.1 % of each other, few enough to stay near the cut (a window rarely crossed)
+# keep the ranks of a step within ~0.5 % of each other (tests/plan/test_balance.py), few enough that a pick rarely
+# crosses a window edge (32 joined every other window of 4096 with batches of ~60 persons)
 LOOKAHEAD, PICKS = 16, 2
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
 # what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step

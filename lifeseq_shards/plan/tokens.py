@@ -16,14 +16,17 @@ Where the persons lie: the epoch's stream, unshuffled, is the shards in ``epoch_
 (rest of the) stream, but for a few persons a batch takes from the start of the next (the plan's lookahead), hence
 its persons' windows only grow from batch to batch except across a window edge near a cut:
 :func:`TokenSchedule.ordered_windows` yields each window once (such neighbours joined as one), with the persons of it
-to yield (each batch's persons by stream position).
+to yield (each batch's persons by stream position), and only the places from its first such person to its last. A
+window that a slot edge cuts is split by place before planning (:func:`~lifeseq_shards.plan.balance.split_edges`,
+:meth:`TokenSchedule.stage` as :func:`~lifeseq_shards.plan.balance.plan_epoch`), so each of its two slots reads
+only its own places.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,7 +55,6 @@ class TokenSchedule:
     seed: int = 0
     shuffle: bool = True
     cost: tuple[float, float] = TOKENS
-    _starts: np.ndarray = field(init=False, repr=False)  # each shard's first person in the split's numbering
 
     def __post_init__(self) -> None:
         # int32: every worker holds a copy (4 bytes a person, 108 MB at 27 M), and plan_persons works in int32
@@ -60,7 +62,6 @@ class TokenSchedule:
         sizes = np.asarray(self.shard_sizes, dtype=np.int64)
         if int(sizes.sum()) != len(self.lengths):
             raise ValueError(f"shard sizes add up to {int(sizes.sum())}, not the {len(self.lengths)} lengths")
-        object.__setattr__(self, "_starts", np.cumsum(sizes) - sizes)
 
     @functools.cached_property
     def total(self) -> int:
