@@ -9,26 +9,40 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   shard). The epoch reads the shards, remainder included, in :func:`~lifeseq_shards.plan.partition.epoch_shard_order`
   (a permutation by (seed, epoch)), and shuffles each window of ``window`` consecutive stream positions on its own,
   as :mod:`lifeseq_shards.plan.order` does for a slot's stream.
-* **Steps.** The stream is cut into G groups of consecutive persons, one group a step: person i goes to group
-  ``floor(c_i * G / T)``, where c_i is the stream's tokens before it and T the split's tokens, so a group holds at
-  most T / G + m tokens. G, the steps of an epoch, is the fewest that keep T / G <= R (B - m) - m, rounded up to a
-  multiple of K; it depends on T, m, R, K and B alone, hence is the same every epoch (``len()`` is exact and
-  constant).
-* **Ranks.** A group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank
-  a round: the round's longest to the rank of least ``cost`` so far (tokens, or a len + b len^2 to balance attention),
-  its next to the next least, and so on. The rounds' length spans add up to at most m, so one person a rank a round
-  keeps the ranks' tokens within one longest person of each other (a short last round included), whatever the cost:
-  the busiest rank holds at most (T / G + m) / R + m <= B tokens, so the budget is never exceeded; and the cost is
-  balanced to about 1 (docs/results/balance.md).
-* **Workers.** Worker w of every rank owns the contiguous run of groups [w G/K, (w+1) G/K): its persons are ~1/K of
-  the stream, a few consecutive windows, hence a few shards. Its j-th batch is group w G/K + j; the DataLoader's
-  round robin (``per_message`` batches a message) makes that the rank's step :func:`step_of`. Every rank's worker w
-  reads the same windows and keeps its own persons of them: each block is decoded R times in all, where the persons
-  plan decodes it once; the price of balancing a step across ranks from one pool.
+* **Steps.** G, the steps of an epoch, is the fewest, a multiple of K, with T + R K m <= G R (B - m) (the slots'
+  margin) and T <= G (R (B - m) - m) (the deal's), T the split's tokens: a function of T, m, R, K and B alone, hence
+  the same every epoch (``len()`` is exact and constant), and never more for a part of the split (the rest of an
+  epoch) than for all of it. Worker w's j-th batch is yielded at the rank's step :func:`step_of` (the DataLoader's
+  round robin, ``per_message`` batches a message).
+* **Slots (a cost in tokens, the default).** The stream is cut at token positions into R K slots, slot r K + w
+  (rank r's worker w) a contiguous run holding an equal share of the tokens: person i goes to slot
+  floor((e_i - 1) R K / T), e_i the stream's tokens up to its end, so a slot holds S < T / (R K) + m tokens. Each
+  slot's run is cut the same way into its n = G / K batches, batch j ending by ceil((j + 1) S / n) tokens into the
+  slot; then the gap batch j - 1 leaves to that share is filled from below by up to :data:`PICKS` persons, each the
+  longest that still fits the gap, among the next batch's first :data:`LOOKAHEAD` persons (never its first). The
+  window is shuffled anyway, so the order within a batch is free; the ranks of a step are then within a few tokens
+  of each other (docs/results/balance.md). **Budget:** batch j starts after its slot's first j S / n + 1 - m tokens
+  (its first person ends past the share j S / n) and ends by ceil((j + 1) S / n) < (j + 1) S / n + 1 (picks only
+  fill the gap to it), so it holds under S / n + m < T / (G R) + m K / G + m <= B tokens. **Reading:** each slot is
+  one worker's run of the stream, a few consecutive windows of its shards. A window that a slot edge cuts would be
+  decoded whole by both slots (its persons are shuffled across its places), so :func:`split_edges` first puts the
+  window's persons of lower places before the edge (each part still shuffled): each slot decodes only its part. A
+  pick takes a person at most :data:`LOOKAHEAD` places ahead, rarely across a window edge (the reader then joins the
+  two windows, :meth:`~lifeseq_shards.plan.tokens.TokenSchedule.ordered_windows`): every block is decoded about
+  once in all, as the persons plan decodes it.
+* **Deal (a cost with a len^2 term, e.g. :data:`ATTENTION`).** Balancing len^2 across ranks that read distant runs
+  cannot keep a token budget (a run of short persons holds many tokens for its len^2), so this cost keeps the pooled
+  design: the stream is cut into G groups of equal tokens, one a step (a group holds at most T / G + m tokens), and
+  a group's persons are dealt to the ranks by length, longest first, in rounds of R persons, one a rank a round: the
+  round's longest to the rank of least ``cost`` so far, its next to the next least, and so on. The rounds' length
+  spans add up to at most m, so the ranks' tokens stay within one longest person of each other: the busiest rank
+  holds at most (T / G + m) / R + m <= B tokens. Worker w of every rank owns groups [w G / K, (w+1) G / K) and keeps
+  its own persons of them: each block is decoded R times in all, the price of balancing len^2 from one pool.
 * **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
   split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
-  (ValueError, :func:`epoch_steps`, the same answer every epoch), as is a budget under :data:`MIN_BUDGET_PERSONS`
-  longest persons (the margin of one longest person a rank that guarantees the budget would leave too little).
+  (ValueError, :func:`epoch_steps`, the same answer every epoch: a slot's batch share must hold a longest person, so
+  that every batch keeps the first person of its run), as is a budget under :data:`MIN_BUDGET_PERSONS` longest
+  persons (the margin of one longest person that guarantees the budget would leave too little).
 * **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
   (:meth:`TokenPlan.remaining`) and worker w has given :meth:`TokenPlan.worker_done` of its batches: an exact
   mid-epoch resume in the same layout. Resuming in another layout or budget is not planned yet (refused by the
@@ -50,6 +64,10 @@ from .slots import num_slots
 # leaves steps of >= (R + 1) m tokens, enough to give every rank a person (epoch_steps)
 MIN_BUDGET_PERSONS = 4
 DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
+# a batch's gap to its share is filled by up to PICKS persons among the next batch's LOOKAHEAD first: enough to
+# keep the ranks of a step within ~0.5 % of each other (tests/plan/test_balance.py), few enough that a pick rarely
+# crosses a window edge (32 joined every other window of 4096 with batches of ~60 persons)
+LOOKAHEAD, PICKS = 16, 2
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
 # what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step
 BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
@@ -122,22 +140,24 @@ def step_of(worker: int, j: np.ndarray | int, per_worker: int, workers: int, per
 
 
 def epoch_steps(total_tokens: int, longest: int, tokens_per_batch: int, world_size: int, num_workers: int) -> int:
-    """Steps of every epoch: the fewest groups of at most R (B - m) - m tokens that hold the split's T tokens, a
-    multiple of the workers a rank. ValueError for a budget under :data:`MIN_BUDGET_PERSONS` longest persons, or
-    steps of under (R + 1) m tokens: a step holds at least T / G - m tokens, so that many always give every rank a
-    person, whatever the epoch's order; fewer might not (refused up front, not in some later epoch)."""
-    k = num_slots(world_size, num_workers) // world_size
+    """Steps of every epoch: the fewest, a multiple of the K workers a rank, that keep both plans under the budget
+    (module docstring): T + R K m <= G R (B - m) for the slots and T <= G (R (B - m) - m) for the deal. ValueError
+    for a budget under :data:`MIN_BUDGET_PERSONS` longest persons, or too few tokens to give every rank a person at
+    every step, whatever the epoch's order: T >= R m (G + K) for the slots (a batch's share of its slot then holds a
+    longest person), T >= G (R + 1) m for the deal (refused up front, not in some later epoch)."""
+    r, k = world_size, num_slots(world_size, num_workers) // world_size
     if tokens_per_batch < MIN_BUDGET_PERSONS * longest:
         raise ValueError(f"tokens_per_batch={tokens_per_batch} is under {MIN_BUDGET_PERSONS} x the longest person "
                          f"({longest} tokens): the plan keeps one longest person a rank as its margin; use "
                          f"tokens_per_batch >= {MIN_BUDGET_PERSONS * longest}")
-    cap = world_size * (tokens_per_batch - longest) - longest
-    fewest = -(-total_tokens // cap)
+    room = tokens_per_batch - longest
+    fewest = max(-(-total_tokens // (r * room - longest)), -(-(total_tokens + r * k * longest) // (r * room)))
     steps = -(-fewest // k) * k
-    if total_tokens < steps * (world_size + 1) * longest:
-        raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker) make under "
-                         f"{world_size + 1} x the longest person ({longest} tokens) a step, too few to give each of "
-                         f"{world_size} ranks a person at every step: use fewer ranks or workers, or a larger split")
+    need = max(r * longest * (steps + k), steps * (r + 1) * longest)
+    if total_tokens < need:
+        raise ValueError(f"the split's {total_tokens} tokens in {steps} steps ({k} a worker; the longest person "
+                         f"{longest} tokens) are too few to give each of {world_size} ranks a person at every step "
+                         f"(that needs {need}): use fewer ranks or workers, or a larger split")
     return steps
 
 
@@ -161,39 +181,141 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
     """
     lengths = np.asarray(lengths)
     _check(lengths, shard_sizes, window, per_message)
-    return plan_persons(epoch_stream(shard_sizes, seed, epoch, window, shuffle), lengths, tokens_per_batch,
-                        world_size, num_workers, cost=cost, per_message=per_message)
+    order = epoch_stream(shard_sizes, seed, epoch, window, shuffle)
+    place = np.repeat(stream_offsets(shard_sizes, seed, epoch, shuffle), shard_sizes)[order] + order
+    return plan_persons(split_edges(order, place, lengths, window, world_size, num_workers, cost), lengths,
+                        tokens_per_batch, world_size, num_workers, cost=cost, per_message=per_message)
 
 
 def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
                  *, cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
     """The token-budget steps of the persons ``order`` (indices into ``lengths``, in the order they are read: an
-    epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`), cut into steps and dealt to the ranks
-    as the module docstring says; the other arguments as :func:`plan_epoch` takes them."""
+    epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`): cut into slots and batches (a cost in
+    tokens) or into steps dealt to the ranks (a cost with a len^2 term), as the module docstring says; the other
+    arguments as :func:`plan_epoch` takes them."""
     person_cost(lengths[:0], cost)  # a bad cost refused before any work
     stream = order
     if not len(stream):  # the rest of an epoch resumed after its last step
         return TokenPlan(stream, np.zeros(1, dtype=np.int64), world_size, num_workers, per_message)
-    lens = lengths[stream].astype(np.int32)
+    lens = lengths[stream].astype(np.int32, copy=False)  # a new array already: no second copy
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
     steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
-    before = np.cumsum(lens, dtype=np.int64)
-    before -= lens
-    before *= steps
-    before //= total  # the group of each stream position: < steps, as before <= total - 1
-    group = before.astype(np.int32)
-    del before
-    counts = np.bincount(group, minlength=steps)  # each >= R (epoch_steps)
-    rank = _deal(group, lens, counts, world_size, longest, cost)
-    # group g is batch g % per of worker g // per; renumbered as the rank's step it is yielded at
-    per = steps // max(1, num_workers)
-    groups = np.arange(steps)
-    step = step_of(groups // per, groups % per, per, steps // per, per_message)
-    batch = step[group] * world_size + rank  # the (step, rank) batch of each stream position
-    del group, rank
+    k = max(1, num_workers)
+    per = steps // k
+    # the (step, rank) batch of rank r's worker w's batch j, at r G + w n + j (n = G / K): batch j of a worker is
+    # yielded at the rank's step step_of
+    step = step_of(np.arange(k)[:, None], np.arange(per), per, k, per_message).ravel()
+    batch_of = (step * world_size + np.arange(world_size)[:, None]).ravel()
+    if cost[1]:
+        # int32: a few bytes a person fewer at 27 M persons; group g is batch g % n of worker g // n
+        group = _runs(np.cumsum(lens, dtype=np.int64), total, steps).astype(np.int32)
+        batch = batch_of[_deal(group, lens, np.bincount(group, minlength=steps), world_size, longest, cost) * steps
+                         + group]
+        del group
+    else:
+        batch = batch_of[_slot_batches(lens, total, world_size * k, per)]  # slot r K + w: rank r's worker w
     bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
     return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
+
+
+def _runs(end: np.ndarray, total: int, parts: int) -> np.ndarray:
+    """Each person's run when a stream of ``total`` tokens is cut into ``parts`` runs of equal tokens at token
+    positions, ``end`` the tokens up to each person's end: person i goes to run floor((end_i - 1) parts / total).
+    A run holds every person whose last token falls in its share, so each run holds fewer than total / parts + m
+    tokens and more than total / parts - m (m the longest), and is not empty when total / parts >= m (consecutive
+    ends are at most m apart)."""
+    run = end - 1
+    run *= parts
+    run //= total  # < parts, as end_i - 1 <= total - 1
+    return run
+
+
+def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> np.ndarray:
+    """Each stream position's slot q and batch j of the slot, as q n + j (n = ``per``): the stream cut into
+    ``slots`` runs of equal tokens, each run into n batches of equal tokens as :func:`_runs` cuts (each slot by its
+    own tokens), then each batch's gap to its share filled from below by up to :data:`PICKS` persons of the next
+    batch's first :data:`LOOKAHEAD` (never its first). A run's persons are those whose end e_i > the run's start
+    share (e_i - 1 >= ceil(share)), so the cuts are found by a search of the ends, not computed a person at a time."""
+    end = np.cumsum(lens, dtype=np.int64)
+    edge = np.searchsorted(end, -(-np.arange(slots + 1) * total // slots), side="right")  # each slot's first
+    before = np.append(end[edge[:-1]] - lens[edge[:-1]], total)  # the stream's tokens before each slot; then all
+    size = np.diff(before)  # each slot's tokens
+    # batch j of slot q starts at the first person ending past before_q + ceil(j S_q / n): its share so far
+    share = -(-np.arange(per) * size[:, None] // per)
+    first = np.searchsorted(end, before[:-1, None] + share, side="right").ravel()  # at q n + j
+    nxt = np.append(first[1:], len(lens))  # the next batch's first person, or the stream's end
+    gap = share.ravel() - (end[first] - lens[first] - np.repeat(before[:-1], per))  # batch j - 1's room to share
+    cut = np.flatnonzero(share.ravel() > 0)  # batch j >= 1 of a slot: its first person ends a cut
+    cand = first[cut, None] + np.arange(1, LOOKAHEAD + 1)
+    cand_len = np.where(cand < nxt[cut, None], lens[np.minimum(cand, len(lens) - 1)], 0)  # in batch j's run
+    gap = gap[cut]
+    batch = np.repeat(np.arange(slots * per), np.diff(first, append=len(lens)))
+    rows = np.arange(len(cut))
+    for _ in range(PICKS):
+        fill = np.where(cand_len <= gap[:, None], cand_len, 0)  # never over the share: the budget's margin
+        best = fill.argmax(axis=1)
+        took = fill[rows, best] > 0
+        batch[cand[took, best[took]]] -= 1  # to batch j - 1 of the same slot
+        gap[took] -= fill[took, best[took]]
+        cand_len[took, best[took]] = 0  # picked: not again
+    return batch
+
+
+def split_edges(order: np.ndarray, positions: np.ndarray, lengths: np.ndarray, window: int, world_size: int,
+                num_workers: int, cost: tuple[float, float] = TOKENS) -> np.ndarray:
+    """``order`` (a stream, or the rest of one, ``positions`` its persons' places in the epoch's unshuffled stream)
+    with the persons of each window that a slot edge of :func:`plan_persons` cuts (a cost in tokens) rearranged so
+    that the edge falls between two runs of the window's places: the persons before it the window's first by place,
+    each part still in its shuffled order. Each slot then reads only its own part of the window, where the shuffled
+    window would have each of the two slots decode all of it. The tokens before every person outside such a window,
+    hence the slot edges, are unchanged; a cost with a len^2 term (the deal) reads every window of a run anyway."""
+    slots = world_size * max(1, num_workers)
+    if cost[1] or slots == 1 or not len(order):
+        return order
+    lens = lengths[order].astype(np.int64)
+    end = np.cumsum(lens)
+    share = -(-np.arange(1, slots) * int(end[-1]) // slots)  # a slot's persons end by its share (_slot_batches)
+    win = positions // window  # non-decreasing: a stream's windows are runs of it
+    after = np.searchsorted(end, share, side="right")  # each edge's first person of the later slot
+    first = np.searchsorted(win, win[np.minimum(after, len(order) - 1)])  # its window's first person
+    inside = (after < len(order)) & (after > first)  # an edge at a window's first person needs nothing
+    share, after, first = share[inside], after[inside], first[inside]
+    if not len(share):
+        return order
+    # the windows cut, their persons by place (each window's run at once: the windows' places are disjoint)
+    lo, edge_run = np.unique(first, return_inverse=True)
+    hi = np.searchsorted(win, win[lo], side="right")
+    idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)])
+    by_place = np.argsort(positions[idx])  # places are distinct: any sort
+    cum = np.cumsum(lens[idx][by_place])
+    run_at = np.cumsum(hi - lo) - (hi - lo)  # each window's first in idx
+    # an edge as a count of persons by place: those whose tokens end by the share go before it
+    done = cum[run_at - 1] * (run_at > 0)  # tokens of the earlier windows of idx
+    edges = np.searchsorted(cum, done[edge_run] + share - (end[lo] - lens[lo])[edge_run], side="right")
+    rank = np.empty(len(idx), dtype=np.int64)
+    rank[by_place] = np.arange(len(idx))
+    # each part by place keeps its shuffled order; the person right after an edge leads its part, so it ends past
+    # the share (every part stays in its window's run: the parts' keys grow with the places)
+    small = np.int16 if len(edges) < 1 << 14 else np.int64  # int16 keys sort by radix
+    leads = np.ones(len(idx) + 1, dtype=small)
+    leads[edges] = 0
+    key = 2 * np.searchsorted(edges, rank, side="right").astype(small) + leads[rank]
+    order = order.copy()
+    order[idx] = order[idx][np.argsort(key, kind="stable")]
+    return order
+
+
+def stream_offsets(shard_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Each shard's first place in the epoch's unshuffled stream less its first person (split numbering): person p
+    of shard s lies at place p + offsets[s]."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    if not shuffle:
+        return np.zeros(len(sizes), dtype=np.int64)
+    order = epoch_shard_order(len(sizes), seed, epoch)
+    first = np.empty(len(sizes), dtype=np.int64)
+    first[order] = np.cumsum(sizes[order]) - sizes[order]
+    return first - (np.cumsum(sizes) - sizes)
 
 
 def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:
