@@ -114,10 +114,12 @@ def _device_check(mode: str, tmp: Path, **env: str) -> subprocess.CompletedProce
 
 
 def test_device_check_says_what_it_cannot_run(tmp_path: Path) -> None:
+    # the tokens stage runs its sweeps and says how each ended (here: no data, so click refuses, exit 2); the
+    # whole run goes on to the next stage, which says what it cannot run
     r = _device_check("all-cpu", tmp_path, STAGES="tokens pinned", PINNED_PYTHON="/nonexistent/python",
-                      WORK=str(tmp_path / "work"))
+                      WORK=str(tmp_path / "work"), DATA=str(tmp_path / "no-data"), DATA1024=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "tokens: not run: token-balanced batches have not landed" in r.stdout
+    assert "stage tokens:" in r.stdout and "sweep exit 2" in r.stdout and "base exit 2" in r.stdout, r.stdout
     assert "pinned: no interpreter /nonexistent/python" in r.stdout
     assert (tmp_path / "stages.tgz").exists() and (tmp_path / "log.txt").exists()
     r = _device_check("seed-cpu", tmp_path / "s", SEED_WORK=str(tmp_path / "none"))
