@@ -105,17 +105,11 @@ class TokenSchedule:
         offsets = stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)
         return persons + np.repeat(offsets, self.shard_sizes)[persons]  # a gather: faster than a search a person
 
-    def window(self, epoch: int, index: int, window: int, count: int = 1) -> Window:
-        """Windows ``index`` .. ``index + count - 1`` of the epoch's unshuffled stream as one, its shard segments in
-        stream order."""
-        return _window(self._shards(epoch), index, index * window, min((index + count) * window, len(self.lengths)))
-
     def _shards(self, epoch: int) -> list[Segment[int]]:
         """The split's shards whole, in the epoch's stream order."""
         sizes = list(self.shard_sizes)
         order = epoch_shard_order(len(sizes), self.seed, epoch) if self.shuffle else np.arange(len(sizes))
         return [Segment(int(s), 0, sizes[s]) for s in order]
-
 
     def ordered_windows(self, epoch: int, window: int,
                         batches: Sequence[np.ndarray]) -> Iterator[tuple[Window, np.ndarray]]:
