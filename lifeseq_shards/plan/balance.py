@@ -44,9 +44,9 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   that every batch keeps the first person of its run), as is a budget under :data:`MIN_BUDGET_PERSONS` longest
   persons (the margin of one longest person that guarantees the budget would leave too little).
 * **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
-  (:meth:`TokenPlan.remaining`) and worker w has given :meth:`TokenPlan.worker_done` of its batches: an exact
-  mid-epoch resume in the same layout. Resuming in another layout or budget is not planned yet (refused by the
-  caller; the rest could be planned as a split of its own).
+  (:meth:`TokenPlan.remaining`) and each worker's pass resumes in the role and batch :meth:`TokenPlan.pass_roles`
+  says: an exact mid-epoch resume in the same layout. In another layout or budget the rest is planned as a split of
+  its own (:mod:`lifeseq_shards.plan.tokens`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .order import worker_batches_consumed
+from .order import pass_roles
 from .partition import epoch_shard_order
 from .slots import num_slots
 
@@ -117,11 +117,11 @@ class TokenPlan:
         per = self.steps // self.workers
         return step_of(worker, np.arange(per), per, self.workers, self.per_message)
 
-    def worker_done(self, steps_done: int) -> list[int]:
-        """How many of its batches each worker of a rank had given after ``steps_done`` steps of the epoch."""
-        per = self.steps // self.workers
-        return worker_batches_consumed(steps_done, self.num_workers, [per] * self.num_workers,
-                                       self.per_message) if self.num_workers else [steps_done]
+    def pass_roles(self, steps_done: int) -> list[tuple[int, int]]:
+        """(role, batches of it given) of each worker of a rank's pass that resumes after ``steps_done`` steps of the
+        epoch (:func:`~lifeseq_shards.plan.order.pass_roles`): worker k yields the role's batches from there on."""
+        return pass_roles(steps_done, self.num_workers, [self.steps // self.workers] * self.workers,
+                          self.per_message)
 
     def remaining(self, steps_done: int) -> np.ndarray:
         """The persons not trained on after ``steps_done`` steps of the epoch (sorted): those of the later steps."""

@@ -88,7 +88,7 @@ class TokenSchedule:
                 raise ValueError(f"a stage took batch {stage.batches} of epoch {epoch}, whose steps in its layout are "
                                  f"{base}..{base + plan.steps}: the checkpoint is not of this dataset's plan")
             left = np.zeros(len(self.lengths), dtype=bool)
-            left[plan.persons[plan.bounds[taken * plan.world_size] :]] = True
+            left[plan.remaining(taken)] = True
             order = order[left[order]]
         plan = self._plan(epoch, order, layout, window)
         return plan, (self.steps(layout) - plan.steps if history else 0)

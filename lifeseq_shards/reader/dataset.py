@@ -443,9 +443,7 @@ class ShardedDataset(IterableDataset):
         into the plan's batches."""
         assert self.tokens is not None
         plan, base = self.token_stage(at)
-        per = plan.steps // max(1, self.num_workers)
-        role, skip = plan_order.pass_roles(at.batches - base, self.num_workers, [per] * max(1, self.num_workers),
-                                           per_message)[worker]
+        role, skip = plan.pass_roles(at.batches - base)[worker]
         steps = plan.worker_steps(role)[skip:]
         persons = [plan.batch(int(s), self.rank) for s in steps]
         window, epoch = stream_window(at.history, self.layout), at.epoch
