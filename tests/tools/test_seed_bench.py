@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,12 +115,18 @@ def _device_check(mode: str, tmp: Path, **env: str) -> subprocess.CompletedProce
 
 
 def test_device_check_says_what_it_cannot_run(tmp_path: Path) -> None:
-    # the tokens stage runs its sweeps and says how each ended (here: no data, so click refuses, exit 2); the
-    # whole run goes on to the next stage, which says what it cannot run
+    # the tokens stage runs its sweeps and says how each ended (here: a manifest that is not one, so each fails
+    # at once, and nothing is synthesised into the checkout); the whole run goes on to the next stage, which says what
+    # it cannot run
+    fake = tmp_path / "not-a-dataset"
+    fake.mkdir()
+    (fake / "manifest.json").write_text("{}")
     r = _device_check("all-cpu", tmp_path, STAGES="tokens pinned", PINNED_PYTHON="/nonexistent/python",
-                      WORK=str(tmp_path / "work"), DATA=str(tmp_path / "no-data"), DATA1024=str(tmp_path / "no-data"))
+                      WORK=str(tmp_path / "work"), DATA=str(fake), DATA1024=str(fake))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "stage tokens:" in r.stdout and "sweep exit 2" in r.stdout and "base exit 2" in r.stdout, r.stdout
+    assert "stage tokens:" in r.stdout, r.stdout
+    assert re.search(r"sweep exit [1-9]", r.stdout) and re.search(r"base exit [1-9]", r.stdout), r.stdout
+    assert not (ROOT / ".devshared" / "bench-data").exists()  # the stage read the data it was given
     assert "pinned: no interpreter /nonexistent/python" in r.stdout
     assert (tmp_path / "stages.tgz").exists() and (tmp_path / "log.txt").exists()
     r = _device_check("seed-cpu", tmp_path / "s", SEED_WORK=str(tmp_path / "none"))
