@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Collection, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -418,44 +419,40 @@ class ShardedDataset(IterableDataset):
         epoch, skip_total, history, keep = at.epoch, at.batches, at.history, at.left_out_before
         per_message = self._link.batches_per_message if k else 1
         if self.tokens is not None:
-            return iter(wds.DataPipeline(*self._token_stages(at, worker, per_message)))
-        if history:  # the rest of an epoch begun in another layout
-            rest = self.rest_plan(at)
-            per_worker, skip_total = rest.worker_batches, skip_total - rest.base
+            stages, skip = self._token_stages(at, worker)
         else:
-            per_worker = self.per_worker_batches()
-        role, skip = plan_order.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
-        slot = plan_slots.slot_index(self.rank, role, self.num_workers)
-        source = ((lambda: rest.ordered_pieces(slot, skip)) if history
-                  else (lambda: slot_windows(self.partition, slot, epoch, skip, keep)))
-        stages = [
-            source,
-            lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
-            lambda src: batches(src, self.spec, self.batch_size, self.drop_last, skip),
-        ]
+            if history:  # the rest of an epoch begun in another layout
+                rest = self.rest_plan(at)
+                per_worker, skip_total = rest.worker_batches, skip_total - rest.base
+            else:
+                per_worker = self.per_worker_batches()
+            role, skip = plan_order.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
+            slot = plan_slots.slot_index(self.rank, role, self.num_workers)
+            source = ((lambda: rest.ordered_pieces(slot, skip)) if history
+                      else (lambda: slot_windows(self.partition, slot, epoch, skip, keep)))
+            stages = [
+                source,
+                lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
+                lambda src: batches(src, self.spec, self.batch_size, self.drop_last, skip),
+            ]
         writer = self._writer(worker)
         if per_message > 1 or writer is not None:
             stages.append(lambda src: messages(src, per_message, skip, writer))
         return iter(wds.DataPipeline(*stages))
 
-    def _token_stages(self, at: Position, worker: int, per_message: int) -> list:
-        """The stages of a token-budget pass of ``worker``: the windows its batches' persons lie in, loaded, cut
-        into the plan's batches."""
+    def _token_stages(self, at: Position, worker: int) -> tuple[list[Any], int]:
+        """The stages of a token-budget pass of ``worker`` (the windows its batches' persons lie in, loaded, cut
+        into the plan's batches) and the batches of its role it skips."""
         assert self.tokens is not None
         plan, base = self.token_stage(at)
         role, skip = plan.pass_roles(at.batches - base)[worker]
-        steps = plan.worker_steps(role)[skip:]
-        persons = [plan.batch(int(s), self.rank) for s in steps]
+        persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
         window, epoch = stream_window(at.history, self.layout), at.epoch
-        stages = [
+        return [
             lambda: planned_windows(self.tokens, epoch, window, persons),
             lambda src: load_windows(src, self.shards, self.schema),
             lambda src: sized_batches(src, self.spec, [len(b) for b in persons]),
-        ]
-        writer = self._writer(worker)
-        if per_message > 1 or writer is not None:
-            stages.append(lambda src: messages(src, per_message, skip, writer))
-        return stages
+        ], skip
 
     def _writer(self, worker: int) -> RingWriter | None:
         """This worker's ring writer, set for a new pass; None without rings (no workers, or batches not packed)."""

@@ -282,11 +282,11 @@ class ShardedLoader(DataLoader):
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         at, then = saved.position, saved.layout
         now = self._layout()
-        if ds.tokens is not None and then["tokens_per_batch"]:
-            changed = [*changed, *(f"{k} {then[k]!r} -> {now[k]!r}" for k in BUDGET_KEYS if then[k] != now[k])]
+        budget = [k for k in BUDGET_KEYS if ds.tokens is not None and then["tokens_per_batch"] and then[k] != now[k]]
+        changed = [*changed, *(f"{k} {then[k]!r} -> {now[k]!r}" for k in budget)]
         if not changed or not (at.batches or at.history):
             return at if not changed else Position(at.epoch, 0)
-        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or any(c.split()[0] in BUDGET_KEYS for c in changed):
+        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or budget:
             raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
                              "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
                              "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
