@@ -108,10 +108,6 @@ class TokenPlan:
         return _segment_sums(person_cost(np.asarray(lengths)[self.persons], cost), self.bounds).reshape(
             self.steps, self.world_size)
 
-    def step_balance(self, lengths: np.ndarray, cost: tuple[float, float] = TOKENS) -> np.ndarray:
-        """max / mean ``cost`` across the ranks of each step."""
-        return balance_ratios(self.step_costs(lengths, cost))
-
     def worker_steps(self, worker: int) -> np.ndarray:
         """The steps worker ``worker`` of each rank produces, in the order it yields them."""
         per = self.steps // self.workers
