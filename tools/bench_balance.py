@@ -99,19 +99,24 @@ def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str,
     return rows, ratios
 
 
-def plan_timing(persons: int) -> dict[str, float]:
+def plan_timing(persons: int, slot: bool = False) -> dict[str, float]:
     """Time (wall and CPU) and peak memory of planning one epoch of ``persons`` lengths (lognormal, median 332,
-    capped at 511), 8 ranks x 4 workers at 16,384 tokens, in a fresh process."""
+    capped at 511), 8 ranks x 4 workers at 16,384 tokens, in a fresh process: the whole epoch (``plan_epoch``), or
+    with ``slot`` one worker's own slot of it (``plan_slot``, what a DataLoader worker plans for an ordinary epoch)."""
+    plan = ("b = plan_slot(L, sizes, 16384, 8, 4, 0, seed=1, epoch=3); steps = 4 * len(b)" if slot else
+            "steps = plan_epoch(L, sizes, 16384, 8, 4, seed=1, epoch=3).steps")
     code = (
-        "import json, resource, time, numpy as np\n"
-        "from lifeseq_shards.plan.balance import plan_epoch\n"
+        "import json, resource, time, tracemalloc, numpy as np\n"
+        "from lifeseq_shards.plan.balance import plan_epoch, plan_slot\n"
         f"n = {persons}\n"
         "L = np.clip(np.random.default_rng(0).lognormal(np.log(332), 0.6, n), 6, 511).astype(np.uint16)\n"
         "sizes = [4096] * (n // 4096) + [n % 4096]\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "tracemalloc.start()\n"  # numpy's arrays are traced: the planning's own peak, whatever came before
         "w, c = time.perf_counter(), time.process_time()\n"
-        "p = plan_epoch(L, sizes, 16384, 8, 4, seed=1, epoch=3)\n"
-        "out = dict(wall_s=time.perf_counter() - w, cpu_s=time.process_time() - c, steps=p.steps,\n"
+        f"{plan}\n"
+        "out = dict(wall_s=time.perf_counter() - w, cpu_s=time.process_time() - c, steps=steps,\n"
+        "           traced_mib=tracemalloc.get_traced_memory()[1] / 2**20,\n"
         "           lengths_mib=L.nbytes / 2**20,\n"
         "           peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base_mib=base / 1024)\n"
         "print(json.dumps(out))\n"
@@ -149,7 +154,8 @@ def plot(ratios: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, epochs: int, argv: str) -> str:
+def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, slot: dict[str, float] | None,
+             epochs: int, argv: str) -> str:
     cols = ["population", "persons", "ranks", "batch_persons", "budget", "plan", "steps", "tokens_mean",
             "tokens_p99", "len2_mean", "len2_p99", "max_rank_tokens", "fill"]
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -188,8 +194,16 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
                   f"workers, 16,384 tokens: {timing['steps']:,} steps, {timing['cpu_s']:.1f} s CPU "
                   f"({timing['wall_s']:.1f} s wall, on a machine whose 2 cores other jobs shared), peak RSS "
                   f"{timing['peak_mib']:.0f} MiB against {timing['base_mib']:.0f} MiB before planning (the "
-                  f"interpreter, and making the lengths: {timing['lengths_mib']:.0f} MiB as uint16), so planning "
-                  f"took at most {timing['peak_mib'] - timing['base_mib']:.0f} MiB more."]
+                  f"interpreter, and making the lengths: {timing['lengths_mib']:.0f} MiB as uint16); the planning's "
+                  f"own allocations peaked at {timing['traced_mib']:.0f} MiB (tracemalloc: more than the RSS "
+                  "grew, as it reused the pages the lengths' float draw had freed)."]
+    if timing and slot:
+        lines += ["", f"What a DataLoader worker plans for an ordinary epoch, its own slot of the same epoch "
+                  f"(`plan_slot`, the same batches as the whole plan's, tests/plan/test_slot_plan.py): "
+                  f"{slot['cpu_s']:.2f} s CPU ({slot['wall_s']:.2f} s wall), its allocations peaking at "
+                  f"{slot['traced_mib']:.0f} MiB (tracemalloc). The whole epoch is planned only for the rest "
+                  "of an epoch resumed in another layout or budget, by `shardify plan`, and with "
+                  "`balance=\"attention\"`."]
     lines += ["", "What the balance buys under DDP, in the ranks' wait at the gradient all-reduce on real processes: "
               "[balance-ddp.md](balance-ddp.md) (tools/bench_ddp_wait.py)."]
     return "\n".join(lines) + "\n"
@@ -213,11 +227,12 @@ def main(argv: list[str] | None = None) -> None:
         for row in r:
             print(json.dumps(row), flush=True)
     timing = plan_timing(a.plan_persons) if a.plan_persons else None
+    slot = plan_timing(a.plan_persons, slot=True) if a.plan_persons else None
     a.out.mkdir(parents=True, exist_ok=True)
     write_csv(a.out / "balance.csv", rows)
     plot(ratios, a.out / "balance.png")
     args = " ".join(argv if argv is not None else sys.argv[1:])
-    (a.out / "balance.md").write_text(markdown(rows, timing, a.epochs, args))
+    (a.out / "balance.md").write_text(markdown(rows, timing, slot, a.epochs, args))
 
 
 if __name__ == "__main__":

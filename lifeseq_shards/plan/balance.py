@@ -25,11 +25,14 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   (its first person ends past the share j S / n) and ends by ceil((j + 1) S / n) < (j + 1) S / n + 1 (picks only
   fill the gap to it), so it holds under S / n + m < T / (G R) + m K / G + m <= B tokens. **Reading:** each slot is
   one worker's run of the stream, a few consecutive windows of its shards. A window that a slot edge cuts would be
-  decoded whole by both slots (its persons are shuffled across its places), so :func:`split_edges` first puts the
-  window's persons of lower places before the edge (each part still shuffled): each slot decodes only its part. A
-  pick takes a person at most :data:`LOOKAHEAD` places ahead, rarely across a window edge (the reader then joins the
-  two windows, :meth:`~lifeseq_shards.plan.tokens.TokenSchedule.ordered_windows`): every block is decoded about
-  once in all, as the persons plan decodes it.
+  decoded whole by both slots (its persons are shuffled across its places), so
+  :func:`~lifeseq_shards.plan.stream.split_edges` first puts the window's persons of lower places before the edge
+  (each part still shuffled): each slot decodes only its part. A pick takes a person at most :data:`LOOKAHEAD`
+  places ahead, rarely across a window edge (the reader then joins the two windows,
+  :meth:`~lifeseq_shards.plan.tokens.TokenSchedule.ordered_windows`): every block is decoded about once in all, as
+  the persons plan decodes it. **Planning:** a slot's batches depend only on its own persons, and its edges only on
+  the windows' token sums, so a worker plans an ordinary epoch's slot from its own windows (:func:`plan_slot`, the
+  same batches as the whole plan's): a 1 / (R K) share of the work, not the whole epoch's.
 * **Deal (a cost with a len^2 term, e.g. :data:`ATTENTION`).** Balancing len^2 across ranks that read distant runs
   cannot keep a token budget (a run of short persons holds many tokens for its len^2), so this cost keeps the pooled
   design: the stream is cut into G groups of equal tokens, one a step (a group holds at most T / G + m tokens), and
@@ -57,8 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .order import pass_roles
-from .partition import epoch_shard_order
 from .slots import num_slots
+from .stream import epoch_stream, slot_stream, split_edges, stream_offsets
 
 # the budget must hold 4 longest persons: one a rank is the margin that keeps the budget, and R (B - m) - m then
 # leaves steps of >= (R + 1) m tokens, enough to give every rank a person (epoch_steps)
@@ -71,8 +74,6 @@ LOOKAHEAD, PICKS = 16, 2
 TOKENS, ATTENTION = (1.0, 0.0), (0.0, 1.0)  # cost = a * len + b * len^2
 # what a reader's ``balance=`` names: the cost the deal evens out across the ranks of a step
 BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
-# Mixed into the window shuffles' RNG seeds, unlike order.py's _WINDOW_TAG, so the two plans never share a stream.
-_TOKENS_TAG = 0x544F4B42  # "TOKB"
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,31 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
     lengths = np.asarray(lengths)
     _check(lengths, shard_sizes, window, per_message)
     order = epoch_stream(shard_sizes, seed, epoch, window, shuffle)
-    place = np.repeat(stream_offsets(shard_sizes, seed, epoch, shuffle), shard_sizes)[order] + order
-    return plan_persons(split_edges(order, place, lengths, window, world_size, num_workers, cost), lengths,
-                        tokens_per_batch, world_size, num_workers, cost=cost, per_message=per_message)
+    if not cost[1]:  # slots: each reads only its own part of a window an edge cuts
+        place = np.repeat(stream_offsets(shard_sizes, seed, epoch, shuffle), shard_sizes)[order] + order
+        order = split_edges(order, place, lengths, window, world_size * max(1, num_workers))
+    return plan_persons(order, lengths, tokens_per_batch, world_size, num_workers, cost=cost,
+                        per_message=per_message)
+
+
+def plan_slot(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch: int, world_size: int,
+              num_workers: int, slot: int, *, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW,
+              shuffle: bool = True) -> list[np.ndarray]:
+    """The batches of one slot of :func:`plan_epoch`'s plan (cost in tokens): slot r K + w is rank r's worker w, and
+    its batch j is ``plan.batch(step_of(w, j, ...), r)``, the same persons in the same order, but planned from the
+    slot's own windows (:func:`~lifeseq_shards.plan.stream.slot_stream`) rather than the whole epoch: a worker of
+    one of many ranks plans an ordinary epoch in a fraction of the time. The arguments as :func:`plan_epoch` takes
+    them; ``per_message`` only numbers the steps, so it is not needed."""
+    lengths = np.asarray(lengths)
+    _check(lengths, shard_sizes, window, 1)
+    k = max(1, num_workers)
+    steps = epoch_steps(int(lengths.sum(dtype=np.int64)), int(lengths.max()), tokens_per_batch, world_size,
+                        num_workers)
+    persons = slot_stream(lengths, shard_sizes, slot, world_size * k, seed, epoch, window, shuffle)
+    lens = lengths[persons].astype(np.int32)
+    batch = _slot_batches(lens, int(lens.sum(dtype=np.int64)), 1, steps // k)
+    persons, ends = persons[_stable_order(batch)], np.cumsum(np.bincount(batch, minlength=steps // k)).tolist()
+    return [persons[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]  # slices: np.split is ~10x slower
 
 
 def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
@@ -258,62 +281,6 @@ def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> np.ndar
     return batch
 
 
-def split_edges(order: np.ndarray, positions: np.ndarray, lengths: np.ndarray, window: int, world_size: int,
-                num_workers: int, cost: tuple[float, float] = TOKENS) -> np.ndarray:
-    """``order`` (a stream, or the rest of one, ``positions`` its persons' places in the epoch's unshuffled stream)
-    with the persons of each window that a slot edge of :func:`plan_persons` cuts (a cost in tokens) rearranged so
-    that the edge falls between two runs of the window's places: the persons before it the window's first by place,
-    each part still in its shuffled order. Each slot then reads only its own part of the window, where the shuffled
-    window would have each of the two slots decode all of it. The tokens before every person outside such a window,
-    hence the slot edges, are unchanged; a cost with a len^2 term (the deal) reads every window of a run anyway."""
-    slots = world_size * max(1, num_workers)
-    if cost[1] or slots == 1 or not len(order):
-        return order
-    lens = lengths[order].astype(np.int64)
-    end = np.cumsum(lens)
-    share = -(-np.arange(1, slots) * int(end[-1]) // slots)  # a slot's persons end by its share (_slot_batches)
-    win = positions // window  # non-decreasing: a stream's windows are runs of it
-    after = np.searchsorted(end, share, side="right")  # each edge's first person of the later slot
-    first = np.searchsorted(win, win[np.minimum(after, len(order) - 1)])  # its window's first person
-    inside = (after < len(order)) & (after > first)  # an edge at a window's first person needs nothing
-    share, after, first = share[inside], after[inside], first[inside]
-    if not len(share):
-        return order
-    # the windows cut, their persons by place (each window's run at once: the windows' places are disjoint)
-    lo, edge_run = np.unique(first, return_inverse=True)
-    hi = np.searchsorted(win, win[lo], side="right")
-    idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)])
-    by_place = np.argsort(positions[idx])  # places are distinct: any sort
-    cum = np.cumsum(lens[idx][by_place])
-    run_at = np.cumsum(hi - lo) - (hi - lo)  # each window's first in idx
-    # an edge as a count of persons by place: those whose tokens end by the share go before it
-    done = cum[run_at - 1] * (run_at > 0)  # tokens of the earlier windows of idx
-    edges = np.searchsorted(cum, done[edge_run] + share - (end[lo] - lens[lo])[edge_run], side="right")
-    rank = np.empty(len(idx), dtype=np.int64)
-    rank[by_place] = np.arange(len(idx))
-    # each part by place keeps its shuffled order; the person right after an edge leads its part, so it ends past
-    # the share (every part stays in its window's run: the parts' keys grow with the places)
-    small = np.int16 if len(edges) < 1 << 14 else np.int64  # int16 keys sort by radix
-    leads = np.ones(len(idx) + 1, dtype=small)
-    leads[edges] = 0
-    key = 2 * np.searchsorted(edges, rank, side="right").astype(small) + leads[rank]
-    order = order.copy()
-    order[idx] = order[idx][np.argsort(key, kind="stable")]
-    return order
-
-
-def stream_offsets(shard_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """Each shard's first place in the epoch's unshuffled stream less its first person (split numbering): person p
-    of shard s lies at place p + offsets[s]."""
-    sizes = np.asarray(shard_sizes, dtype=np.int64)
-    if not shuffle:
-        return np.zeros(len(sizes), dtype=np.int64)
-    order = epoch_shard_order(len(sizes), seed, epoch)
-    first = np.empty(len(sizes), dtype=np.int64)
-    first[order] = np.cumsum(sizes[order]) - sizes[order]
-    return first - (np.cumsum(sizes) - sizes)
-
-
 def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:
     if sum(shard_sizes) != len(lengths) or any(s < 0 for s in shard_sizes):
         raise ValueError(f"shard sizes {list(shard_sizes)[:8]}... add up to {sum(shard_sizes)}, not the "
@@ -322,24 +289,6 @@ def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_mes
         raise ValueError("every person needs a length >= 1 (and the split at least one person)")
     if window < 1 or per_message < 1:
         raise ValueError(f"window ({window}) and per_message ({per_message}) must be >= 1")
-
-
-def epoch_stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int,
-                 shuffle: bool = True) -> np.ndarray:
-    """The persons (split numbering) in the epoch's reading order: shards by epoch_shard_order, each window of
-    ``window`` stream positions shuffled on its own; without ``shuffle``, the split's order."""
-    sizes = np.asarray(shard_sizes, dtype=np.int64)
-    if not shuffle:
-        return np.arange(int(sizes.sum()), dtype=np.int32 if sizes.sum() < 1 << 31 else np.int64)
-    starts = np.cumsum(sizes) - sizes
-    order = epoch_shard_order(len(sizes), seed, epoch)
-    size_in_order = sizes[order]
-    offset = np.repeat(starts[order] - (np.cumsum(size_in_order) - size_in_order), size_in_order)
-    stream = (np.arange(len(offset), dtype=np.int64) + offset).astype(np.int32 if len(offset) < 1 << 31 else np.int64)
-    for w, lo in enumerate(range(0, len(stream), window)):
-        part = stream[lo : lo + window]
-        part[:] = part[np.random.default_rng([seed, epoch, w, _TOKENS_TAG]).permutation(len(part))]
-    return stream
 
 
 def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: int, longest: int,

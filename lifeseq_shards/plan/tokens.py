@@ -17,7 +17,7 @@ Where the persons lie: the epoch's stream, unshuffled, is the shards in ``epoch_
 its persons' windows only grow from batch to batch except across a window edge near a cut:
 :func:`TokenSchedule.ordered_windows` yields each window once (such neighbours joined as one), with the persons of it
 to yield (each batch's persons by stream position), and only the places from its first such person to its last. A
-window that a slot edge cuts is split by place before planning (:func:`~lifeseq_shards.plan.balance.split_edges`,
+window that a slot edge cuts is split by place before planning (:func:`~lifeseq_shards.plan.stream.split_edges`,
 :meth:`TokenSchedule.stage` as :func:`~lifeseq_shards.plan.balance.plan_epoch`), so each of its two slots reads
 only its own places.
 """
@@ -30,11 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .balance import TOKENS, TokenPlan, epoch_steps, epoch_stream, plan_persons, split_edges, stream_offsets
+from .balance import TOKENS, TokenPlan, epoch_steps, plan_persons, plan_slot
 from .order import Window
 from .partition import epoch_shard_order
 from .resume import Layout, Stage
 from .slots import Segment, _cut
+from .stream import epoch_stream, split_edges, stream_offsets
 
 
 def stream_window(history: Sequence[Stage], layout: Layout) -> int:
@@ -93,9 +94,20 @@ class TokenSchedule:
         plan = self._plan(epoch, order, layout, window)
         return plan, (self.steps(layout) - plan.steps if history else 0)
 
+    def slot(self, epoch: int, layout: Layout, slot: int) -> list[np.ndarray]:
+        """Each batch's persons of slot ``slot`` (rank r's worker w: r K + w) of an ordinary ``epoch`` in ``layout``
+        (no history): the stage's plan for that slot, planned from the slot's own windows
+        (:func:`~lifeseq_shards.plan.balance.plan_slot`). A cost in tokens only: the deal pools the ranks' persons."""
+        if self.cost[1]:
+            raise ValueError("a cost with a len^2 term deals every step's persons to the ranks: plan the stage whole")
+        return plan_slot(self.lengths, self.shard_sizes, layout.tokens_per_batch, layout.world_size,
+                         layout.num_workers, slot, seed=self.seed, epoch=epoch, window=layout.window,
+                         shuffle=self.shuffle)
+
     def _plan(self, epoch: int, order: np.ndarray, layout: Layout, window: int) -> TokenPlan:
-        order = split_edges(order, self.positions(epoch, order), self.lengths, window, layout.world_size,
-                            layout.num_workers, self.cost)
+        if not self.cost[1]:  # slots (not the deal): each reads only its own part of a window an edge cuts
+            order = split_edges(order, self.positions(epoch, order), self.lengths, window,
+                                layout.world_size * max(1, layout.num_workers))
         return plan_persons(order, self.lengths, layout.tokens_per_batch, layout.world_size, layout.num_workers,
                             cost=self.cost, per_message=layout.batches_per_message if layout.num_workers else 1)
 
@@ -103,7 +115,11 @@ class TokenSchedule:
         """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
         persons = np.asarray(persons, dtype=np.int64)
         offsets = stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)
-        return persons + np.repeat(offsets, self.shard_sizes)[persons]  # a gather: faster than a search a person
+        if 8 * len(persons) >= len(self.lengths):  # many (a whole stream): a gather, faster than a search a person
+            return persons + np.repeat(offsets, self.shard_sizes)[persons]
+        # few (a worker's slot): a search of the shards, not an array of the split's size (27 M persons: 216 MB)
+        first = np.cumsum(self.shard_sizes) - np.asarray(self.shard_sizes)
+        return persons + offsets[np.searchsorted(first, persons, side="right") - 1]  # the last shard starting there
 
     def _shards(self, epoch: int) -> list[Segment[int]]:
         """The split's shards whole, in the epoch's stream order."""
@@ -121,10 +137,14 @@ class TokenSchedule:
         all that follow, so each window is still read once."""
         if not batches:
             return
-        persons = np.concatenate(batches)
-        pos = self.positions(epoch, persons)
-        batch = np.repeat(np.arange(len(batches)), [len(b) for b in batches])
-        pos = pos[np.lexsort((pos, batch))]  # batch after batch, each by stream position
+        pos = self.positions(epoch, np.concatenate(batches))
+        # batch after batch, each by stream position: one sort of (batch, position) packed in an int64 (a lexsort
+        # of the two was 15x slower)
+        bits = int(pos.max()).bit_length()
+        key = np.repeat(np.arange(len(batches), dtype=np.int64) << bits, [len(b) for b in batches])
+        key |= pos
+        key.sort()
+        pos = key & ((1 << bits) - 1)
         win = pos // window
         # a cut before yield i + 1 where every window so far is below every window to come
         below = np.maximum.accumulate(win)[:-1] < np.minimum.accumulate(win[::-1])[::-1][1:]

@@ -444,10 +444,16 @@ class ShardedDataset(IterableDataset):
         """The stages of a token-budget pass of ``worker`` (the windows its batches' persons lie in, loaded, cut
         into the plan's batches) and the batches of its role it skips."""
         assert self.tokens is not None
-        plan, base = self.token_stage(at)
-        role, skip = plan.pass_roles(at.batches - base)[worker]
-        persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
         window, epoch = stream_window(at.history, self.layout), at.epoch
+        if at.history or self.tokens.cost[1]:  # the rest of an epoch, or the deal: planned whole
+            plan, base = self.token_stage(at)
+            role, skip = plan.pass_roles(at.batches - base)[worker]
+            persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
+        else:  # an ordinary epoch in slots: only this worker's own (the same batches, a fraction of the work)
+            role, skip = plan_order.pass_roles(at.batches, self.num_workers, self.per_worker_batches(),
+                                               self.batches_per_message if self.num_workers else 1)[worker]
+            persons = self.tokens.slot(epoch, self.layout,
+                                       plan_slots.slot_index(self.rank, role, self.num_workers))[skip:]
         return [
             lambda: planned_windows(self.tokens, epoch, window, persons),
             lambda src: load_windows(src, self.shards, self.schema),

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.bench, pytest.mark.timeout(300)]
 
 def test_the_rate_counts_the_persons_of_rank_0s_epoch(nomlm_dataset: Path) -> None:
     for budget in (None, 8000):
-        rate, persons = bench_token_reader.epoch_rate(nomlm_dataset, 2, 0, 50, budget, 0)  # times epoch 1
+        rate, persons = bench_token_reader.epoch_rate(bench_token_reader.warm_loader(nomlm_dataset, 2, 0, 50, budget),
+                                                      1)
         ds = ShardedDataset(nomlm_dataset, world=World(0, 2), batch_size=50, tokens_per_batch=budget)
         ds.set_epoch(1)
         assert persons == sum(len(b["person_id"]) for b in ds) and rate > 0
