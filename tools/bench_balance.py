@@ -1,12 +1,13 @@
 """The balance of the ranks of a step, today's persons plan against the token-budget plan, on the same lengths.
 
-For each population (the sample's persons, `shardify synth` populations), layout (2, 4, 8 ranks, 2 DataLoader workers a
-rank) and budget (the tokens that 50 and 256 persons hold on average), both plans of epochs 0..E-1 are made from the
-persons' lengths alone: the persons plan (:func:`lifeseq_shards.plan.compare.persons_plan_costs`, a fixed number of
-persons a rank, dealt as the reader deals them) and the token-budget plan
-(:func:`lifeseq_shards.plan.balance.plan_epoch`). Of each step: max / mean across its ranks of the real tokens and of
-len^2. Then the time and peak memory of planning one epoch of ``--plan-persons`` synthetic lengths, in a process of
-its own. Writes OUT/balance.md (method and tables), OUT/balance.csv and OUT/balance.png.
+For each population (the sample's persons, `shardify synth` populations), layout (2, 4, 8 ranks, 0 or 2 DataLoader
+workers a rank) and budget (the tokens that 50 and 256 persons hold on average), the plans of epochs 0..E-1 are made
+from the persons' lengths alone: the persons plan (:func:`lifeseq_shards.plan.compare.persons_plan_costs`, a fixed
+number of persons a rank, dealt as the reader deals them) and the token-budget plan
+(:func:`lifeseq_shards.plan.balance.plan_epoch`), balancing tokens (the default) and len^2. Of each step: max / mean
+across its ranks of the real tokens and of len^2. Then the time and peak memory of planning one epoch of
+``--plan-persons`` synthetic lengths, and one worker's slot of it, each in a process of its own. Writes
+OUT/balance.md (method and tables), OUT/balance.csv and OUT/balance.png.
 
     python -m tools.bench_balance --out docs/results --sample ../shared/data/lifeseq-sample --synth 100000 1000000
 """
@@ -41,7 +42,8 @@ from lifeseq_shards.plan.balance import ATTENTION, TOKENS, balance_ratios, plan_
 from lifeseq_shards.plan.compare import persons_plan_costs
 from tools.common import SHARD, sample_lengths, shards_of, write_csv
 
-RANKS, PERSONS, WORKERS = (2, 4, 8), (50, 256), 2
+RANKS, PERSONS, WORKERS = (2, 4, 8), (50, 256), (0, 2)
+PLANS = {"tokens": TOKENS, "attention": ATTENTION}  # the token-budget plan's rows, by its balance=
 GROUP = 50_000  # synth's rows a row group: its RNG stream per group
 
 
@@ -75,23 +77,24 @@ def synth_lengths(people: int, seed: int = 0, max_seq_len: int = 512) -> np.ndar
 
 
 def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str, object]], dict[str, np.ndarray]]:
-    """Rows of the table for one population, and the per-step token ratios of each (plan, ranks, persons)."""
+    """Rows of the table for one population, and the per-step token ratios of each (plan, ranks, persons) at the last
+    of :data:`WORKERS` (the plot's)."""
     rows, ratios = [], {}
     sizes = shards_of(len(lengths))
-    for ranks, persons in itertools.product(RANKS, PERSONS):
+    for ranks, persons, workers in itertools.product(RANKS, PERSONS, WORKERS):
         budget = int(round(persons * lengths.mean()))
-        old = {c: [persons_plan_costs(lengths, sizes, ranks, WORKERS, persons, epoch=e, cost=c) for e in range(epochs)]
-               for c in (TOKENS, ATTENTION)}
-        new = [plan_epoch(lengths, sizes, budget, ranks, WORKERS, epoch=e) for e in range(epochs)]
-        for plan, tokens, attention in (
-            ("persons", old[TOKENS], old[ATTENTION]),
-            ("tokens", [p.step_costs(lengths) for p in new], [p.step_costs(lengths, ATTENTION) for p in new]),
-        ):
+        costs = {"persons": [[persons_plan_costs(lengths, sizes, ranks, workers, persons, epoch=e, cost=c)
+                              for e in range(epochs)] for c in (TOKENS, ATTENTION)]}
+        for plan, cost in PLANS.items():
+            new = [plan_epoch(lengths, sizes, budget, ranks, workers, epoch=e, cost=cost) for e in range(epochs)]
+            costs[plan] = [[p.step_costs(lengths, c) for p in new] for c in (TOKENS, ATTENTION)]
+        for plan, (tokens, attention) in costs.items():
             t = np.concatenate([balance_ratios(c) for c in tokens])
             a = np.concatenate([balance_ratios(c) for c in attention])
             work = np.concatenate(tokens)
-            ratios[f"{name} {plan} {ranks}r {persons}p"] = t
-            rows.append({"population": name, "persons": len(lengths), "ranks": ranks, "workers": WORKERS,
+            if workers == WORKERS[-1] and plan != "attention":
+                ratios[f"{name} {plan} {ranks}r {persons}p"] = t
+            rows.append({"population": name, "persons": len(lengths), "ranks": ranks, "workers": workers,
                          "batch_persons": persons, "budget": budget, "plan": plan, "steps": len(tokens[0]),
                          "tokens_mean": round(float(t.mean()), 4), "tokens_p99": round(float(np.quantile(t, 0.99)), 4),
                          "len2_mean": round(float(a.mean()), 4), "len2_p99": round(float(np.quantile(a, 0.99)), 4),
@@ -156,7 +159,7 @@ def plot(ratios: dict[str, np.ndarray], path: Path) -> None:
 
 def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None, slot: dict[str, float] | None,
              epochs: int, argv: str) -> str:
-    cols = ["population", "persons", "ranks", "batch_persons", "budget", "plan", "steps", "tokens_mean",
+    cols = ["population", "persons", "ranks", "workers", "batch_persons", "budget", "plan", "steps", "tokens_mean",
             "tokens_p99", "len2_mean", "len2_p99", "max_rank_tokens", "fill"]
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
@@ -169,12 +172,14 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
         "",
         "## Method",
         "",
-        f"Both plans are made from the persons' lengths alone, {WORKERS} DataLoader workers a rank, shards of {SHARD} "
-        f"persons (the rest a remainder shard), seed 0, epochs 0..{epochs - 1} pooled. *persons*: today's plan, a "
-        "fixed number of persons a rank a step, dealt as the reader deals them (balanced mode, its windows and "
-        "shuffles, each rank's workers in the DataLoader's round robin). *tokens*: the token-budget plan "
-        "(lifeseq_shards/plan/balance.py) at a budget of the tokens that many persons hold on average "
-        "(`budget` = persons x mean length). Per step: max / mean across its ranks of the real tokens "
+        f"The plans are made from the persons' lengths alone, {' or '.join(map(str, WORKERS))} DataLoader workers a "
+        f"rank, shards of {SHARD} persons (the rest a remainder shard), seed 0, epochs 0..{epochs - 1} pooled. "
+        "*persons*: batches of persons, a fixed number of persons a rank a step, dealt as the reader deals them "
+        "(balanced mode, its windows and shuffles, each rank's workers in the DataLoader's round robin). *tokens*: the "
+        "token-budget plan (lifeseq_shards/plan/balance.py, `balance=\"tokens\"`, the default) at a budget of the "
+        "tokens that many persons hold on average (`budget` = persons x mean length); *attention*: the same budget "
+        "with `balance=\"attention\"` (each step's persons dealt to the ranks by length, evening out len^2). "
+        "Per step: max / mean across its ranks of the real tokens "
         "(`tokens_*`) and of len^2 (`len2_*`, attention's cost), mean and 99th percentile over the steps; "
         "`max_rank_tokens` the most tokens any rank's batch held, `fill` the mean batch's tokens over the budget. "
         "The sample: encoded_nomlm.h5's persons (real tokens = its padding mask's sum). synth-N: the lengths "
@@ -185,8 +190,8 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
         "",
         *table,
         "",
-        "![per-step max/mean - 1 in %, cumulative, at ~50 persons a rank: persons plan dashed, token-budget plan "
-        "solid](balance.png)",
+        f"![per-step max/mean - 1 in %, cumulative, at ~50 persons a rank, {WORKERS[-1]} workers: persons plan dashed, "
+        "token-budget plan solid](balance.png)",
     ]
     if timing:
         lines += ["", "## Planning time and memory", "",
