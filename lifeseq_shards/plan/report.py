@@ -16,6 +16,9 @@ from .resume import Layout, RestPlan, Stage
 from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
 
 _MAX_SLOT_LINES = 16
+# how the token-budget plan evens out the ranks of a step, by whether it balances len^2 (balance="attention")
+BALANCED_BY = {False: "each (rank, worker) reads a run of the stream holding an equal share of its tokens",
+               True: "each step's persons dealt to the ranks to even out len^2"}
 _MAX_SEGMENTS_SHOWN = 6
 
 
@@ -236,7 +239,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         f"{split} split: {len(lengths)} persons in {len(shard_sizes) - 1} shards + remainder {shard_sizes[-1]}; "
         f"lengths median {int(np.median(lengths))}, p99 {int(np.quantile(lengths, 0.99))}, max {int(lengths.max())}",
         f"{nodes} node(s) x {gpus} GPU(s) = {world} ranks; {workers} worker(s) per rank; budget {tokens_per_batch} "
-        f"tokens a rank a step, ranks dealt to even out {'len^2' if attention else 'tokens'}; epoch 0, seed {seed}",
+        f"tokens a rank a step, {BALANCED_BY[attention]}; epoch 0, seed {seed}",
     ]
     try:
         plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost)
