@@ -86,13 +86,13 @@ def window_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], seed: int, ep
     pieces = np.argsort(at)
     at, win = at[pieces], cuts[pieces] // window
     # summed a chunk of the lengths at a time: a reduceat into int64 casts all it is given (27 M persons: 206 MiB)
-    starts = np.unique(np.concatenate([at, np.arange(0, n, chunk)]))  # pieces, also cut at the chunks' edges
-    sums = np.empty(len(starts), dtype=np.int64)
-    bounds = np.searchsorted(starts, np.arange(0, n + chunk, chunk)).tolist()
+    heads = np.unique(np.concatenate([at, np.arange(0, n, chunk)]))  # pieces, also cut at the chunks' edges
+    sums = np.empty(len(heads), dtype=np.int64)
+    bounds = np.searchsorted(heads, np.arange(0, n + chunk, chunk)).tolist()
     for lo, (a, b) in zip(range(0, n, chunk), itertools.pairwise(bounds), strict=True):
-        sums[a:b] = np.add.reduceat(lengths[lo : lo + chunk], starts[a:b] - lo, dtype=np.int64)
+        sums[a:b] = np.add.reduceat(lengths[lo : lo + chunk], heads[a:b] - lo, dtype=np.int64)
     tokens = np.zeros(-(-n // window) + 1, dtype=np.int64)
-    np.add.at(tokens, win[np.searchsorted(at, starts, side="right") - 1] + 1, sums)
+    np.add.at(tokens, win[np.searchsorted(at, heads, side="right") - 1] + 1, sums)
     return np.cumsum(tokens)
 
 
