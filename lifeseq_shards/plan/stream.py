@@ -125,7 +125,11 @@ def split_at(order: np.ndarray, positions: np.ndarray, lens: np.ndarray, window:
     win = positions // window  # non-decreasing: a stream's windows are runs of it
     after = np.searchsorted(end, shares, side="right")  # each cut's first person of the later slot
     first = np.searchsorted(win, win[np.minimum(after, len(order) - 1)])  # its window's first person
-    inside = (after < len(order)) & (after > first)  # a cut at a window's first person needs nothing
+    cut = after < len(order)
+    inside = cut & (after > first)  # a cut at a window's first person needs nothing ...
+    # ... unless another cut rearranges its window: the window's first person may then change, so it is cut by place
+    # too (else a shorter new first person ends by the share, and both slots read the window's places around it)
+    inside |= cut & np.isin(first, first[inside])
     shares, after, first = shares[inside], after[inside], first[inside]
     if not len(shares):
         return order

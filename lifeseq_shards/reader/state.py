@@ -13,7 +13,8 @@ layout reading this epoch's start would not have, ``left_out_before`` (those per
 ``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
 records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out) and
 ``crop`` (the most tokens a person is counted for), and
-is version 3, which an install that predates the budget refuses instead of resuming in another order; a state
+is version 4 (3 before a fix of the slot edges: refused inside an epoch), which an install that predates the budget
+refuses instead of resuming in another order; a state
 without them reads as batches of persons (version 2 is still written for those, key for key as before).
 :func:`read_state` takes such a state or any dict that holds exactly one (a whole
 Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
@@ -36,7 +37,9 @@ from ..plan.balance import BALANCES
 from ..plan.partition import Partition
 from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
 
-VERSION = 3  # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets
+# 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets; 4: token budgets
+# whose slot edges cut a window's places consistently (a version 3 position inside an epoch means another plan)
+VERSION = 4
 PERSONS_VERSION = 2  # what a state of batches of persons is written as: every version since reads it
 # keys a state without them holds as these values (written only when they differ: a budget's state)
 OPTIONAL = {"tokens_per_batch": 0, "balance": "tokens", "crop": 0}
@@ -180,6 +183,11 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         raise StateError(f"{said} has version {version!r}, and this lifeseq_shards reads versions 1 to {VERSION}"
                          + (": upgrade lifeseq_shards" if _is_int(version) and version > VERSION else ""))
     missing = [k for k in _TOP if k not in state]
+    if version == 3 and (state.get("batches") or state.get("history")):
+        raise StateError(f"{said} has version 3: a token budget's position inside epoch {state.get('epoch')!r} "
+                         "planned by an earlier lifeseq_shards, whose slot edges cut some windows otherwise, so "
+                         "resuming it here would read another plan; finish the epoch with that version, or resume "
+                         "without the loader's state to start the epoch over")
     if missing:
         raise StateError(f"{said} has no {', '.join(map(repr, missing))}: it is damaged, or not a loader state")
     if not isinstance(state["fingerprint"], str):

@@ -93,7 +93,7 @@ def damaged(state: dict[str, Any], edit: Any) -> dict[str, Any]:
     (lambda s: s.update(history=[{"batches": 3}]), "has history[0] {'batches': 3}, not a stage"),
     (lambda s: s.update(history=[{**s["layout"], "world_size": 0, "batches": 3}]),
      "has history[0]['world_size'] 0, not an integer >= 1"),
-    (lambda s: s.update(version=99), "has version 99, and this lifeseq_shards reads versions 1 to 3: upgrade"),
+    (lambda s: s.update(version=99), "has version 99, and this lifeseq_shards reads versions 1 to 4: upgrade"),
     (lambda s: s.update(version="2"), "has version '2'"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_damaged_state_is_refused_naming_the_key(nomlm_dataset: Path, state: dict[str, Any], edit: Any,
