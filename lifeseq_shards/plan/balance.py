@@ -61,7 +61,7 @@ import numpy as np
 
 from .order import pass_roles
 from .slots import num_slots
-from .stream import epoch_stream, slot_stream, split_edges, stream_offsets
+from .stream import epoch_stream, slot_stream, split_edges, stream_places
 
 # the budget must hold 4 longest persons: one a rank is the margin that keeps the budget, and R (B - m) - m then
 # leaves steps of >= (R + 1) m tokens, enough to give every rank a person (epoch_steps)
@@ -180,8 +180,8 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
     _check(lengths, shard_sizes, window, per_message)
     order = epoch_stream(shard_sizes, seed, epoch, window, shuffle)
     if not cost[1]:  # slots: each reads only its own part of a window an edge cuts
-        place = np.repeat(stream_offsets(shard_sizes, seed, epoch, shuffle), shard_sizes)[order] + order
-        order = split_edges(order, place, lengths, window, world_size * max(1, num_workers))
+        order = split_edges(order, stream_places(order, shard_sizes, seed, epoch, shuffle), lengths, window,
+                            world_size * max(1, num_workers))
     return plan_persons(order, lengths, tokens_per_batch, world_size, num_workers, cost=cost,
                         per_message=per_message)
 

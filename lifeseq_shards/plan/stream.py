@@ -36,6 +36,18 @@ def stream_offsets(shard_sizes: Sequence[int], seed: int, epoch: int, shuffle: b
     return first - (np.cumsum(sizes) - sizes)
 
 
+def stream_places(persons: np.ndarray, shard_sizes: Sequence[int], seed: int, epoch: int,
+                  shuffle: bool = True) -> np.ndarray:
+    """Each person's (split numbering) place in the epoch's unshuffled stream (int64)."""
+    persons = np.asarray(persons, dtype=np.int64)
+    offsets = stream_offsets(shard_sizes, seed, epoch, shuffle)
+    if 8 * len(persons) >= sum(shard_sizes):  # many (a whole stream): a gather, faster than a search a person
+        return persons + np.repeat(offsets, shard_sizes)[persons]
+    # few (a worker's slot): a search of the shards, not an array of the split's size (27 M persons: 216 MB)
+    first = np.cumsum(shard_sizes) - np.asarray(shard_sizes)
+    return persons + offsets[np.searchsorted(first, persons, side="right") - 1]  # the last shard starting there
+
+
 def stream_persons(shard_sizes: Sequence[int], seed: int, epoch: int, lo: int, hi: int,
                    shuffle: bool = True) -> np.ndarray:
     """The persons (split numbering) at places [lo, hi) of the epoch's unshuffled stream; without ``shuffle`` the

@@ -35,7 +35,7 @@ from .order import Window
 from .partition import epoch_shard_order
 from .resume import Layout, Stage
 from .slots import Segment, _cut
-from .stream import epoch_stream, split_edges, stream_offsets
+from .stream import epoch_stream, split_edges, stream_places
 
 
 def stream_window(history: Sequence[Stage], layout: Layout) -> int:
@@ -113,13 +113,7 @@ class TokenSchedule:
 
     def positions(self, epoch: int, persons: np.ndarray) -> np.ndarray:
         """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
-        persons = np.asarray(persons, dtype=np.int64)
-        offsets = stream_offsets(self.shard_sizes, self.seed, epoch, self.shuffle)
-        if 8 * len(persons) >= len(self.lengths):  # many (a whole stream): a gather, faster than a search a person
-            return persons + np.repeat(offsets, self.shard_sizes)[persons]
-        # few (a worker's slot): a search of the shards, not an array of the split's size (27 M persons: 216 MB)
-        first = np.cumsum(self.shard_sizes) - np.asarray(self.shard_sizes)
-        return persons + offsets[np.searchsorted(first, persons, side="right") - 1]  # the last shard starting there
+        return stream_places(persons, self.shard_sizes, self.seed, epoch, self.shuffle)
 
     def _shards(self, epoch: int) -> list[Segment[int]]:
         """The split's shards whole, in the epoch's stream order."""
