@@ -3,13 +3,13 @@ small converted datasets."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import SMALL_SHARDS, SeedRows, copy_of
 from hypothesis import settings
+from sample_files import SAMPLE
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 
@@ -17,15 +17,6 @@ from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 # unchanged plan function missed it. The properties and example counts stay as written.
 settings.register_profile("lifeseq", deadline=None)
 settings.load_profile("lifeseq")
-
-REPO = Path(__file__).resolve().parents[1]
-# The researchers' sample where CI and the development machines lay it (../shared beside the clone; LIFESEQ_SHARED
-# names another folder, or a missing one to test as a fresh clone would), and the byte-identical copy the repository
-# carries so that a fresh clone passes its tests with nothing beside it (test_sample.py checks the two are the same).
-SHARED_SAMPLE = Path(os.environ.get("LIFESEQ_SHARED", REPO.parent / "shared")) / "data" / "lifeseq-sample"
-CARRIED_SAMPLE = REPO / "tests" / "data" / "lifeseq-sample"
-SAMPLE_FILES = ("README.md", "encoded_mlm.h5", "encoded_nomlm.h5", "sequences.parquet", "vocab.csv")
-SAMPLE = SHARED_SAMPLE if (SHARED_SAMPLE / "encoded_mlm.h5").exists() else CARRIED_SAMPLE
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

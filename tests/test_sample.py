@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CARRIED_SAMPLE, REPO, SAMPLE_FILES, SHARED_SAMPLE
+from sample_files import CARRIED_SAMPLE, REPO, SAMPLE_FILES, SHARED_SAMPLE
 
 
 def _sha256(path: Path) -> str:
@@ -26,7 +26,7 @@ def test_carried_sample_is_theirs_byte_for_byte(name: str) -> None:
 
 def test_without_shared_the_suite_reads_the_carried_sample(tmp_path: Path) -> None:
     """A fresh machine: LIFESEQ_SHARED names a folder with no sample in it, and the fixture gives the carried copy."""
-    code = "import conftest; print(conftest.SAMPLE)"
+    code = "import sample_files; print(sample_files.SAMPLE)"
     env = {**os.environ, "LIFESEQ_SHARED": str(tmp_path / "no-shared"), "PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO)
     assert Path(out.stdout.strip()) == CARRIED_SAMPLE
