@@ -20,7 +20,16 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan.resume import Position, start_in
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
-from .state import BUDGET_KEYS, DatasetChanged, SavedState, layout_changes, read_state, saved_layout, saved_state
+from .state import (
+    BUDGET_KEYS,
+    START_OVER,
+    DatasetChanged,
+    SavedState,
+    layout_changes,
+    read_state,
+    saved_layout,
+    saved_state,
+)
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -290,7 +299,7 @@ class ShardedLoader(DataLoader):
             raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
                              "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
                              "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
-                             "the epoch ends, or without the loader's state to start the epoch over")
+                             "the epoch ends, or " + START_OVER)
         at = dataclasses.replace(at, history=(*at.history, saved.stage))
         plan, base = ds.token_stage(at)
         warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "

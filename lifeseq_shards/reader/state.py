@@ -81,6 +81,9 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "epoch": (_NATURAL, lambda v: _is_int(v) and v >= 0),
 }
 _TOP = ("fingerprint", "epoch", "batches", "layout")  # what every version holds (``split`` is never read)
+# every refusal of a position that cannot be resumed exactly ends so: what each front end does to start it over
+START_OVER = ("start the epoch over: restart_epoch=True on LifeSeqDataModule or LifeSeqData, or set_epoch(epoch) "
+              "on a ShardedLoader instead of load_state_dict (docs/guides/resume.md)")
 
 
 class StateError(ValueError):
@@ -202,8 +205,8 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     if version == 3 and (state.get("batches") or state.get("history")):
         raise StateError(f"{said} has version 3: a token budget's position inside epoch {state.get('epoch')!r} "
                          "planned by an earlier lifeseq_shards, whose slot edges cut some windows otherwise, so "
-                         "resuming it here would read another plan; finish the epoch with that version, or resume "
-                         "without the loader's state to start the epoch over")
+                         "resuming it here would read another plan; finish the epoch with that version, or "
+                         + START_OVER)
     if missing:
         raise StateError(f"{said} has no {', '.join(map(repr, missing))}: it is damaged, or not a loader state")
     if not isinstance(state["fingerprint"], str):
@@ -217,8 +220,7 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     old = [k for k in ("split", *LAYOUT_KEYS, *FIXED_KEYS) if k not in layout]
     if old:
         raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
-                         "(saved by an older lifeseq_shards), so it may have read in another order; resume without "
-                         "the loader's state to start its epoch over")
+                         "(saved by an older lifeseq_shards), so it may have read in another order; " + START_OVER)
     for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, *BUDGET_KEYS):
         _check_value(layout, key, said, "layout")
     history = state.get("history", [])
@@ -243,11 +245,25 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
             same = False
         if not same:
             raise StateError(f"{said} does not match its digest: it was edited or damaged after it was saved; "
-                             "resume from the checkpoint as saved, or start the epoch over without its loader "
-                             "position (docs/guides/resume.md)")
+                             "resume from the checkpoint as saved, or " + START_OVER)
     stages = tuple(Stage(Layout.of([s[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
     position = Position(int(state["epoch"]), int(state["batches"]), stages, tuple(sorted(int(p) for p in before)))
     return SavedState(state["fingerprint"], layout, position)
+
+
+def saved_epoch(saved: Any, source: str) -> tuple[int, int]:
+    """(epoch, batches) of the loader state ``saved`` is or holds, for starting that epoch over: only those two
+    are checked, since the rest (another budget, an older version, an edit) is what made the position unusable."""
+    found = find_states(saved)
+    if len(found) != 1:
+        read_state(saved, source)  # its one-line refusal: no state, or several
+    where, state = found[0]
+    said = f"{source}: the checkpoint's loader state{' ' + where if where else ''}"
+    for key in ("epoch", "batches"):
+        if key not in state:
+            raise StateError(f"{said} has no {key!r}: it is damaged, or not a loader state")
+        _check_value(state, key, said)
+    return int(state["epoch"]), int(state["batches"])
 
 
 def _check_value(values: dict[str, Any], key: str, said: str, within: str = "") -> None:
@@ -269,7 +285,7 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
     if fixed:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                          "split, or another order of its persons); resume with the checkpoint's settings, or "
-                         "without the loader's state to start this epoch over")
+                         + START_OVER)
     changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
     if changed and mode != plan.BALANCED:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
