@@ -217,6 +217,8 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     from .plan.report import describe
     from .store.remote import read_manifest
 
+    if attention and tokens_per_batch is None:  # it would do nothing: batches of persons are not dealt by length
+        _fail("--attention deals a token budget's persons to even out len^2: it needs --tokens-per-batch")
     if checkpoint is not None and (batch_size is not None or tokens_per_batch is not None):
         _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size or 256, drop_last, tokens_per_batch,
                      "attention" if attention else "tokens")
@@ -244,6 +246,9 @@ def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tok
     from .store.remote import read_manifest
 
     m = read_manifest(root)
+    if split in m.splits and split != "train":  # it would do nothing (an unknown split: split_lengths names it)
+        _fail(f"--tokens-per-batch plans training's batches, and --split {split} is read as validation reads it: in "
+              "batches of persons, never by a budget; plan it with --batch-size")
     lengths, sizes = split_lengths(root, m, split)
     if m.splits[split].remainder is None:
         sizes.append(0)  # no remainder shard: an empty one, last, as the plans take it

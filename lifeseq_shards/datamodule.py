@@ -80,7 +80,10 @@ class LifeSeqDataHooks(DataParts):
     Resume: the train loader's position is saved in the DataModule's own checkpoint entry and handed to the train
     loader whenever it is built, before or after Lightning restores the checkpoint (``estimated_stepping_batches``
     builds it before); every training batch is checked against Lightning's epoch and batch count, so a loader that
-    is not where the trainer thinks raises instead of replaying or skipping batches.
+    is not where the trainer thinks raises instead of replaying or skipping batches. ``restart_epoch=True``: a
+    checkpoint's loader position is not resumed, its epoch starts over at its first batch (the trainer's count moved
+    there too): for a checkpoint whose position cannot be resumed exactly (saved mid-epoch with another
+    ``tokens_per_batch``, ``balance`` or ``pad_to``, by an older version, or edited), whose refusal says so.
     """
 
     trainer: Any  # Lightning's Trainer once attached (either package's)

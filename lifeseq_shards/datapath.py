@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from .plan.balance import person_slots
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
-from .reader.state import read_state
+from .reader.state import read_state, saved_epoch
 from .store.lengths import split_lengths
 from .store.manifest import Manifest
 from .store.remote import read_manifest
@@ -156,7 +157,7 @@ class DataParts:
                  predict_split: str | tuple[str, ...] | None = None, drop_last: bool = False,
                  batches_per_message: int | None = None, layout: str = PADDED,
                  prefetch: str | bool | None = None, tokens_per_batch: int | None = None,
-                 balance: str = "tokens", static_shapes: bool = False) -> None:
+                 balance: str = "tokens", static_shapes: bool = False, restart_epoch: bool = False) -> None:
         super().__init__()
         padding = Padding(layout, pad_to)
         train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
@@ -174,6 +175,8 @@ class DataParts:
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
         # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
         self._renumber: tuple[int, int, int] | None = None
+        # a checkpoint's position is not resumed: its epoch starts over (for one that cannot be resumed exactly)
+        self.restart_epoch = restart_epoch
 
     # -- the configuration's values, read where the parts and the front ends need them ---------------------------
     @property
@@ -222,7 +225,16 @@ class DataParts:
 
     def _load_position(self, loader: ShardedLoader | DevicePrefetcher, state: dict[str, Any]) -> None:
         """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
-        (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``)."""
+        (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``). With
+        ``restart_epoch`` only the saved epoch is read, and that epoch starts over at its first batch."""
+        if self.restart_epoch:
+            epoch, then = saved_epoch(state, str(self.data_dir))
+            (loader.loader if isinstance(loader, DevicePrefetcher) else loader).set_epoch(epoch)
+            self._renumber = (epoch, then, 0) if then else None
+            if then:
+                warnings.warn(f"{self.data_dir}: epoch {epoch} starts over (restart_epoch=True): the {then} batches "
+                              "of it trained before the checkpoint are trained again", stacklevel=2)
+            return
         loader.load_state_dict(state)
         at, then = loader.position, read_state(state, str(self.data_dir)).position.batches
         self._renumber = (at.epoch, then, at.batches) if at.batches != then else None

@@ -39,6 +39,8 @@ class LifeSeqData(DataParts):
     :attr:`epoch` is then the epoch to go on with, and its ``train()`` returns exactly the batches the interrupted
     run had not trained on (the rest of a mid-epoch checkpoint's epoch, or the next epoch after an end-of-epoch one).
     The position is the train loader's (:attr:`ShardedLoader.position`); this class keeps no count of its own.
+    With ``restart_epoch=True``, ``load_state_dict`` reads only the checkpoint's epoch, which starts over at its
+    first batch (for a checkpoint whose position cannot be resumed exactly; its refusal says so).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], batch_size: int = 256, num_workers: int = 2, *,
@@ -145,8 +147,9 @@ class LifeSeqData(DataParts):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same
         layout), or a whole checkpoint holding one (``ShardedLoader.load_state_dict`` finds it). Before the next
-        ``train()`` pass begins; a changed dataset or setting is refused by name."""
-        self.train().load_state_dict(state)
+        ``train()`` pass begins; a changed dataset or setting is refused by name (``restart_epoch``: only its epoch
+        is read, and starts over)."""
+        self._load_position(self.train(), state)
 
 
 class DeviceMetrics:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the researchers' sample files (../shared, as in CI) and small converted datasets."""
+"""Shared fixtures: the researchers' sample files (../shared where at hand, else the copy the repository carries) and
+small converted datasets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 from helpers import SMALL_SHARDS, SeedRows, copy_of
 from hypothesis import settings
+from sample_files import SAMPLE
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 
@@ -15,8 +17,6 @@ from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 # unchanged plan function missed it. The properties and example counts stay as written.
 settings.register_profile("lifeseq", deadline=None)
 settings.load_profile("lifeseq")
-
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lifeseq-sample"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -31,7 +31,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def sample() -> Path:
     if not (SAMPLE / "encoded_mlm.h5").exists():
-        pytest.fail(f"{SAMPLE}: the shared sample is missing (CI lays ../shared beside the clone)")
+        pytest.fail(f"{SAMPLE}: the sample is missing (the repository carries it in tests/data/lifeseq-sample)")
     return SAMPLE
 
 

@@ -1,6 +1,7 @@
 """A full disk, for real: a tmpfs of a few MiB (mounted as root; the tests that need it skip where mounting is not
 allowed), filled up to a given free space, and a child process under a file-size limit (``RLIMIT_FSIZE``, with
-SIGXFSZ ignored so that write() fails with EFBIG, as under ``ulimit -f``; the variant that runs everywhere)."""
+SIGXFSZ ignored so that write() fails with EFBIG, as under ``ulimit -f``; the variant that runs everywhere). A
+read-only directory, for real: a read-only bind mount (root, which CI runs as, ignores permission bits)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,24 @@ def tmpfs(where: Path, size: int = TMPFS_BYTES) -> Iterator[Path]:
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the RLIMIT_FSIZE tests cover the writers")
     try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)
+
+
+@contextlib.contextmanager
+def read_only(source: Path, where: Path) -> Iterator[Path]:
+    """``source`` seen read-only at ``where`` (made): a bind mount remounted ``ro``, unmounted after; skip the test
+    if it cannot be mounted."""
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "--bind", str(source), str(where)], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot bind-mount here ({r.stderr.strip()})")
+    try:
+        r = subprocess.run(["mount", "-o", "remount,bind,ro", str(where)], capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount read-only here ({r.stderr.strip()})")
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)

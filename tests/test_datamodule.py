@@ -20,6 +20,7 @@ from lifeseq_shards.datamodule import LifeSeqDataModule
 from lifeseq_shards.device.build import padded_fields
 from lifeseq_shards.masking import GRAPHED, OFFLINE, DynamicMasker, MaskingConfig
 from lifeseq_shards.model import EncoderConfig
+from lifeseq_shards.store.remote import read_manifest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SAMPLE_IDS = 2970  # vocab.csv of the sample: ids 0..2969
@@ -454,3 +455,48 @@ def test_a_checkpoint_saved_at_a_batch_end_resumes_after_that_batch(vocab_datase
     resumed, trainer = fit(ckpt)
     assert resumed.seen == full.seen[save_at:]
     assert trainer.global_step == full_trainer.global_step == 12
+
+
+@pytest.mark.timeout(300)
+def test_a_fit_whose_checkpoint_cannot_resume_exactly_starts_its_epoch_over_when_asked(vocab_dataset: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Issue 40: a Lightning checkpoint saved mid-epoch with a budget, resumed with another balance, was refused at
+    the end of a long traceback telling a Lightning user to resume "without the loader's state", which Lightning
+    gives no way to do. The refusal now names restart_epoch=True, and that fit trains the checkpoint's epoch from its
+    first batch: every train person once, the epoch this layout's length."""
+    import lightning.pytorch as pl
+
+    from lifeseq_shards.model import LifeSeqPretrainModule
+
+    class Seen(pl.Callback):
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            self.ids += batch["person_id"].tolist()
+
+    def fit(ckpt: Path | None = None, **kw: Any) -> tuple[Any, Seen]:
+        seen = Seen()
+        # sequences cropped to 16 tokens: whole epochs of the model in seconds
+        dm = LifeSeqDataModule(vocab_dataset, batch_size=64, num_workers=0, masking=MaskingConfig(), pad_to=16,
+                               layout="packed", tokens_per_batch=2048, **kw)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                             callbacks=[seen, pl.callbacks.ModelCheckpoint(tmp_path, "{step}", save_top_k=-1,
+                                                                           every_n_train_steps=3)])
+        model = LifeSeqPretrainModule(EncoderConfig(16, 32, 1, 2), vocab_size=dm.vocab_size)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return trainer, seen
+
+    fit()
+    ckpt = tmp_path / "step=3.ckpt"
+    with pytest.raises(ValueError) as refusal:
+        fit(ckpt, balance="attention")
+    said = str(refusal.value)
+    assert "cannot resume exactly inside epoch 0" in said and "restart_epoch=True on LifeSeqDataModule" in said
+    assert "\n" not in said and "without the loader's state" not in said
+    with pytest.warns(UserWarning, match="epoch 0 starts over .*the 3 batches of it trained before"):
+        trainer, again = fit(ckpt, balance="attention", restart_epoch=True)
+    persons = read_manifest(str(vocab_dataset)).splits["train"].persons
+    assert len(again.ids) == len(set(again.ids)) == persons
+    assert trainer.fit_loop.epoch_loop.batch_progress.current.completed == trainer.num_training_batches

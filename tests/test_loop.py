@@ -351,3 +351,28 @@ def test_static_shapes_give_every_training_batch_one_shape(vocab_dataset: Path) 
     assert {len(b["person_id"]) for b in list(loop.val())[:-1]} == {BATCH}
     with pytest.raises(ValueError, match="static_shapes=True pads each training batch to the token budget"):
         data(vocab_dataset, layout="packed", pad_to=512, static_shapes=True)
+
+
+def test_a_position_that_cannot_resume_exactly_starts_its_epoch_over_when_asked(vocab_dataset: Path) -> None:
+    """Issue 40: a mid-epoch state of another balance is refused in one line that names the way to start the epoch
+    over in this front end's terms (it said "without the loader's state"); restart_epoch=True does: the state's
+    epoch, from its first batch, every train person once (the 3 batches trained before included)."""
+    run = data(vocab_dataset, layout="packed", tokens_per_batch=6000)
+    for i, _batch in enumerate(run.train(), start=1):
+        if i == 3:
+            state = run.state_dict()
+            break
+    with pytest.raises(ValueError) as refusal:
+        data(vocab_dataset, layout="packed", tokens_per_batch=6000, balance="attention").load_state_dict(state)
+    said = str(refusal.value)
+    assert "cannot resume exactly inside epoch 0" in said and "restart_epoch=True on" in said and "\n" not in said
+    again = data(vocab_dataset, layout="packed", tokens_per_batch=6000, balance="attention",
+                 restart_epoch=True)
+    with pytest.warns(UserWarning, match="epoch 0 starts over .*the 3 batches of it trained before"):
+        again.load_state_dict(state)
+    assert again.epoch == 0 and again.resumed_batches == 0
+    whole = list(again.train())
+    fresh = data(vocab_dataset, layout="packed", tokens_per_batch=6000, balance="attention")
+    assert ids(whole) == ids(fresh.train())  # epoch 0 of this budget, as a fresh run reads it
+    persons = [p for b in ids(whole) for p in b]
+    assert len(persons) == len(set(persons)) == again.manifest.splits["train"].persons

@@ -47,7 +47,9 @@ def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, 
     manifest vouches for, so a block swapped since the conversion is found, not blessed. ``progress``: a progress
     bar. Returns the manifest and the problems: with any, nothing is written."""
     root = _local(root, "upgrade")
-    read_manifest(root)  # no dataset there: its one-line error, before a lock file is made
+    if _up_to_date(read_manifest(root)):  # nothing to write: a read-only copy is verified as it is, with no lock
+        problems, manifest, _, _ = _verify(root, progress, "upgrade")
+        return manifest, problems
     with _conversion_lock(root):
         problems, manifest, checksums, lengths = _verify(root, progress, "upgrade")
         if problems:
@@ -57,7 +59,7 @@ def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, 
             return dataclasses.replace(e, block_checksums=checksums[e.file])
 
         version = CHECKSUMMED_VERSION if manifest.format_version == TAGGED_VERSION else manifest.format_version
-        with writing(root / MANIFEST, "the manifest is unchanged (not upgraded); free space and run it again"):
+        with writing(root / MANIFEST, "the manifest is unchanged (not upgraded)"):
             splits = {name: dataclasses.replace(
                 s, shards=tuple(map(add, s.shards)), remainder=s.remainder and add(s.remainder),
                 lengths=s.lengths or write_lengths_index(root, name, lengths[name], manifest.schema))
@@ -69,13 +71,22 @@ def upgrade_dataset(root: str | Path, progress: bool = True) -> tuple[Manifest, 
 
 @contextlib.contextmanager
 def _conversion_lock(root: Path) -> Iterator[None]:
-    """The lock a conversion holds (outdir.py): no upgrade while a conversion replaces the dataset, nor after."""
-    with open(root / LOCK, "a") as fh:  # closing it releases the lock
+    """The lock a conversion holds (outdir.py): no upgrade while a conversion replaces the dataset, nor after. A
+    directory upgrade may not write to (a shared read-only copy) is refused here, naming the cause."""
+    with writing(root, "not upgraded: it lacks block checksums or lengths indexes, which upgrade writes into it"):
+        fh = open(root / LOCK, "a")
+    with fh:  # closing it releases the lock
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ManifestError(f"{root}: a conversion is writing to it ({LOCK} is locked)") from None
         yield
+
+
+def _up_to_date(m: Manifest) -> bool:
+    """Whether upgrade would write the manifest as it is: every block's checksum and every split's lengths index."""
+    return (m.format_version != TAGGED_VERSION and all(e.block_checksums is not None for _, e in m.entries())
+            and all(s.lengths for s in m.splits.values()))
 
 
 def _local(root: str | Path, command: str) -> Path:

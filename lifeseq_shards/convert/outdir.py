@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from ..store.manifest import MANIFEST
+from ..store.writes import WriteFailed, cause, remedy
 
 # ours in a dataset directory: the lock held while a conversion runs; the directory a new dataset is built in; the
 # mark present while old files are replaced by new ones (it holds the old manifest, so a rerun knows what to clear)
@@ -30,12 +31,16 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
     directory this call created is removed again when the conversion fails (an empty one looks like a dataset)."""
     _refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
     created, done = not out.exists(), False
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:  # a directory or an unreadable file in the lock's place
-        raise ConvertError(f"{out / LOCK}: cannot open the conversion lock ({e.strerror}); it should be a plain "
-                           "file: remove it if no conversion is running") from None
+    except OSError as e:
+        lock = out / LOCK
+        if lock.exists() and not lock.is_file():  # a directory (or a link loop) in the lock's place
+            raise ConvertError(f"{lock}: cannot open the conversion lock ({e.strerror}); it should be a plain "
+                               "file: remove it if no conversion is running") from None
+        # a read-only, forbidden or full place: what to do about that cause
+        raise WriteFailed(out, cause(e), "nothing converted", remedy(e)) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -108,8 +108,8 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
     with output_dir(out, opts.overwrite) as old_files:
         stage = out / STAGING
-        kept = ("the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
-                                                                       else "") + "; free space and run it again")
+        kept = "the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
+                                                                      else "")
         try:
             with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
                 passes = _build(source, stage, schema, opts)

@@ -17,7 +17,7 @@ from ..progress import progress_bar
 from ..store.manifest import Manifest, ManifestError
 from ..store.remote import dataset_url, is_local, read_manifest
 from ..store.shardfile import read_shard_blocks
-from ..store.writes import writing
+from ..store.writes import discard, writing
 from .stamp import content_problem, provenance_problem
 from .store import (
     _TMP,
@@ -135,7 +135,7 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
     tmp = target.with_name(target.name + _TMP + uuid.uuid4().hex)
     total = 0
     try:
-        with writing(target, "nothing merged (free space, then run merge again)"), \
+        with writing(target, "nothing merged"), \
                 pq.ParquetWriter(tmp, spec.schema()) as writer, \
                 progress_bar(total=sum(files.values()), desc="merge", unit="person", disable=not progress) as bar:
             last = None
@@ -150,7 +150,7 @@ def merge_embeddings(out: str | Path, target: str | Path, progress: bool = True)
                 bar.update(len(ids))
             os.replace(tmp, target)
     finally:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
     return total
 
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store.manifest import Manifest, ShardEntry
-from ..store.writes import writing
+from ..store.writes import discard, writing
 from .stamp import ID_COLUMN, OUT_MANIFEST, output_of, provenance_problem, stamp_table
 
 OUT_FORMAT = 1
@@ -130,7 +130,7 @@ def open_output(out: Path, spec: EmbeddingSpec, manifest: Manifest) -> list[str]
     that is not what its stamp and ``_embeddings.json`` say (from the footer: another model's, another shard's,
     rows missing, cut short, or without a stamp); :func:`lifeseq_shards.embed.check.verify_embeddings` also checks
     its contents against the stamp's digest."""
-    with writing(out, "no shard was embedded (free space or fix the directory, then run again)"):
+    with writing(out, "no shard was embedded"):
         out.mkdir(parents=True, exist_ok=True)
         old = read_spec(out)
         if old is not None and old != spec:
@@ -146,7 +146,7 @@ def open_output(out: Path, spec: EmbeddingSpec, manifest: Manifest) -> list[str]
                 tmp.write_text(json.dumps({**spec.to_json(), "shards": files}, indent=1))
                 os.replace(tmp, out / OUT_MANIFEST)
             finally:
-                tmp.unlink(missing_ok=True)
+                discard(tmp)
         for stale in out.rglob(f"*{_TMP}*"):
             stale.unlink()
     done = []
@@ -175,7 +175,7 @@ def write_shard(out: Path, entry: ShardEntry, spec: EmbeddingSpec, ids: np.ndarr
     final = out / output_name(entry)
     tmp = final.with_name("." + final.name + _TMP + uuid.uuid4().hex)
     try:
-        with writing(final, f"its {len(ids)} persons are not kept: free space, then run the job again"):
+        with writing(final, f"its {len(ids)} persons are not kept"):
             final.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
                 pq.write_table(table, fh)
@@ -183,7 +183,7 @@ def write_shard(out: Path, entry: ShardEntry, spec: EmbeddingSpec, ids: np.ndarr
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
     finally:  # a full disk or any failure: no temporary file left behind, and no final file
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
     return final
 
 

@@ -20,7 +20,16 @@ from ..device.batch import HostBatch, PackedBatch
 from ..plan.resume import Position, start_in
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
-from .state import BUDGET_KEYS, DatasetChanged, SavedState, layout_changes, read_state, saved_layout, saved_state
+from .state import (
+    BUDGET_KEYS,
+    START_OVER,
+    DatasetChanged,
+    SavedState,
+    layout_changes,
+    read_state,
+    saved_layout,
+    saved_state,
+)
 from .transport import RingReader, RingSlot, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
@@ -86,12 +95,12 @@ class ShardedLoader(DataLoader):
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
             window_messages = -(-dataset.window // (dataset.batch_persons * self._per_message))
             kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
-            if "multiprocessing_context" not in kwargs:
-                refuse_a_main_script_from_stdin()
             kwargs.setdefault("multiprocessing_context", worker_context())
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)
+        if dataset.num_workers:  # whichever context the caller named
+            refuse_a_main_script_from_stdin(self._start_method())
         if ring_bytes is None:
             in_flight = (self.prefetch_factor or 0) + 2  # messages: the DataLoader's, and the two being made or read
             ring_bytes = in_flight * self._per_message * dataset.batch_persons * RING_PERSON_BYTES
@@ -135,14 +144,18 @@ class ShardedLoader(DataLoader):
             self.handed(position)
             yield batch
 
+    def _start_method(self) -> str | None:
+        """How the workers start: the context's (the caller's or :func:`worker_context`), else Python's default."""
+        context = self.multiprocessing_context
+        return context.get_start_method() if context else multiprocessing.get_start_method()
+
     def positioned(self) -> Iterator[tuple[HostBatch, Position]]:
         """This pass's batches, each with where the epoch stands once it is handed out: for a consumer that takes
         batches ahead of handing them out (:class:`~lifeseq_shards.device.prefetch.DevicePrefetcher`), which reports
         each one handed out with :meth:`handed`, so that :attr:`position` leaves out those taken ahead."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if ds.num_workers:  # workers may be about to start (each pass, unless persistent)
-            context = self.multiprocessing_context
-            refuse_an_unguarded_main(context.get_start_method() if context else multiprocessing.get_start_method())
+            refuse_an_unguarded_main(self._start_method())
         rings = self._start_rings()
         ds.attach(self._link())  # before the workers start: they exit with this process
         start = ds.next_position()  # as the workers will compute it
@@ -290,7 +303,7 @@ class ShardedLoader(DataLoader):
             raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
                              "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
                              "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
-                             "the epoch ends, or without the loader's state to start the epoch over")
+                             "the epoch ends, or " + START_OVER)
         at = dataclasses.replace(at, history=(*at.history, saved.stage))
         plan, base = ds.token_stage(at)
         warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "

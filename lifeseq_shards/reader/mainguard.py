@@ -15,13 +15,17 @@ FIX = ('put the code that runs the loader under `if __name__ == "__main__":` (in
        'block itself), or pass multiprocessing_context="fork" (or num_workers=0) to ShardedLoader')
 
 
-def refuse_a_main_script_from_stdin() -> None:
-    """`python -` has no script to run again: its workers died with "No such file or directory: '.../<stdin>'"
-    under torch's "DataLoader worker exited unexpectedly". Say so in one line instead."""
+RERUN = ("forkserver", "spawn")  # the start methods whose workers run the main script again
+
+
+def refuse_a_main_script_from_stdin(start_method: str | None) -> None:
+    """`python -` has no script to run again: workers of ``start_method`` (the loader's, whether the caller named it
+    or not) died with "No such file or directory: '.../<stdin>'" under torch's "DataLoader worker exited
+    unexpectedly". Say so in one line instead."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file == "<stdin>":
-        raise ValueError('ShardedLoader: workers start from a forkserver, which re-runs the main script, and a script '
-                         'read from stdin (python -) cannot be re-run: save it to a file, or pass '
+    if start_method in RERUN and main_file == "<stdin>":
+        raise ValueError(f"ShardedLoader: workers start by {start_method}, which re-runs the main script, and a "
+                         "script read from stdin (python -) cannot be re-run: save it to a file, or pass "
                          'multiprocessing_context="fork" (or num_workers=0)')
 
 
@@ -30,7 +34,7 @@ def refuse_an_unguarded_main(start_method: str | None) -> None:
     level outside its ``if __name__ == "__main__":`` block (where the workers, running the script again, would
     reach it too). Nothing when the method forks, there is no script file (a notebook, ``python -c``), or its
     source cannot be read."""
-    if start_method not in ("forkserver", "spawn"):
+    if start_method not in RERUN:
         return
     frame = _main_module_frame()
     path = frame and frame.f_code.co_filename
@@ -57,20 +61,55 @@ def _main_module_frame() -> FrameType | None:
 
 @functools.lru_cache(maxsize=8)
 def _guarded_lines(path: str) -> tuple[tuple[int, int], ...] | None:
-    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks of the script at ``path`` (None if it
-    cannot be read or parsed: then nothing is refused)."""
+    """The line ranges of the script at ``path`` that run only when ``__name__ == "__main__"`` (None if it cannot
+    be read or parsed: then nothing is refused)."""
     try:
         with open(path, "rb") as fh:
             tree = ast.parse(fh.read(), path)
     except (OSError, SyntaxError, ValueError):
         return None
-    return tuple((node.lineno, node.end_lineno or node.lineno) for node in tree.body
-                 if isinstance(node, ast.If) and _is_main_test(node.test))
+    return tuple(_main_only(tree.body))
 
 
-def _is_main_test(test: ast.expr) -> bool:
-    """``__name__ == "__main__"``, either way round."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+def _main_only(body: list[ast.stmt]) -> list[tuple[int, int]]:
+    """The branches of the ``if`` statements in ``body`` (and in the branches of those) that only the main script
+    reaches: an ``if`` whose test holds only in ``__main__`` (``__name__ == "__main__"``, also ``and`` more), and the
+    ``else`` of one whose test fails only there (``__name__ != "__main__"``, also ``or`` more)."""
+    found: list[tuple[int, int]] = []
+    for node in body:
+        if not isinstance(node, ast.If):
+            continue
+        for branch, main in ((node.body, _true_only_in_main(node.test)), (node.orelse, _false_only_in_main(node.test))):
+            if main and branch:
+                found.append((branch[0].lineno, branch[-1].end_lineno or branch[-1].lineno))
+            elif branch:
+                found += _main_only(branch)
+    return found
+
+
+def _true_only_in_main(test: ast.expr) -> bool:
+    """Whether ``test`` holding implies ``__name__ == "__main__"``."""
+    if isinstance(test, ast.BoolOp):
+        parts = [_true_only_in_main(v) for v in test.values]
+        return any(parts) if isinstance(test.op, ast.And) else all(parts)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _false_only_in_main(test.operand)
+    return _compares_name(test, ast.Eq)
+
+
+def _false_only_in_main(test: ast.expr) -> bool:
+    """Whether ``test`` failing implies ``__name__ == "__main__"``."""
+    if isinstance(test, ast.BoolOp):
+        parts = [_false_only_in_main(v) for v in test.values]
+        return any(parts) if isinstance(test.op, ast.Or) else all(parts)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _true_only_in_main(test.operand)
+    return _compares_name(test, ast.NotEq)
+
+
+def _compares_name(test: ast.expr, op: type[ast.cmpop]) -> bool:
+    """``__name__ <op> "__main__"``, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], op)):
         return False
     sides = [test.left, test.comparators[0]]
     return any(isinstance(a, ast.Name) and a.id == "__name__" for a in sides) and \

@@ -13,9 +13,14 @@ layout reading this epoch's start would not have, ``left_out_before`` (those per
 ``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
 records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out) and
 ``crop`` (the most tokens a person is counted for), and
-is version 4 (3 before a fix of the slot edges: refused inside an epoch), which an install that predates the budget
-refuses instead of resuming in another order; a state
-without them reads as batches of persons (version 2 is still written for those, key for key as before).
+is version 5 (4 before the digest, read as before; 3 before a fix of the slot edges: refused inside an epoch), which
+an install that predates the budget refuses instead of resuming in another order; a state
+without them reads as batches of persons (version 2 is still written for those, key for key as before, and
+``digest``). ``digest``: the sha256 of every other key and value (:func:`state_digest`), so that a state edited by
+hand or damaged is refused in one line instead of read (a budget's ``tokens_per_batch`` edited read persons twice);
+a version 5 state must have one, and a state of an earlier version without one was saved before it and reads as
+before. It is a check against edits and damage, not a signature: whoever edits a state on purpose can write its
+digest again.
 :func:`read_state` takes such a state or any dict that holds exactly one (a whole
 Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
 value (:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own
@@ -26,6 +31,8 @@ epoch's persons (split, seed, mode, shuffle) or a state too old to say which it 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +45,10 @@ from ..plan.partition import Partition
 from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
 
 # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets; 4: token budgets
-# whose slot edges cut a window's places consistently (a version 3 position inside an epoch means another plan)
-VERSION = 4
+# whose slot edges cut a window's places consistently (a version 3 position inside an epoch means another plan); 5:
+# token budgets with the state's digest (which states of every version now carry)
+VERSION = 5
+DIGEST_VERSION = 5  # the first version whose states must carry a digest
 PERSONS_VERSION = 2  # what a state of batches of persons is written as: every version since reads it
 # keys a state without them holds as these values (written only when they differ: a budget's state)
 OPTIONAL = {"tokens_per_batch": 0, "balance": "tokens", "crop": 0}
@@ -72,6 +81,9 @@ _CHECKS: dict[str, tuple[str, Any]] = {
     "epoch": (_NATURAL, lambda v: _is_int(v) and v >= 0),
 }
 _TOP = ("fingerprint", "epoch", "batches", "layout")  # what every version holds (``split`` is never read)
+# every refusal of a position that cannot be resumed exactly ends so: what each front end does to start it over
+START_OVER = ("start the epoch over: restart_epoch=True on LifeSeqDataModule or LifeSeqData, or set_epoch(epoch) "
+              "on a ShardedLoader instead of load_state_dict (docs/guides/resume.md)")
 
 
 class StateError(ValueError):
@@ -118,7 +130,14 @@ def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, 
                             for stage in position.history]
     if position.left_out_before:
         state["left_out_before"] = list(position.left_out_before)
-    return state
+    return {**state, "digest": state_digest(state)}
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """The sha256 of a state's keys and values but ``digest`` (JSON, keys sorted; numpy scalars as their values)."""
+    rest = {k: v for k, v in state.items() if k != "digest"}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), default=lambda v: v.item())
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -186,8 +205,8 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     if version == 3 and (state.get("batches") or state.get("history")):
         raise StateError(f"{said} has version 3: a token budget's position inside epoch {state.get('epoch')!r} "
                          "planned by an earlier lifeseq_shards, whose slot edges cut some windows otherwise, so "
-                         "resuming it here would read another plan; finish the epoch with that version, or resume "
-                         "without the loader's state to start the epoch over")
+                         "resuming it here would read another plan; finish the epoch with that version, or "
+                         + START_OVER)
     if missing:
         raise StateError(f"{said} has no {', '.join(map(repr, missing))}: it is damaged, or not a loader state")
     if not isinstance(state["fingerprint"], str):
@@ -201,8 +220,7 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     old = [k for k in ("split", *LAYOUT_KEYS, *FIXED_KEYS) if k not in layout]
     if old:
         raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
-                         "(saved by an older lifeseq_shards), so it may have read in another order; resume without "
-                         "the loader's state to start its epoch over")
+                         "(saved by an older lifeseq_shards), so it may have read in another order; " + START_OVER)
     for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, *BUDGET_KEYS):
         _check_value(layout, key, said, "layout")
     history = state.get("history", [])
@@ -218,9 +236,34 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
     before = state.get("left_out_before", [])
     if not (isinstance(before, list) and all(_is_int(p) and p >= 0 for p in before)):
         raise StateError(f"{said} has left_out_before {before!r}, not a list of person numbers")
+    # last: a value out of shape is named above; one that is well formed but not as saved (an edit) only here
+    digest = state.get("digest")
+    if digest is not None or version >= DIGEST_VERSION:
+        try:
+            same = digest == state_digest(state)
+        except (TypeError, AttributeError):  # a value JSON cannot hold: not what saved_state wrote
+            same = False
+        if not same:
+            raise StateError(f"{said} does not match its digest: it was edited or damaged after it was saved; "
+                             "resume from the checkpoint as saved, or " + START_OVER)
     stages = tuple(Stage(Layout.of([s[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
     position = Position(int(state["epoch"]), int(state["batches"]), stages, tuple(sorted(int(p) for p in before)))
     return SavedState(state["fingerprint"], layout, position)
+
+
+def saved_epoch(saved: Any, source: str) -> tuple[int, int]:
+    """(epoch, batches) of the loader state ``saved`` is or holds, for starting that epoch over: only those two
+    are checked, since the rest (another budget, an older version, an edit) is what made the position unusable."""
+    found = find_states(saved)
+    if len(found) != 1:
+        read_state(saved, source)  # its one-line refusal: no state, or several
+    where, state = found[0]
+    said = f"{source}: the checkpoint's loader state{' ' + where if where else ''}"
+    for key in ("epoch", "batches"):
+        if key not in state:
+            raise StateError(f"{said} has no {key!r}: it is damaged, or not a loader state")
+        _check_value(state, key, said)
+    return int(state["epoch"]), int(state["batches"])
 
 
 def _check_value(values: dict[str, Any], key: str, said: str, within: str = "") -> None:
@@ -242,7 +285,7 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
     if fixed:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                          "split, or another order of its persons); resume with the checkpoint's settings, or "
-                         "without the loader's state to start this epoch over")
+                         + START_OVER)
     changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
     if changed and mode != plan.BALANCED:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "

@@ -22,7 +22,7 @@ from .format import Field, decode_member
 from .manifest import LENGTHS_DTYPES, LengthsIndex, Manifest, ManifestError
 from .remote import close_file, dataset_url, open_file
 from .shardfile import iter_tar_members
-from .writes import writing
+from .writes import discard, writing
 
 LENGTHS_DIR = "lengths"
 
@@ -93,7 +93,7 @@ def write_lengths_index(root: Path, split: str, lengths: np.ndarray, schema: Seq
             tmp.write_bytes(data)
             os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
     return LengthsIndex(file, dtype, len(lengths), len(data), hashlib.sha256(data).hexdigest())
 
 

@@ -32,7 +32,7 @@ from .format import (
     schema_tag,
 )
 from .shardfile import ShardFile
-from .writes import writing
+from .writes import discard, writing
 
 MANIFEST = "manifest.json"
 
@@ -258,7 +258,7 @@ def write_manifest(out: Path, manifest: Manifest) -> None:
             tmp.write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=False))
             os.replace(tmp, out / MANIFEST)
     finally:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
 
 
 # What each part of a manifest holds (key: type); a key that is missing or of another type is refused in one line.

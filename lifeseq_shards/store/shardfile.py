@@ -19,7 +19,7 @@ import numpy as np
 import zstandard
 
 from .format import Block, Field, decode_member, encode_block, expand_runs
-from .writes import writing
+from .writes import discard, writing
 
 BLOCK_SUFFIX = ".block.zst"
 
@@ -48,7 +48,7 @@ def write_shard(path: Path, blocks: Iterable[Block], schema: Sequence[Field], le
             fh.write(b"\0" * 1024)  # end-of-archive marker, without tarfile's padding to 10 KiB records
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
     return {"samples": persons, "tokens": tokens, "bytes": path.stat().st_size, "sha256": sha256_file(path),
             "head_checksum": checksums[0] if checksums else None, "block_checksums": tuple(checksums)}
 

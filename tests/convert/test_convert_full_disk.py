@@ -13,15 +13,6 @@ from helpers import shardify, to_format2
 from small_disk import SHARDIFY, error_lines, fill, run_limited, tmpfs
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
-from lifeseq_shards.convert.sources.synth import synth_population
-
-
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """700 synthetic persons: a dataset of about 360 KiB (5 train shards of about 65 KiB)."""
-    out = tmp_path_factory.mktemp("raw")
-    synth_population(out, 700, seed=3, progress=False)
-    return out
 
 
 def convert_args(raw: Path, out: Path, *more: str) -> list[object]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from lifeseq_shards.plan.balance import (
     epoch_steps,
     plan_epoch,
 )
+
+ADVICE = re.compile(r"use tokens_per_batch >= (\d+)$")
 
 
 def lognormal_lengths(n: int, seed: int = 0, median: float = 332, cap: int = 511) -> np.ndarray:
@@ -180,8 +183,11 @@ def test_resume_point(per_message: int) -> None:
 
 def test_refusals() -> None:
     lengths = np.array([10, 20, 30, 500])
-    with pytest.raises(ValueError, match=r"under 4 x the longest person \(500 tokens\).*>= 2000"):
+    with pytest.raises(ValueError, match=r"under 4 x the longest person \(500 tokens\).*no budget gives a person at "
+                                         r"every step of so small a split: use batch_size"):
         plan_epoch(lengths, [4], 1999, 1, 0)
+    with pytest.raises(ValueError, match=r"under 4 x the longest person \(500 tokens\).*>= 2000$"):
+        plan_epoch(np.array([500] * 8), [8], 1999, 1, 0)  # 4 steps of 2 persons need 4,000 tokens: there
     with pytest.raises(ValueError, match="too few to give each of 2 ranks a person"):
         plan_epoch(np.array([5, 5, 5, 5, 5]), [5], 20, 2, 3)
     with pytest.raises(ValueError, match="add up to"):
@@ -190,6 +196,44 @@ def test_refusals() -> None:
         plan_epoch(np.array([3, 0]), [2], 5000, 1, 0)
     with pytest.raises(ValueError, match="cost"):
         plan_epoch(lengths, [4], 5000, 1, 0, cost=(0.0, 0.0))
+
+
+def test_the_issues_refusal_at_one_rank_suggests_a_budget_that_is_accepted() -> None:
+    """Issue 40: at 1 rank x 0 workers a budget under 4 longest persons said ">= 1360" (4 x 340), and 1360 was then
+    refused with "use fewer ranks or workers". 4 longest persons at one rank is two persons a step beside the
+    margin, which needs the split's tokens to be a multiple of 2 x 340: the advice now is a budget that is taken."""
+    lengths = lognormal_lengths(5000, median=134, cap=340)
+    total, longest = int(lengths.sum()), int(lengths.max())
+    with pytest.raises(ValueError, match=ADVICE) as refusal:
+        epoch_steps(total, longest, 1000, 1, 0)
+    fit = int(ADVICE.search(str(refusal.value))[1])
+    assert fit > MIN_BUDGET_PERSONS * longest == 1360
+    assert epoch_steps(total, longest, fit, 1, 0) > 0
+    with pytest.raises(ValueError, match=r"too few .*" + ADVICE.pattern):
+        epoch_steps(total, longest, fit - 1, 1, 0)  # the smallest accepted: one less is refused, naming it again
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 5000), st.integers(1, 600), st.integers(1, 8), st.integers(0, 4), st.integers(1, 4000))
+def test_a_refused_budget_names_one_that_is_accepted(total: int, longest: int, world: int, workers: int,
+                                                     budget: int) -> None:
+    """Whatever the split's tokens, longest person, layout and budget: a refusal's suggested budget is accepted,
+    and one token less is refused; a refusal without one means no budget is accepted up to the whole split a step."""
+    total = max(total, longest)
+    try:
+        epoch_steps(total, longest, budget, world, workers)
+        return
+    except ValueError as e:
+        said = ADVICE.search(str(e))
+    if said is None:
+        biggest = total + (world * max(1, workers) + MIN_BUDGET_PERSONS) * longest
+        with pytest.raises(ValueError, match="no budget gives"):
+            epoch_steps(total, longest, biggest, world, workers)
+        return
+    fit = int(said[1])
+    assert epoch_steps(total, longest, fit, world, workers) > 0
+    with pytest.raises(ValueError, match=ADVICE):
+        epoch_steps(total, longest, fit - 1, world, workers)
 
 
 def test_stable_order_agrees_with_stable_argsort() -> None:

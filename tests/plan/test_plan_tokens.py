@@ -75,3 +75,18 @@ def test_plan_tokens_refusals(nomlm_dataset: Path, tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     code, out = shardify("plan", bad, "--tokens-per-batch", 8000)
     assert code == 2 and str(shard) in out and len(out.strip().splitlines()) == 1, out
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--attention", "--batch-size", 64], "--attention deals a token budget's persons to even out len^2: it needs "
+                                          "--tokens-per-batch"),
+    (["--tokens-per-batch", 8000, "--split", "val"], "--tokens-per-batch plans training's batches, and --split val "
+                                                     "is read as validation reads it"),
+    (["--tokens-per-batch", 8000, "--batch-size", 64, "--split", "val"],
+     "never by a budget; plan it with --batch-size"),
+], ids=["attention-without-budget", "budget-on-val", "budget-and-batch-on-val"])
+def test_plan_refuses_options_that_would_do_nothing(nomlm_dataset: Path, args: list[object], said: str) -> None:
+    """Issue 40: `--attention` without a budget and `--tokens-per-batch` on the val split (validation never reads by
+    budget) printed a plan as if they mattered."""
+    code, out = shardify("plan", nomlm_dataset, *args)
+    assert code == 2 and out.count("\n") == 1 and out.startswith("error: ") and said in out, out

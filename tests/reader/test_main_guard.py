@@ -60,3 +60,39 @@ def test_a_guarded_script_reads_its_batches(root: Path, tmp_path: Path, how: str
         body = READ.format(root=str(root)) + 'if __name__ == "__main__":\n    ' + LOOP
     r = run_script(tmp_path, body)
     assert r.returncode == 0 and r.stdout.strip().endswith("batches"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("guard", [
+    'if __name__ == "__main__" and len(sys.argv) == 1:\n',
+    'if __name__ != "__main__":\n    pass\nelse:\n',
+    'if "__main__" != __name__ or len(sys.argv) > 1:\n    pass\nelse:\n',
+    'if len(sys.argv) > 1:\n    pass\nelif not __name__ != "__main__":\n',
+], ids=["and", "else of !=", "else of != or", "elif not !="])
+def test_every_guard_the_main_script_alone_reaches_reads_its_batches(root: Path, tmp_path: Path, guard: str) -> None:
+    """Issue 40: the guard was the text of one `if`; `if __name__ == "__main__" and ...:` and the `else:` of
+    `if __name__ != "__main__":` were refused though a worker never reaches them."""
+    body = "import sys\n" + guard + "    " + READ.format(root=str(root)) + "    " + LOOP
+    r = run_script(tmp_path, body)
+    assert r.returncode == 0 and r.stdout.strip().endswith("batches"), r.stderr[-3000:]
+
+
+def test_a_guard_a_worker_also_passes_is_still_refused(root: Path, tmp_path: Path) -> None:
+    """`or` lets a worker (`__mp_main__`) in: refused as before."""
+    body = "import sys\n" + 'if __name__ == "__main__" or len(sys.argv) == 1:\n    ' + READ.format(root=str(root)) \
+        + "    " + LOOP
+    r = run_script(tmp_path, body)
+    assert r.returncode != 0 and 'if __name__ == "__main__":' in last_line(r.stderr), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_script_from_stdin_is_refused_whatever_context_it_names(root: Path, context: str) -> None:
+    """Issue 40: `python -` was refused only when the caller named no context; naming spawn ended in 79 lines and
+    "DataLoader worker exited unexpectedly"."""
+    named = f"ShardedLoader(ds, multiprocessing_context={context!r})"
+    script = IMPORTS + READ.format(root=str(root)) + LOOP.replace("ShardedLoader(ds)", named)
+    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=RUN_S,
+                       env=repo_first(dict(os.environ)), start_new_session=True)
+    assert r.returncode != 0
+    last = last_line(r.stderr)
+    assert last.startswith("ValueError:") and f"start by {context}" in last and "stdin" in last, r.stderr[-3000:]
+    assert "exited unexpectedly" not in r.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def damaged(state: dict[str, Any], edit: Any) -> dict[str, Any]:
     (lambda s: s.update(history=[{"batches": 3}]), "has history[0] {'batches': 3}, not a stage"),
     (lambda s: s.update(history=[{**s["layout"], "world_size": 0, "batches": 3}]),
      "has history[0]['world_size'] 0, not an integer >= 1"),
-    (lambda s: s.update(version=99), "has version 99, and this lifeseq_shards reads versions 1 to 4: upgrade"),
+    (lambda s: s.update(version=99), "has version 99, and this lifeseq_shards reads versions 1 to 5: upgrade"),
     (lambda s: s.update(version="2"), "has version '2'"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_damaged_state_is_refused_naming_the_key(nomlm_dataset: Path, state: dict[str, Any], edit: Any,
@@ -106,7 +107,7 @@ def test_a_damaged_state_is_refused_naming_the_key(nomlm_dataset: Path, state: d
 
 
 def test_a_state_without_a_version_is_version_1(nomlm_dataset: Path, state: dict[str, Any]) -> None:
-    old = {k: v for k, v in state.items() if k != "version"}
+    old = {k: v for k, v in state.items() if k not in ("version", "digest")}  # as saved before either key
     ld = loader(nomlm_dataset)
     ld.load_state_dict(old)
     assert ld.position == Position(0, 2)
@@ -118,3 +119,48 @@ def test_shardify_plan_resume_refuses_a_damaged_state(nomlm_dataset: Path, state
     code, out = shardify("plan", nomlm_dataset, "--batch-size", 64, "--resume", tmp_path / "x.ckpt")
     want = f"{tmp_path / 'x.ckpt'}: the checkpoint's loader state ['LifeSeqDataModule']['train'] has epoch 'x'"
     assert code == 2 and len(out.strip().splitlines()) == 1 and re.search(re.escape(want), out), out
+
+
+def budget_state(root: Path) -> dict[str, Any]:
+    """A token budget's state 3 batches into epoch 0 of rank 0 of 1, through pickle as a checkpoint stores it."""
+    ld = ShardedLoader(ShardedDataset(root, world=World(0, 1), tokens_per_batch=8000))
+    batches = iter(ld)
+    list(itertools.islice(batches, 3))
+    saved = pickle.loads(pickle.dumps(ld.state_dict()))
+    del batches
+    return saved
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s["layout"].update(tokens_per_batch=6000),  # the issue's: read 15 persons twice, every check passed
+    lambda s: s.update(batches=s["batches"] + 1),
+    lambda s: s["layout"].update(seed=s["layout"]["seed"] + 1),
+    lambda s: s.update(history=[{**s["layout"], "batches": 2}]),
+    lambda s: s.update(left_out_before=[3]),
+    lambda s: s.pop("digest"),  # a version 5 state without its digest
+    lambda s: s.update(digest="0" * 64),
+], ids=["tokens_per_batch", "batches", "seed", "history", "left_out_before", "no-digest", "other-digest"])
+def test_an_edited_state_is_refused_by_its_digest(nomlm_dataset: Path, edit: Any) -> None:
+    """Issue 40: a budget state whose tokens_per_batch was changed by hand passed every check, and 15 persons were
+    read twice. Every well-formed edit is now refused in one line; the state as saved still resumes."""
+    state = budget_state(nomlm_dataset)
+    assert state["version"] == 5 and len(state["digest"]) == 64
+    fresh = ShardedLoader(ShardedDataset(nomlm_dataset, world=World(0, 1), tokens_per_batch=8000))
+    fresh.load_state_dict(state)
+    assert fresh.position == Position(0, 3)
+    ld = ShardedLoader(ShardedDataset(nomlm_dataset, world=World(0, 1), tokens_per_batch=8000))
+    with pytest.raises(ValueError) as err:
+        ld.load_state_dict(damaged(state, edit))
+    said = str(err.value)
+    assert "does not match its digest: it was edited or damaged" in said and "\n" not in said, said
+
+
+def test_a_persons_state_carries_a_digest_and_one_saved_before_reads_as_before(nomlm_dataset: Path,
+                                                                               state: dict[str, Any]) -> None:
+    """Batches of persons: still version 2 with the keys it had, and the digest; an edit is refused, and a state
+    without a digest (saved before it, e.g. tests/data/*.ckpt) resumes as before."""
+    assert state["version"] == 2 and len(state["digest"]) == 64
+    refused(nomlm_dataset, damaged(state, lambda s: s.update(batches=3)), "does not match its digest")
+    ld = loader(nomlm_dataset)
+    ld.load_state_dict({k: v for k, v in state.items() if k != "digest"})
+    assert ld.position == Position(0, 2)

@@ -129,6 +129,7 @@ def test_a_version_3_state_is_refused_inside_an_epoch_and_read_at_its_start(noml
     epoch that plan may differ from this one, so resuming there is refused in one line; at an epoch's start the
     epoch is planned anew, as ever."""
     state, _ = stop(nomlm_dataset, 2, 2, 3)
+    state = {k: v for k, v in state.items() if k != "digest"}  # as version 3 wrote it: no digest
     with pytest.raises(ValueError, match="has version 3: a token budget's position inside epoch 0") as e:
         make(nomlm_dataset, 2, 0, 2).load_state_dict({**state, "version": 3})
     assert "\n" not in str(e.value)
