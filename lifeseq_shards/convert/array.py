@@ -198,8 +198,8 @@ def _complete_parts(out: Path, tasks: Path) -> list[_Part]:
         which = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         raise ConvertError(f"{out}: task{'s' if len(missing) > 1 else ''} {which} of {k} not complete"
                            + (f" ({len(running)} of them still running or killed)" if running else "")
-                           + f"; run {'them' if len(missing) > 1 else 'it'} again (--task I --tasks {k}, or "
-                           f"sbatch --array={','.join(map(str, missing[:10]))}), then merge")
+                           + f"; run {'them' if len(missing) > 1 else 'it'} again (--task I --tasks {k}, or submit "
+                           "the array again: complete tasks are not converted again), then merge")
     parts = [_read_part(tasks / task_name(Share(i, k))) for i in range(k)]
     for i, part in enumerate(parts[1:], 1):
         change = _part_differs(parts[0], part)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -139,7 +140,7 @@ def test_a_task_killed_half_way_is_not_complete_and_its_rerun_completes(sample_i
     assert list(staging.rglob("shard-*.tar")), "killed before it wrote a shard"
     assert not (out / TASKS / "task-0001-of-0002").exists()
     assert_refused(*shardify("merge", out), "task 1 of 2 not complete", "still running or killed",
-                   "sbatch --array=1")
+                   "submit the array again")
     assert not (out / "manifest.json").exists()
     code, text = shardify("convert", *sample_input, "-o", out, *OPTS, "--task", 1, "--tasks", 2)
     assert code == 0 and "task 1 of 2 (--task 1 --tasks 2) converted" in text, text
@@ -159,7 +160,7 @@ def test_merge_refuses_missing_tasks(sample_input: list[object], tmp_path: Path)
     assert_refused(*shardify("merge", out), f"{out}: no array tasks to merge")
     code, text = shardify("convert", *sample_input, "-o", out, *OPTS, "--task", 0, "--tasks", 3)
     assert code == 0, text
-    assert_refused(*shardify("merge", out), f"{out}: tasks 1, 2 of 3 not complete", "--array=1,2")
+    assert_refused(*shardify("merge", out), f"{out}: tasks 1, 2 of 3 not complete", "--tasks 3")
     assert not (out / "manifest.json").exists() and (out / TASKS / "task-0000-of-0003").is_dir()
 
 
@@ -252,3 +253,35 @@ def test_ambiguous_shares_are_refused(env: dict[str, str], task: int | None, tas
     with pytest.raises(ConvertError) as e:
         share_from(task, tasks, env)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_guides_array_job_runs_with_slurms_variables(sample: Path, tmp_path: Path) -> None:
+    """docs/guides/convert.md's array script, run as each task of its `#SBATCH --array` with the variables SLURM
+    sets, then its merge script: the dataset of one `shardify convert` with the script's options."""
+    from doc_checks import commands, env
+    from test_docs import GUIDES, parse
+
+    files = {b.file: b.code for b in parse(GUIDES / "convert.md").blocks if b.file}
+    script, merge = files["convert-array.sh"], files["merge.sh"]
+    array = re.search(r"^#SBATCH --array=(\d+)-(\d+)$", script, re.M)
+    assert array, "the guide's array script has no #SBATCH --array=FIRST-LAST"
+    first, last = int(array.group(1)), int(array.group(2))
+    for name in ("sequences.parquet", "vocab.csv"):
+        (tmp_path / name).symlink_to(sample / name)
+    (tmp_path / "convert-array.sh").write_text(script)
+    (tmp_path / "merge.sh").write_text(merge)
+    for i in range(last - first + 1):
+        slurm = {**_slurm(i, last - first + 1, first), "SLURM_CPUS_PER_TASK": "1"}
+        r = subprocess.run(["bash", "-euo", "pipefail", "convert-array.sh"], cwd=tmp_path, env={**env(), **slurm},
+                           capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0 and f"task {i} of {last - first + 1}" in r.stdout, r.stderr
+    r = subprocess.run(["bash", "-euo", "pipefail", "merge.sh"], cwd=tmp_path, env=env(), capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0 and "ds_array/: OK" in r.stdout, r.stdout + r.stderr
+    (convert,) = [c for c in commands(script) if c[:2] == ["shardify", "convert"]]
+    single = [w.replace("ds_array/", str(tmp_path / "single")).replace("$SLURM_CPUS_PER_TASK", "1")
+              for w in convert[2:]]
+    code, text = shardify("convert", *[str(tmp_path / w) if w in ("sequences.parquet", "vocab.csv") else w
+                                       for w in single])
+    assert code == 0, text
+    assert _files(tmp_path / "ds_array") == _files(tmp_path / "single")
