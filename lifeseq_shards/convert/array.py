@@ -212,9 +212,7 @@ def _complete_parts(out: Path, tasks: Path) -> list[_Part]:
 def _part_differs(a: _Part, b: _Part) -> str | None:
     """What differs between two parts in what every task of one array computes alike, or None."""
     ma, mb = a.manifest, b.manifest
-    pa = {k: v for k, v in (ma.params or {}).items() if k not in _OWN}
-    pb = {k: v for k, v in (mb.params or {}).items() if k not in _OWN}
-    change = _differs(pa, pb)
+    change = _differs(ma.params or {}, mb.params or {})
     if change:
         return change
     if a.record.get("input_digest") != b.record.get("input_digest"):
