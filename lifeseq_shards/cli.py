@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from .store.format import MIN_SHARD_PERSONS
+
+if TYPE_CHECKING:
+    from .store.manifest import Manifest
 
 POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
 
@@ -101,17 +105,54 @@ def _exit_on_problems(root: str, problems: list[str], consequence: str = "") -> 
 @click.option("--dtype", "dtypes", multiple=True,
               help="Override a field's integer dtype (tokens, length, abspos, age, segment), e.g. abspos=int32.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT.")
-def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], **kw: object) -> None:
-    """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards."""
+@click.option("--task", type=COUNT,
+              help="Array conversion: write only task TASK's share of the shards (0-based; with --tasks), to merge "
+              "with `shardify merge OUT`. Under a SLURM job array both default to the array's task.")
+@click.option("--tasks", type=POSITIVE, help="Array conversion: the number of tasks (with --task).")
+def convert(inputs: tuple[str, ...], out: str, vocab: str | None, dtypes: tuple[str, ...], task: int | None,
+            tasks: int | None, **kw: object) -> None:
+    """Convert INPUT files (step-4 .parquet with --vocab, or step-5 encoded .h5) into shards; or, as one task of a
+    job array (--task/--tasks, or SLURM_ARRAY_TASK_ID), that task's share of them."""
+    import os
+
+    from .convert.array import convert_task, share_from
     from .convert.passes import ConvertOptions, convert_dataset
-    from .convert.sources import drops
 
     _refuse_parquet_only(inputs)
     opts = ConvertOptions(dtypes=_dtype_option(dtypes), **kw)  # type: ignore[arg-type]
-    m = convert_dataset(list(inputs), out, vocab, opts)
+    share, origin = share_from(task, tasks, os.environ)
+    if share is None:
+        _summary(out, convert_dataset(list(inputs), out, vocab, opts))
+        return
+    part, now = convert_task(list(inputs), out, vocab, opts, share)
+    shards = ", ".join(f"{k} {len(v.entries())}" for k, v in part.splits.items())
+    state = "converted" if now else "already complete with these options, not converted again"
+    click.echo(f"{out}: task {share.task} of {share.tasks} ({origin}) {state}: shards {shards}; once all "
+               f"{share.tasks} are complete: shardify merge {out}")
+
+
+def _summary(out: str, m: Manifest) -> None:
+    """The dataset's splits, fingerprint and dropped rows (convert, merge)."""
+    from .convert.sources import drops
+
     splits = ", ".join(f"{k} {v.persons:,} in {len(v.shards)} shards" for k, v in m.splits.items())
     click.echo(f"{out}: {m.totals.persons:,} persons ({splits}); fingerprint {m.fingerprint}")
     click.echo(f"{out}: {drops.summary(m.totals.dropped, m.totals.input_rows)}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT (as the tasks' --overwrite).")
+def merge(out: str, overwrite: bool) -> None:
+    """Merge the parts of an array conversion (`convert --task I --tasks K`) into the dataset OUT: refused (exit 2,
+    naming the task) unless all K are complete and made from the same input and options; the shards are linked into
+    place, not copied; a second merge does nothing."""
+    from .convert.array import merge_tasks
+
+    m, now = merge_tasks(out, overwrite)
+    if not now:
+        click.echo(f"{out}: already merged; nothing to do")
+    _summary(out, m)
 
 
 def _refuse_parquet_only(inputs: tuple[str, ...]) -> None:

@@ -39,6 +39,9 @@ def commands(code: str) -> list[list[str]]:
     out = []
     for line in code.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
+        inner = re.fullmatch(r"[A-Za-z_]+=\$\((\S+)", words[0]) if words else None
+        if inner and words[-1].endswith(")"):  # VAR=$(command ...): the command
+            words = [inner.group(1), *words[1:-1], words[-1][:-1]]
         while words and re.fullmatch(r"[A-Za-z_]+=.*", words[0]):  # VAR=value before a command
             words = words[1:]
         if words:

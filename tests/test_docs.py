@@ -209,6 +209,9 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
         with pytest.raises(AssertionError):
             check_shardify(bad)
     check_shardify(["plan", "d", "--batch-size", "8", "--resume", "c.ckpt"])
+    # a job id taken from a command (`array=$(sbatch --parsable x.sh)`) is that command, checked as any other
+    assert commands("array=$(sbatch --parsable x.sh)\nsbatch --dependency=afterok:$array y.sh") == [
+        ["sbatch", "--parsable", "x.sh"], ["sbatch", "--dependency=afterok:$array", "y.sh"]]
     with pytest.raises(AssertionError, match="takes no keyword"):
         check_python("from lifeseq_shards import LifeSeqData\nLifeSeqData('ds/', batch=4)", tmp_path)
     check_python("from lifeseq_shards import LifeSeqData\nLifeSeqData('ds/', pad_to=4, device='cpu')", tmp_path)

@@ -15,9 +15,11 @@ from ..store.manifest import MANIFEST
 from ..store.writes import WriteFailed, cause, remedy
 
 # ours in a dataset directory: the lock held while a conversion runs; the directory a new dataset is built in; the
-# mark present while old files are replaced by new ones (it holds the old manifest, so a rerun knows what to clear)
+# mark present while old files are replaced by new ones (it holds the old manifest, so a rerun knows what to clear);
+# the parts of an array conversion's tasks, until they are merged (array.py)
 LOCK, STAGING, INCOMPLETE = ".conversion.lock", ".conversion-staging", ".conversion-incomplete"
-OURS = (LOCK, STAGING, INCOMPLETE)
+TASKS = ".conversion-tasks"
+OURS = (LOCK, STAGING, INCOMPLETE, TASKS)
 
 
 class ConvertError(ValueError):
@@ -29,7 +31,7 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
     """Hold ``out``'s lock for the whole conversion (a second one refuses before touching anything), clear what a
     killed conversion left, and yield the files the old dataset's manifest lists (what --overwrite replaces). A
     directory this call created is removed again when the conversion fails (an empty one looks like a dataset)."""
-    _refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
+    refuse_foreign(out, overwrite)  # before creating the lock file: a refused directory is left as it was
     created, done = not out.exists(), False
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -46,7 +48,7 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConvertError(f"{out}: another conversion is writing to it ({LOCK} is locked)") from None
-        _refuse_foreign(out, overwrite)  # again under the lock: the other conversion may have finished meanwhile
+        refuse_foreign(out, overwrite)  # again under the lock: the other conversion may have finished meanwhile
         _clear_unfinished(out)
         yield _listed_files(out / MANIFEST) if (out / MANIFEST).exists() else []
         done = True
@@ -117,7 +119,7 @@ def _remove_near_stages(out: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _refuse_foreign(out: Path, overwrite: bool) -> None:
+def refuse_foreign(out: Path, overwrite: bool) -> None:
     """Refuse a finished dataset (unless overwrite) or a non-empty directory that is not ours (read-only checks)."""
     if out.exists() and not out.is_dir():
         raise ConvertError(f"{out}: exists and is not a directory")

@@ -15,6 +15,7 @@ replacement are outdir.py; the temp bucket files and the shard writers are write
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import multiprocessing
 import os
 import shutil
@@ -50,7 +51,7 @@ from .outdir import STAGING, ConvertError, output_dir, replace_dataset
 from .sources import Source, SourceError, drops, open_sources
 from .writers import Spill, SplitWriter
 
-__all__ = ["ConvertError", "ConvertOptions", "check_dtypes", "convert_dataset", "shard_count"]
+__all__ = ["ConvertError", "ConvertOptions", "Share", "check_dtypes", "convert_dataset", "shard_count"]
 
 # Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
 HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
@@ -88,46 +89,84 @@ class ConvertOptions:
         return (self.nodes or 1) * (self.gpus or 1) * (self.workers or 1)
 
 
+@dataclass(frozen=True)
+class Share:
+    """Which part of the conversion to write: task ``task`` of ``tasks`` writes the contiguous run of shards
+    ``task * S // tasks`` .. ``(task + 1) * S // tasks - 1`` of each split of S shards, the last task the remainders
+    too (convert/array.py). Every task cuts the same shards from the same stream, so the parts together are the one
+    conversion's shards, byte for byte."""
+
+    task: int = 0
+    tasks: int = 1
+
+    def shards(self, total: int) -> tuple[int, int]:
+        """[first, stop) of this task's shards of a split of ``total`` shards."""
+        return self.task * total // self.tasks, (self.task + 1) * total // self.tasks
+
+    @property
+    def last(self) -> bool:
+        return self.task == self.tasks - 1
+
+
 def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str | None = None,
                     opts: ConvertOptions | None = None) -> Manifest:
     """Convert ``inputs`` into a dataset directory ``out``; returns the manifest. The dataset is built aside (in
     ``out/.conversion-staging``) and replaces an old one only once complete, so a failed conversion leaves it."""
     opts = opts or ConvertOptions()
-    check_dtypes(opts.dtypes)
-    _check_shards(opts)
+    source, schema = prepare(inputs, vocab, opts)
     out = Path(out)
-    t0 = time.time()
-    try:
-        source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
-    except SourceError as e:
-        raise ConvertError(str(e)) from None
-    # what the input's metadata can refuse is refused before any encoding, and before the output directory exists
-    if opts.num_val is not None and opts.num_val >= source.rows:
-        raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({source.rows} in all)")
-    token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
-    schema = make_schema(token_dtype, opts.dtypes, source.offline_mlm)
     with output_dir(out, opts.overwrite) as old_files:
         stage = out / STAGING
         kept = "the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
                                                                       else "")
-        try:
-            with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
-                passes = _build(source, stage, schema, opts)
-                params = {
-                    "inputs": [str(Path(p).resolve()) for p in inputs],
-                    "input_kind": source.kind,
-                    "vocab": str(Path(vocab).resolve()) if vocab else None,
-                    "vocab_size": source.vocab_size,
-                    **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
-                    "seconds": round(time.time() - t0, 2),
-                }
-                manifest = _manifest(schema, opts, passes, source.rows, params)
-                write_manifest(stage, manifest)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+        manifest, _ = build_part(inputs, vocab, opts, source, schema, stage, kept, Share())
         replace_dataset(out, stage, old_files, manifest.files())
     return manifest
+
+
+def prepare(inputs: list[str], vocab: str | None, opts: ConvertOptions) -> tuple[Source, list[Field]]:
+    """The options checked, the inputs opened and the schema chosen: everything refused before any encoding, and
+    before the output directory exists."""
+    check_dtypes(opts.dtypes)
+    _check_shards(opts)
+    try:
+        source = open_sources(inputs, vocab, opts.max_seq_len, (opts.time_range_start, opts.time_range_end))
+    except SourceError as e:
+        raise ConvertError(str(e)) from None
+    if opts.num_val is not None and opts.num_val >= source.rows:
+        raise ConvertError(f"--num-val {opts.num_val} leaves no training persons ({source.rows} in all)")
+    token_dtype = opts.dtypes.get("tokens") or narrowest_token_dtype(max(source.vocab_size or 65536, 256))
+    return source, make_schema(token_dtype, opts.dtypes, source.offline_mlm)
+
+
+def build_part(inputs: list[str], vocab: str | None, opts: ConvertOptions, source: Source, schema: list[Field],
+               stage: Path, kept: str, share: Share) -> tuple[Manifest, str]:
+    """Both passes into the new directory ``stage``, then its manifest (the last file written): the whole dataset,
+    or (``share``) one task's shards with a manifest of only those. Returns (the manifest, the digest of every input
+    row's person id, which tasks compare). A failure removes ``stage`` and says ``kept``."""
+    t0 = time.time()
+    try:
+        with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
+            passes = _build(source, stage, schema, opts, share)
+            params = {**conversion_params(inputs, vocab, opts, source), "seconds": round(time.time() - t0, 2)}
+            manifest = _manifest(schema, opts, passes, source.rows, params)
+            write_manifest(stage, manifest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest, passes.input_digest
+
+
+def conversion_params(inputs: list[str], vocab: str | None, opts: ConvertOptions, source: Source) -> dict[str, Any]:
+    """What the manifest's ``params`` records of the conversion but its time: the input and the options that shape
+    the dataset (not --overwrite, --progress or --processes)."""
+    return {
+        "inputs": [str(Path(p).resolve()) for p in inputs],
+        "input_kind": source.kind,
+        "vocab": str(Path(vocab).resolve()) if vocab else None,
+        "vocab_size": source.vocab_size,
+        **{k: v for k, v in asdict(opts).items() if k not in ("overwrite", "progress", "processes")},
+    }
 
 
 def check_dtypes(dtypes: dict[str, str]) -> None:
@@ -157,9 +196,10 @@ class _Passes:
     histogram: np.ndarray  # persons by length // HISTOGRAM_BIN
     splits: dict[str, Split]
     dropped: dict[str, int]  # input rows the source dropped, by reason (sources/drops.py)
+    input_digest: str  # sha256 of every input row's person id, sorted: what array tasks compare
 
 
-def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions) -> _Passes:
+def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions, share: Share) -> _Passes:
     """Both passes into the empty directory ``stage`` (the manifest is not written yet)."""
     tmp = stage / ".tmp"
     tmp.mkdir(parents=True)
@@ -168,8 +208,8 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
     pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
                                initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
     try:
-        ids, hist, tokens, dropped = _pass1(source, schema, spill, buckets, opts, pool)
-        splits = _pass2(stage, ids, spill, buckets, schema, opts, pool)
+        ids, hist, tokens, dropped, digest = _pass1(source, schema, spill, buckets, opts, pool)
+        splits = _pass2(stage, ids, spill, buckets, schema, opts, pool, share)
     except SourceError as e:
         raise ConvertError(str(e)) from None
     except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
@@ -181,7 +221,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     shutil.rmtree(tmp)
-    return _Passes(len(ids), tokens, hist, splits, dropped)
+    return _Passes(len(ids), tokens, hist, splits, dropped, digest)
 
 
 def _manifest(schema: Sequence[Field], opts: ConvertOptions, passes: _Passes, input_rows: int,
@@ -212,7 +252,7 @@ def _die_with_parent(converter: int) -> None:
 
 
 def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts: ConvertOptions,
-           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int, dict[str, int]]:
+           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int, dict[str, int], str]:
     jobs = ((source, t, schema) for t in source.tasks)
     results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
         _encode_and_narrow, jobs)
@@ -232,7 +272,7 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
             if block.n == 0:
                 continue
             pid = block.columns["person_id"]
-            bucket = (mix64(pid, opts.seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
+            bucket = _bucket_of(pid, opts.seed, buckets)
             by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
             bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
             for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
@@ -254,7 +294,12 @@ def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts
         pid = uniq[counts > 1][0]
         at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
         raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
-    return all_ids, hist, tokens, dict(dropped)
+    return all_ids, hist, tokens, dict(dropped), hashlib.sha256(uniq.astype("<i8").tobytes()).hexdigest()
+
+
+def _bucket_of(pid: np.ndarray, seed: int, buckets: int) -> np.ndarray:
+    """Each person's spill bucket: a seeded hash of the id, so a bucket's persons are known from the ids alone."""
+    return (mix64(pid, seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
 
 
 def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
@@ -326,22 +371,33 @@ def mix64(x: np.ndarray, salt: int) -> np.ndarray:
 
 
 def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[Field], opts: ConvertOptions,
-           pool: ProcessPoolExecutor | None) -> dict[str, Split]:
-    val_ids = np.sort(ids[_val_mask(ids, opts)])
-    counts = {"train": len(ids) - len(val_ids), "val": len(val_ids)}
+           pool: ProcessPoolExecutor | None, share: Share) -> dict[str, Split]:
+    is_val_id = _val_mask(ids, opts)
+    val_ids = np.sort(ids[is_val_id])
+    members = {"train": ~is_val_id, "val": is_val_id}
     if opts.with_all:
-        counts["all"] = len(ids)
+        members["all"] = np.ones(len(ids), dtype=bool)
+    # each split's persons by bucket, from the ids alone: where each bucket's persons fall in the split's stream,
+    # so that a task skips the buckets that hold none of its shards' persons
+    bucket = _bucket_of(ids, opts.seed, buckets)
+    per_bucket = {name: np.bincount(bucket[m], minlength=buckets) for name, m in members.items()}
     writers: dict[str, SplitWriter] = {}
-    for name, n in counts.items():
+    for name, member in members.items():
+        n = int(member.sum())
         if n == 0:
             continue
         s = shard_count(n, opts, name)
         (out / name).mkdir()
+        first, stop = share.shards(s)
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
-                                    2 * opts.processes)
-    total_shards = sum(w.shards + 1 for w in writers.values())
+                                    2 * opts.processes, first=first, stop=stop, remainder=share.last, persons=n)
+    total_shards = sum(w.stop - w.first + w.remainder for w in writers.values())
     with progress_bar(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
         for b in range(buckets):
+            if not any(w.wants(int(per_bucket[name][b])) for name, w in writers.items()):
+                for name, w in writers.items():
+                    w.skip(int(per_bucket[name][b]))
+                continue
             blocks = spill.read(b)
             if not blocks:
                 continue
@@ -355,7 +411,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
                 bar.update(w.written - before)
         for w in writers.values():
             w.finish()
-        splits = {name: w.split(counts[name]) for name, w in writers.items()}
+        splits = {name: w.split() for name, w in writers.items()}
         bar.update(bar.total - bar.n)
     return splits
 

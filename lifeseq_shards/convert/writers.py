@@ -63,7 +63,9 @@ class Spill:
 
 @dataclass
 class SplitWriter:
-    """Cuts a split's person stream into shards of exactly ``per_shard`` persons; the tail is the remainder."""
+    """Cuts a split's person stream into shards of exactly ``per_shard`` persons; the tail is the remainder. It writes
+    the shards ``first`` .. ``stop - 1`` of the ``shards`` (and the remainder when ``remainder``): the persons of the
+    stream outside them are passed over (an array task's share, convert/array.py; all of them otherwise)."""
 
     name: str
     out: Path
@@ -74,6 +76,11 @@ class SplitWriter:
     zstd_level: int
     pool: ProcessPoolExecutor | None  # None: write in this process
     inflight: int = 2  # shards the pool may hold at once (each holds its persons in memory)
+    first: int = 0
+    stop: int = -1  # -1: every shard
+    remainder: bool = True
+    persons: int = 0  # the split's persons, the stream's length
+    seen: int = 0  # persons of the stream added or skipped so far
     pending: list[Block] = field(default_factory=list)
     pending_n: int = 0
     written: int = 0
@@ -82,24 +89,53 @@ class SplitWriter:
     # dtype (2 bytes a person), not views that would keep every shard's block alive
     lengths: list[np.ndarray] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.stop < 0:
+            self.stop = self.shards
+
+    @property
+    def _span(self) -> tuple[int, int]:
+        """[start, end) of the stream this writer writes."""
+        end = self.persons if self.remainder else self.stop * self.per_shard
+        return self.first * self.per_shard, end
+
+    def wants(self, n: int) -> bool:
+        """Whether the stream's next ``n`` persons hold any this writer writes."""
+        start, end = self._span
+        return n > 0 and self.seen < end and self.seen + n > start
+
+    def skip(self, n: int) -> None:
+        """Pass over the stream's next ``n`` persons, none of which this writer writes (:meth:`wants` said so)."""
+        if self.wants(n):
+            raise RuntimeError(f"{self.name}: skipped persons {self.seen}..{self.seen + n} of its shards")
+        self.seen += n
+
     def add(self, block: Block) -> None:
+        start, end = self._span
+        lo, hi = min(max(start - self.seen, 0), block.n), min(max(end - self.seen, 0), block.n)
+        self.seen += block.n
+        if lo or hi < block.n:
+            block = block.slice(lo, hi, self.schema)
         self.pending.append(block)
         self.pending_n += block.n
-        if self.written >= self.shards or self.pending_n < self.per_shard:
+        if self.first + self.written >= self.stop or self.pending_n < self.per_shard:
             return
         merged, start = concat_blocks(self.pending, self.schema), 0
-        while self.written < self.shards and merged.n - start >= self.per_shard:
-            self._submit(f"shard-{self.written:06d}.tar", merged.slice(start, start + self.per_shard, self.schema))
+        while self.first + self.written < self.stop and merged.n - start >= self.per_shard:
+            self._submit(f"shard-{self.first + self.written:06d}.tar",
+                         merged.slice(start, start + self.per_shard, self.schema))
             start += self.per_shard
             self.written += 1
         rest = merged.slice(start, merged.n, self.schema)
         self.pending, self.pending_n = [rest], rest.n
 
     def finish(self) -> None:
-        if self.written != self.shards:
-            raise RuntimeError(f"{self.name}: wrote {self.written} of {self.shards} shards")
-        if self.pending_n:
+        if self.first + self.written != self.stop:
+            raise RuntimeError(f"{self.name}: wrote {self.written} of shards {self.first}..{self.stop - 1}")
+        if self.pending_n and self.remainder:
             self._submit(REMAINDER, concat_blocks(self.pending, self.schema))
+        elif self.pending_n:
+            raise RuntimeError(f"{self.name}: {self.pending_n} persons past shard {self.stop - 1}")
         self.pending, self.pending_n = [], 0
 
     def _submit(self, name: str, block: Block) -> None:
@@ -111,14 +147,15 @@ class SplitWriter:
         _bounded(self.futures, self.inflight)
         self.futures.append((name, self.pool.submit(_write_shard_job, args)))
 
-    def split(self, persons: int) -> Split:
-        """The split's manifest entry, once every shard is written; writes its lengths index (from the lengths the
-        shards were written with: no pass over them)."""
+    def split(self) -> Split:
+        """The split's manifest entry (of the shards this writer wrote), once they are written; writes their lengths
+        index (from the lengths the shards were written with: no pass over them)."""
         done = [(n, ShardEntry(file=f"{self.name}/{n}", **(f.result() if isinstance(f, Future) else f)))
                 for n, f in self.futures]
         rem = [e for n, e in done if n == REMAINDER]
-        index = write_lengths_index(self.out, self.name, np.concatenate(self.lengths), self.schema)
-        return Split(persons, self.per_shard, tuple(e for n, e in done if n != REMAINDER), rem[0] if rem else None,
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=index_dtype(self.schema))
+        index = write_lengths_index(self.out, self.name, lengths, self.schema)
+        return Split(self.persons, self.per_shard, tuple(e for n, e in done if n != REMAINDER), rem[0] if rem else None,
                      index)
 
 
