@@ -1,0 +1,374 @@
+"""lifeseq_shards.performer.PackedPerformer against the researchers' padded encoder.
+
+Two references: a small one built here from their dependencies (performer-pytorch 1.1.4's ``SelfAttention`` with
+local-attention 1.9.14's ``LocalAttention``, the extra ``their``), with their edits reproduced as their code makes
+them (no rotary embedding on the local heads, the padding mask as the global heads' context mask); and, where their
+repository is at hand (THEIR_REPO, or the fetched mirror, as tools/seed_bench.py finds it), their own ``Transformer``
+at 884ef02. Tiny widths and few persons, their head layout (10 heads, 7 local, window 38), lengths across buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from performer_pytorch import SelfAttention
+from torch import Tensor, nn
+
+from lifeseq_shards.device.batch import PackedModelBatch
+from lifeseq_shards.performer import PackedPerformer
+
+HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = 40, 64, 2, 10, 7, 38, 48, 50
+MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
+THEIR_COMMIT = "884ef02"
+
+
+# ---- the reference: their encoder's structure on their dependencies (written from reading their code) ----
+
+class Time2Vec(nn.Module):
+    """Their PositionalEmbedding: f(tau w + b) beside tau w0 + b0."""
+
+    def __init__(self, f: object) -> None:
+        super().__init__()
+        self.w0, self.b0 = nn.Parameter(torch.randn(1, 1)), nn.Parameter(torch.randn(1, 1))
+        self.w, self.b = nn.Parameter(torch.randn(1, HIDDEN - 1)), nn.Parameter(torch.randn(1, HIDDEN - 1))
+        self.f = f
+
+    def forward(self, tau: Tensor) -> Tensor:
+        return torch.cat([self.f(tau @ self.w + self.b), tau @ self.w0 + self.b0], -1)
+
+
+class Gain(nn.Module):
+    """Their ReZero: x + y * weight."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.full((1,), value))
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        return x + y * self.weights
+
+
+class Embed(nn.Module):
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.token = nn.Embedding(VOCAB, HIDDEN, padding_idx=0)
+        self.segment = nn.Embedding(4, HIDDEN, padding_idx=0)
+        self.age, self.abspos = Time2Vec(torch.cos), Time2Vec(torch.sin)
+        self.res_age, self.res_abs, self.res_seg = Gain(0.3), Gain(0.2), Gain(0.5)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, position: Tensor, age: Tensor, segment: Tensor) -> Tensor:
+        x = self.token(tokens)
+        for res, emb, value in ((self.res_age, self.age, age), (self.res_abs, self.abspos, position)):
+            pos = emb(value.float().unsqueeze(-1))
+            pos[:, :5] *= 0
+            x = res(x, pos)
+        return self.dropout(self.res_seg(x, self.segment(segment)))
+
+
+class Sublayer(nn.Module):
+    """Their SublayerConnection with norm_type "rezero"."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.norm = Gain(value)
+
+    def forward(self, x: Tensor, sublayer: object, **kwargs: object) -> Tensor:
+        return self.norm(x, sublayer(x, **kwargs))
+
+
+class Attention(nn.Module):
+    """Their MultiHeadAttention around CustomSelfAttention: performer-pytorch's SelfAttention without the local
+    heads' rotary embedding, the padding mask as mask and context mask."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.attention = SelfAttention(dim=HIDDEN, heads=HEADS, nb_features=FEATURES, dim_head=HIDDEN // HEADS,
+                                       causal=False, generalized_attention=False, no_projection=False,
+                                       dropout=dropout, local_heads=LOCAL, qkv_bias=False, attn_out_bias=True,
+                                       local_window_size=WINDOW)
+        self.attention.local_attn.rel_pos = None
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.attention(x, mask=mask.bool(), context_mask=mask.bool())
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.hidden2ff, self.ff2hidden = nn.Linear(HIDDEN, FF), nn.Linear(FF, HIDDEN)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ff2hidden(F.silu(self.dropout(self.hidden2ff(x))))
+
+
+class Layer(nn.Module):
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.attention, self.attention_sublayer = Attention(dropout), Sublayer(0.7)
+        self.position_wise, self.position_sublayer = FeedForward(dropout), Sublayer(0.4)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.attention_sublayer(x, sublayer=self.attention, mask=mask)
+        return self.position_sublayer(x, sublayer=self.position_wise)
+
+
+class Reference(nn.Module):
+    """Their Transformer: embeddings, then per layer the hidden state times the padding mask and the layer."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.embedding = Embed(dropout)
+        self.encoders = nn.ModuleList(Layer(dropout) for _ in range(LAYERS))
+
+    def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor:
+        h = self.embedding(x[:, 0], x[:, 1], x[:, 2], x[:, 3])
+        for layer in self.encoders:
+            h = torch.einsum("bsh,bs->bsh", h, padding_mask.float())
+            h = layer(h, padding_mask)
+        return h
+
+
+def reference(seed: int = 0, dropout: float = 0.0) -> Reference:
+    torch.manual_seed(seed)
+    model = Reference(dropout)
+    with torch.no_grad():  # larger than their init, so that attention is not uniform
+        model.embedding.token.weight.normal_(0, 1.0)
+        model.embedding.token.weight[0].zero_()
+    return model
+
+
+# ---- batches ----
+
+def persons(lengths: list[int], seed: int = 1) -> list[Tensor]:
+    """(4, n) ids per person: token, abspos (days), age (years), segment."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        out.append(torch.stack([torch.randint(1, VOCAB, (n,), generator=g),
+                                torch.randint(0, 3000, (n,), generator=g).sort().values,
+                                torch.randint(18, 90, (n,), generator=g).sort().values,
+                                torch.randint(1, 4, (n,), generator=g)]))
+    return out
+
+
+def packed(people: list[Tensor], max_len: int, filler: list[int] = ()) -> PackedModelBatch:
+    """The packed model batch of ``people``; ``filler``: a static batch's padding persons (lengths 0, [PAD] rows of
+    all-zero stamps; 0 rows: a person without any)."""
+    counts = [p.shape[1] for p in people] + list(filler)
+    ids = torch.cat([*people, torch.zeros(4, sum(filler), dtype=torch.long)], 1)
+    return PackedModelBatch({"input_ids": ids, "cu_seqlens": F.pad(torch.tensor(counts).cumsum(0), (1, 0)).int(),
+                             "lengths": torch.tensor([p.shape[1] for p in people] + [0] * len(filler)),
+                             "max_len": max_len})
+
+
+def padded(people: list[Tensor], width: int) -> tuple[Tensor, Tensor]:
+    ids = torch.stack([F.pad(p, (0, width - p.shape[1])) for p in people])
+    mask = (torch.arange(width)[None] < torch.tensor([p.shape[1] for p in people])[:, None]).long()
+    return ids, mask
+
+
+def split(states: Tensor, people: list[Tensor]) -> list[Tensor]:
+    return list(states[: sum(p.shape[1] for p in people)].split([p.shape[1] for p in people]))
+
+
+def relative(a: Tensor, b: Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+LENGTHS = [1, 5, 6, 37, 38, 39, 77, 120]
+
+
+# ---- the tests ----
+
+@pytest.mark.parametrize("width", [128, 512])
+def test_pad_to_equals_their_padded_forward(width: int) -> None:
+    """pad_to=L: every person's states are their padded-to-L forward's (<= 1e-5 relative); L=128 is not a multiple
+    of the window (their autopad). And the mode matters: the same persons without padding keys differ."""
+    model = reference().eval()
+    people = persons(LENGTHS + [width])
+    with torch.no_grad():
+        theirs = model(*padded(people, width))
+        ours = PackedPerformer(model, pad_to=width)(packed(people, width))
+        alone = PackedPerformer(model, pad_to=None)(packed(people, width))
+    for i, (got, free, p) in enumerate(zip(split(ours, people), split(alone, people), people, strict=True)):
+        want = theirs[i, : p.shape[1]]
+        assert relative(got, want) <= 1e-5, (i, p.shape[1], relative(got, want))
+        if p.shape[1] < width // 2:  # their padding keys damp the global heads
+            assert relative(free, want) > 1e-3, (i, p.shape[1])
+    assert relative(split(alone, people)[-1], theirs[-1]) <= 1e-5  # a full-length person has no padding key
+
+
+def test_no_padding_keys_equals_each_person_alone() -> None:
+    """pad_to=None: each person's states are their model's on that person alone, unpadded (<= 1e-5 relative)."""
+    model = reference().eval()
+    people = persons(LENGTHS + [200])
+    with torch.no_grad():
+        ours = split(PackedPerformer(model, pad_to=None)(packed(people, 256)), people)
+        for got, p in zip(ours, people, strict=True):
+            want = model(p[None], torch.ones(1, p.shape[1], dtype=torch.long))[0]
+            assert relative(got, want) <= 1e-5, (p.shape[1], relative(got, want))
+
+
+@pytest.mark.parametrize("pad_to", [None, 256])
+def test_a_person_never_depends_on_the_others(pad_to: int | None) -> None:
+    """Changing one person's tokens and length leaves every other person's states bit-identical."""
+    model = reference().eval()
+    people = persons(LENGTHS)
+    other = list(people)
+    other[3] = persons([90], seed=7)[0]
+    with torch.no_grad():
+        a = split(PackedPerformer(model, pad_to=pad_to)(packed(people, 256)), people)
+        b = split(PackedPerformer(model, pad_to=pad_to)(packed(other, 256)), other)
+    for i in range(len(people)):
+        if i != 3:
+            assert torch.equal(a[i], b[i]), i
+    assert not torch.equal(a[3][:37], b[3][:37])
+
+
+@pytest.mark.parametrize("pad_to", [None, 128])
+def test_filler_rows_give_no_nan_and_change_nothing(pad_to: int | None) -> None:
+    """A static batch's padding persons ([PAD] rows, lengths 0; one without rows): finite states and gradients, the
+    real persons' states as without them."""
+    model = reference().train()
+    people = persons([3, 40, 90])
+    net = PackedPerformer(model, pad_to=pad_to)
+    out = net(packed(people, 128, filler=[128, 57, 0]))
+    assert torch.isfinite(out).all()
+    out.square().sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
+    with torch.no_grad():
+        plain = net(packed(people, 128))
+    assert relative(out[:133].detach(), plain) <= 1e-6
+
+
+def _loss(states: list[Tensor], head: nn.Linear) -> Tensor:
+    """An MLM-like loss: a decoder on every third token of each person, and a 3-class head on the first."""
+    targets = torch.cat([s[::3] for s in states])
+    mlm = F.cross_entropy(head(targets), torch.arange(targets.shape[0]) % VOCAB)
+    cls = torch.stack([s[0] for s in states]).sum(-1)
+    return mlm + cls.square().mean()
+
+
+def _grads(model: nn.Module) -> dict[str, Tensor]:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return grads
+
+
+def test_gradients_equal_the_padded_models() -> None:
+    """A training loss's gradients through pad_to=L equal their padded model's (<= 1e-4 relative, each parameter;
+    train mode, dropout off)."""
+    model = reference().train()
+    head = nn.Linear(HIDDEN, VOCAB)
+    people = persons(LENGTHS, seed=3)
+    width = 128
+    ids, mask = padded(people, width)
+    _loss([s[: p.shape[1]] for s, p in zip(model(ids, mask), people, strict=True)], head).backward()
+    want = _grads(model)
+    _loss(split(PackedPerformer(model, pad_to=width)(packed(people, width)), people), head).backward()
+    got = _grads(model)
+    assert got.keys() == want.keys() and len(want) > 20
+    for name, g in want.items():
+        scale = max(float(g.norm()), 1e-12)
+        assert float((got[name] - g).norm()) / scale <= 1e-4, (name, float((got[name] - g).norm()) / scale)
+
+
+def test_redraw_and_steps_are_shared() -> None:
+    """The module is held, not copied: a projection redraw through their module, and an optimizer step through the
+    packed one, each change both, which still agree afterwards."""
+    model = reference().eval()
+    net = PackedPerformer(model, pad_to=128)
+    assert {id(p) for p in net.parameters()} == {id(p) for p in model.parameters()}
+    people = persons([10, 60, 100])
+    batch, (ids, mask) = packed(people, 128), padded(people, 128)
+
+    def agree() -> Tensor:
+        with torch.no_grad():
+            ours, theirs = split(net(batch), people), model(ids, mask)
+        for i, got in enumerate(ours):
+            assert relative(got, theirs[i, : got.shape[0]]) <= 1e-5
+        return torch.cat(ours)
+
+    before = agree()
+    for layer in model.encoders:
+        layer.attention.attention.fast_attention.redraw_projection_matrix("cpu")
+    redrawn = agree()
+    assert not torch.allclose(before, redrawn)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net(batch).square().mean().backward()
+    opt.step()
+    assert not torch.allclose(redrawn, agree())
+
+
+def test_a_batch_wider_than_pad_to_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"pad_to=128\) got a batch of persons up to max_len=512"):
+        PackedPerformer(reference(), pad_to=128)(packed(persons([10]), 512))
+
+
+# ---- their own modules at 884ef02, where their repository is at hand ----
+
+def _their_repo() -> Path | None:
+    repo = Path(os.environ.get("THEIR_REPO", MIRROR))
+    return repo if repo.exists() else None
+
+
+@pytest.fixture(scope="module")
+def their_transformer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type]:
+    repo = _their_repo()
+    if repo is None:
+        pytest.skip(f"their repository is not here ({MIRROR}, or THEIR_REPO): the package-built reference above "
+                    "stands for their modules")
+    dest = tmp_path_factory.mktemp("their")
+    archive = subprocess.run(["git", "-C", str(repo), "archive", THEIR_COMMIT, "pop2vec/__init__.py",
+                              "pop2vec/llm/src"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    sys.path.insert(0, str(dest))
+    try:
+        from pop2vec.llm.src.transformer.transformer import Transformer
+        yield Transformer
+    finally:
+        sys.path.remove(str(dest))
+
+
+def their_hparams(**over: object) -> SimpleNamespace:
+    """Their regular_hparams_medium.txt's settings at tiny dims (dropouts off: the comparison is in eval mode)."""
+    base = dict(hidden_size=HIDDEN, hidden_ff=FF, n_encoders=LAYERS, n_heads=HEADS, n_local=LOCAL,
+                local_window_size=WINDOW, num_random_features=FEATURES, norm_type="rezero", hidden_act="swish",
+                att_dropout=0.1, fw_dropout=0.1, emb_dropout=0.1, parametrize_emb=True, norm_input_emb=False,
+                attention_type="performer", vocab_size=VOCAB, epsilon=1e-6)
+    return SimpleNamespace(**{**base, **over})
+
+
+@pytest.mark.parametrize("width", [100, 512])
+def test_their_own_modules(their_transformer: type, width: int) -> None:
+    """Their Transformer at 884ef02 (ReZero gains set away from their 0 start, so every term counts): pad_to=L
+    equals their padded forward, pad_to=None their forward of each person alone (<= 1e-5 relative)."""
+    torch.manual_seed(0)
+    model = their_transformer(their_hparams()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".weights"):  # ReZero gains
+                p.fill_(0.5)
+    people = persons([1, 5, 9, 38, 70, width], seed=5)
+    with torch.no_grad():
+        theirs = model(*padded(people, width))
+        ours = split(PackedPerformer(model, pad_to=width)(packed(people, width)), people)
+        free = split(PackedPerformer(model, pad_to=None)(packed(people, width)), people)
+        for i, p in enumerate(people):
+            n = p.shape[1]
+            assert relative(ours[i], theirs[i, :n]) <= 1e-5, (n, relative(ours[i], theirs[i, :n]))
+            alone = model(p[None], torch.ones(1, n, dtype=torch.long))[0]
+            assert relative(free[i], alone) <= 1e-5, (n, relative(free[i], alone))
+    assert math.isfinite(float(theirs.sum()))
