@@ -12,8 +12,9 @@ the sublayer connections and the position-wise block); performer-pytorch and loc
 
 What runs per layer, as their padded forward computes it for a person's real tokens:
 
-- the hidden state multiplied by the padding mask (a static batch's filler rows, ``lengths`` 0, are zeroed as their
-  padding is), then their attention sublayer (ReZero) around this module's attention, then their position-wise one;
+- their attention sublayer (ReZero) around this module's attention, then their position-wise one. Their
+  multiplications by the padding mask (of the hidden state before each layer, of the global heads' values) zero only
+  padding rows, and a packed batch has none: a static batch's filler persons attend only among themselves;
 - the local heads: local-attention's bucketed window, buckets of ``window_size`` counted from each person's first
   token, a query of bucket b attending to the keys of buckets b - look_backward .. b + look_forward of the same
   person. Their padding keys are masked with -finfo.max, so they get exactly zero weight: the autopadded tail buckets
@@ -46,7 +47,6 @@ class PackedLayout(NamedTuple):
     windows, ``W`` of them (an upper bound fixed by N and B, so a static batch has one shape) of ``window`` slots."""
 
     person: Tensor  # (N,) each row's person
-    real: Tensor  # (N,) 1.0 for a real token, 0.0 for a filler row (their padding mask)
     keep_time: Tensor  # (N, 1) 0.0 on each person's first FIRST_UNTIMED tokens, else 1.0
     padding: Tensor  # (B,) the padding keys each person's global heads count (pad_to - length, or 0)
     row_slot: Tensor  # (N,) each row's slot in the flattened (W * window) buckets
@@ -57,15 +57,14 @@ class PackedLayout(NamedTuple):
     key_valid: Tensor  # (W, K) which of them are the same person's tokens
 
 
-def packed_layout(cu_seqlens: Tensor, lengths: Tensor, n: int, window: int, back: int, forward: int,
-                  pad_to: int | None) -> PackedLayout:
-    """The :class:`PackedLayout` of ``n`` packed rows (``cu_seqlens`` (B+1,), ``lengths`` (B,) the real tokens of
-    each person: 0 for a static batch's filler persons). Gathers and scatters only: no host sync."""
+def packed_layout(cu_seqlens: Tensor, n: int, window: int, back: int, forward: int, pad_to: int | None
+                  ) -> PackedLayout:
+    """The :class:`PackedLayout` of ``n`` packed rows (``cu_seqlens`` (B+1,)). Gathers and scatters only: no host
+    sync."""
     counts = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     b, dev = counts.shape[0], counts.device
     person = torch.repeat_interleave(torch.arange(b, device=dev), counts, output_size=n)
     pos = torch.arange(n, device=dev) - starts(counts)[person]
-    real = (pos < lengths.long()[person]).float()
     # ceil(n / window) + B buckets hold every person's ceil(count / window)
     n_buckets = -(-n // window) + b
     first_bucket = starts(-(-counts // window))
@@ -86,7 +85,7 @@ def packed_layout(cu_seqlens: Tensor, lengths: Tensor, n: int, window: int, back
         keys.append(slots)
         valid.append(same[:, None] & slot_filled[slots])
     padding = torch.zeros_like(counts) if pad_to is None else pad_to - counts
-    return PackedLayout(person, real, (pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
+    return PackedLayout(person, (pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
                         slot_row.clamp_(max=max(n - 1, 0)), slot_filled, bucket_person.clamp(min=0),
                         torch.cat(keys, 1), torch.cat(valid, 1))
 
@@ -167,7 +166,7 @@ class PackedPerformer(nn.Module):
 
     def forward(self, batch: Any) -> Tensor:
         """(N, hidden) states of the batch's N token rows (``input_ids`` (4, N): token, abspos, age, segment;
-        ``cu_seqlens``, ``lengths`` and the host int ``max_len``)."""
+        ``cu_seqlens`` and the host int ``max_len``)."""
         ids = batch["input_ids"]
         max_len = int(batch["max_len"])
         if self.pad_to is not None and max_len > self.pad_to:
@@ -175,11 +174,10 @@ class PackedPerformer(nn.Module):
                              f"tokens: build the batches with pad_to={self.pad_to} (their max_length), or use "
                              "pad_to=None")
         local = self.encoder.encoders[0].attention.attention.local_attn
-        layout = packed_layout(batch["cu_seqlens"], batch["lengths"], ids.shape[1], local.window_size,
-                               local.look_backward, local.look_forward, self.pad_to)
+        layout = packed_layout(batch["cu_seqlens"], ids.shape[1], local.window_size, local.look_backward,
+                               local.look_forward, self.pad_to)
         x = self.embed(ids, layout)
         for layer in self.encoder.encoders:
-            x = x * layout.real[:, None]
             x = layer.attention_sublayer(x, sublayer=lambda h, a=layer.attention.attention: self.attend(a, h, layout))
             x = layer.position_sublayer(x, sublayer=layer.position_wise)
         return x
@@ -200,7 +198,6 @@ class PackedPerformer(nn.Module):
         """Their ``CustomSelfAttention`` on (N, hidden) rows: its global heads first, then its local ones."""
         heads, gh = attention.heads, attention.global_heads
         q, k, v = (f(x).unflatten(-1, (heads, -1)) for f in (attention.to_q, attention.to_k, attention.to_v))
-        v = v * layout.real[:, None, None]  # their zeroed padding values (a filler row's; no-op on real tokens)
         outs = []
         if gh:
             outs.append(global_heads(q[:, :gh], k[:, :gh], v[:, :gh], layout,

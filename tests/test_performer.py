@@ -20,11 +20,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from performer_pytorch import SelfAttention
+from performer_pytorch import FastAttention, SelfAttention
 from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
-from lifeseq_shards.performer import PackedPerformer
+from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
 
 HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = 40, 64, 2, 10, 7, 38, 48, 50
 MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
@@ -310,6 +310,27 @@ def test_redraw_and_steps_are_shared() -> None:
     net(batch).square().mean().backward()
     opt.step()
     assert not torch.allclose(redrawn, agree())
+
+
+@pytest.mark.parametrize("pad_to", [None, 16])
+def test_global_heads_key_stabiliser_counts_the_padding_keys_zero(pad_to: int | None) -> None:
+    """The global heads alone against performer-pytorch's FastAttention on the padded keys (padding keys 0, their
+    values 0), with keys whose every projection is negative: the stabiliser is then the padding keys' 0 (their
+    maximum over the padded person), not the real keys' maximum, and the eps term shows it."""
+    fast = FastAttention(4, nb_features=2)
+    fast.projection_matrix.copy_(torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0]]))
+    g = torch.Generator().manual_seed(0)
+    counts = [3, 7]
+    q = torch.randn(sum(counts), 2, 4, generator=g)
+    k = -(torch.rand(sum(counts), 2, 4, generator=g) + 8.0) * torch.tensor([1.0, 1, 0, 0])  # projections < 0
+    v = torch.randn(sum(counts), 2, 4, generator=g)
+    cu = F.pad(torch.tensor(counts).cumsum(0), (1, 0)).int()
+    ours = global_heads(q, k, v, packed_layout(cu, sum(counts), 5, 1, 1, pad_to), fast.projection_matrix)
+    for start, n in zip(cu[:-1].tolist(), counts, strict=True):
+        width = n if pad_to is None else pad_to
+        qp, kp, vp = (F.pad(t[start:start + n], (0, 0, 0, 0, 0, width - n)).transpose(0, 1)[None] for t in (q, k, v))
+        want = fast(qp, kp, vp)[0].transpose(0, 1)[:n]
+        assert relative(ours[start:start + n], want) <= 1e-5, (n, relative(ours[start:start + n], want))
 
 
 def test_a_batch_wider_than_pad_to_is_refused() -> None:
