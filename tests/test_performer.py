@@ -24,7 +24,9 @@ from performer_pytorch import FastAttention, SelfAttention
 from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
+from lifeseq_shards.device.build import StaticShape, count_tokens, model_batch
 from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
+from lifeseq_shards.reader import ShardedDataset
 
 HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = 40, 64, 2, 10, 7, 38, 48, 50
 MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
@@ -58,9 +60,9 @@ class Gain(nn.Module):
 
 
 class Embed(nn.Module):
-    def __init__(self, dropout: float) -> None:
+    def __init__(self, dropout: float, vocab: int) -> None:
         super().__init__()
-        self.token = nn.Embedding(VOCAB, HIDDEN, padding_idx=0)
+        self.token = nn.Embedding(vocab, HIDDEN, padding_idx=0)
         self.segment = nn.Embedding(4, HIDDEN, padding_idx=0)
         self.age, self.abspos = Time2Vec(torch.cos), Time2Vec(torch.sin)
         self.res_age, self.res_abs, self.res_seg = Gain(0.3), Gain(0.2), Gain(0.5)
@@ -126,9 +128,9 @@ class Layer(nn.Module):
 class Reference(nn.Module):
     """Their Transformer: embeddings, then per layer the hidden state times the padding mask and the layer."""
 
-    def __init__(self, dropout: float = 0.0) -> None:
+    def __init__(self, dropout: float = 0.0, vocab: int = VOCAB) -> None:
         super().__init__()
-        self.embedding = Embed(dropout)
+        self.embedding = Embed(dropout, vocab)
         self.encoders = nn.ModuleList(Layer(dropout) for _ in range(LAYERS))
 
     def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor:
@@ -139,9 +141,9 @@ class Reference(nn.Module):
         return h
 
 
-def reference(seed: int = 0, dropout: float = 0.0) -> Reference:
+def reference(seed: int = 0, dropout: float = 0.0, vocab: int = VOCAB) -> Reference:
     torch.manual_seed(seed)
-    model = Reference(dropout)
+    model = Reference(dropout, vocab)
     with torch.no_grad():  # larger than their init, so that attention is not uniform
         model.embedding.token.weight.normal_(0, 1.0)
         model.embedding.token.weight[0].zero_()
@@ -331,6 +333,31 @@ def test_global_heads_key_stabiliser_counts_the_padding_keys_zero(pad_to: int | 
         qp, kp, vp = (F.pad(t[start:start + n], (0, 0, 0, 0, 0, width - n)).transpose(0, 1)[None] for t in (q, k, v))
         want = fast(qp, kp, vp)[0].transpose(0, 1)[:n]
         assert relative(ours[start:start + n], want) <= 1e-5, (n, relative(ours[start:start + n], want))
+
+
+def test_the_devices_batches_padded_static_and_packed(nomlm_dataset: Path) -> None:
+    """A batch read from shards and built by device.build.model_batch: packed, and packed to a StaticShape (filler
+    persons), through PackedPerformer(pad_to=128) equal the padded model batch of the same persons through their
+    model (the fields' order and the crop as the device lays them out)."""
+    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=12, seed=0, packed=True)))
+    counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)), 128)
+    vocab = 3000
+    model = reference(vocab=vocab).eval()
+    pad = model_batch(counted, layout="padded", max_len=128)
+    flat = model_batch(counted, layout="packed", max_len=128)
+    static = model_batch(counted, layout="packed", max_len=128,
+                         static=StaticShape(tokens=counted.n_tokens + 300, persons=12))
+    assert static["cu_seqlens"].shape[0] > flat["cu_seqlens"].shape[0]  # filler persons
+    lengths = pad["lengths"].long().clamp(max=128)
+    assert int(pad["input_ids"][:, 0].max()) < vocab and int(lengths.min()) < 128
+    net = PackedPerformer(model, pad_to=128)
+    with torch.no_grad():
+        theirs = model(pad["input_ids"].long(), pad["padding_mask"])
+        ours, filled = net(flat), net(static)
+    assert torch.isfinite(filled).all()
+    for i, (got, n) in enumerate(zip(ours.split(lengths.tolist()), lengths.tolist(), strict=True)):
+        assert relative(got, theirs[i, :n]) <= 1e-5, (i, n)
+    assert relative(filled[: ours.shape[0]], ours) <= 1e-6
 
 
 def test_a_batch_wider_than_pad_to_is_refused() -> None:
