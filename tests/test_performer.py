@@ -1,8 +1,9 @@
 """lifeseq_shards.performer.PackedPerformer against the researchers' padded encoder.
 
-Two references: a small one built here from their dependencies (performer-pytorch 1.1.4's ``SelfAttention`` with
-local-attention 1.9.14's ``LocalAttention``, the extra ``their``), with their edits reproduced as their code makes
-them (no rotary embedding on the local heads, the padding mask as the global heads' context mask); and, where their
+Two references: their encoder's structure built on their dependencies (tools/bench_performer.py ``TheirEncoder``:
+performer-pytorch 1.1.4's ``SelfAttention`` with local-attention 1.9.14's ``LocalAttention``, the extra ``their``),
+with their edits reproduced as their code makes them (no rotary embedding on the local heads, the padding mask as
+the global heads' context mask); and, where their
 repository is at hand (THEIR_REPO, or the fetched mirror, as tools/seed_bench.py finds it), their own ``Transformer``
 at 884ef02. Tiny widths and few persons, their head layout (10 heads, 7 local, window 38), lengths across buckets.
 """
@@ -14,137 +15,39 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from performer_pytorch import FastAttention, SelfAttention
+from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
 from lifeseq_shards.device.build import StaticShape, count_tokens, model_batch
 from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
 from lifeseq_shards.reader import ShardedDataset
+from tools.bench_performer import SIZES, TheirEncoder
 
-HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = 40, 64, 2, 10, 7, 38, 48, 50
+TINY = SIZES["tiny"]
+HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = (TINY.hidden, TINY.ff, TINY.layers, TINY.heads, TINY.local,
+                                                             TINY.window, TINY.features, TINY.vocab)
 MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
 THEIR_COMMIT = "884ef02"
 
 
-# ---- the reference: their encoder's structure on their dependencies (written from reading their code) ----
-
-class Time2Vec(nn.Module):
-    """Their PositionalEmbedding: f(tau w + b) beside tau w0 + b0."""
-
-    def __init__(self, f: object) -> None:
-        super().__init__()
-        self.w0, self.b0 = nn.Parameter(torch.randn(1, 1)), nn.Parameter(torch.randn(1, 1))
-        self.w, self.b = nn.Parameter(torch.randn(1, HIDDEN - 1)), nn.Parameter(torch.randn(1, HIDDEN - 1))
-        self.f = f
-
-    def forward(self, tau: Tensor) -> Tensor:
-        return torch.cat([self.f(tau @ self.w + self.b), tau @ self.w0 + self.b0], -1)
-
-
-class Gain(nn.Module):
-    """Their ReZero: x + y * weight."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__()
-        self.weights = nn.Parameter(torch.full((1,), value))
-
-    def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        return x + y * self.weights
-
-
-class Embed(nn.Module):
-    def __init__(self, dropout: float, vocab: int) -> None:
-        super().__init__()
-        self.token = nn.Embedding(vocab, HIDDEN, padding_idx=0)
-        self.segment = nn.Embedding(4, HIDDEN, padding_idx=0)
-        self.age, self.abspos = Time2Vec(torch.cos), Time2Vec(torch.sin)
-        self.res_age, self.res_abs, self.res_seg = Gain(0.3), Gain(0.2), Gain(0.5)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, tokens: Tensor, position: Tensor, age: Tensor, segment: Tensor) -> Tensor:
-        x = self.token(tokens)
-        for res, emb, value in ((self.res_age, self.age, age), (self.res_abs, self.abspos, position)):
-            pos = emb(value.float().unsqueeze(-1))
-            pos[:, :5] *= 0
-            x = res(x, pos)
-        return self.dropout(self.res_seg(x, self.segment(segment)))
-
-
-class Sublayer(nn.Module):
-    """Their SublayerConnection with norm_type "rezero"."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__()
-        self.norm = Gain(value)
-
-    def forward(self, x: Tensor, sublayer: object, **kwargs: object) -> Tensor:
-        return self.norm(x, sublayer(x, **kwargs))
-
-
-class Attention(nn.Module):
-    """Their MultiHeadAttention around CustomSelfAttention: performer-pytorch's SelfAttention without the local
-    heads' rotary embedding, the padding mask as mask and context mask."""
-
-    def __init__(self, dropout: float) -> None:
-        super().__init__()
-        self.attention = SelfAttention(dim=HIDDEN, heads=HEADS, nb_features=FEATURES, dim_head=HIDDEN // HEADS,
-                                       causal=False, generalized_attention=False, no_projection=False,
-                                       dropout=dropout, local_heads=LOCAL, qkv_bias=False, attn_out_bias=True,
-                                       local_window_size=WINDOW)
-        self.attention.local_attn.rel_pos = None
-
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        return self.attention(x, mask=mask.bool(), context_mask=mask.bool())
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dropout: float) -> None:
-        super().__init__()
-        self.hidden2ff, self.ff2hidden = nn.Linear(HIDDEN, FF), nn.Linear(FF, HIDDEN)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.ff2hidden(F.silu(self.dropout(self.hidden2ff(x))))
-
-
-class Layer(nn.Module):
-    def __init__(self, dropout: float) -> None:
-        super().__init__()
-        self.attention, self.attention_sublayer = Attention(dropout), Sublayer(0.7)
-        self.position_wise, self.position_sublayer = FeedForward(dropout), Sublayer(0.4)
-
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = self.attention_sublayer(x, sublayer=self.attention, mask=mask)
-        return self.position_sublayer(x, sublayer=self.position_wise)
-
-
-class Reference(nn.Module):
-    """Their Transformer: embeddings, then per layer the hidden state times the padding mask and the layer."""
-
-    def __init__(self, dropout: float = 0.0, vocab: int = VOCAB) -> None:
-        super().__init__()
-        self.embedding = Embed(dropout, vocab)
-        self.encoders = nn.ModuleList(Layer(dropout) for _ in range(LAYERS))
-
-    def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor:
-        h = self.embedding(x[:, 0], x[:, 1], x[:, 2], x[:, 3])
-        for layer in self.encoders:
-            h = torch.einsum("bsh,bs->bsh", h, padding_mask.float())
-            h = layer(h, padding_mask)
-        return h
-
-
-def reference(seed: int = 0, dropout: float = 0.0, vocab: int = VOCAB) -> Reference:
+def reference(seed: int = 0, dropout: float = 0.0, vocab: int = VOCAB) -> TheirEncoder:
+    """Their encoder's structure on their dependencies (tools/bench_performer.py), its ReZero gains away from their
+    start of 0 and its token embedding wider than their init, so that every term counts and attention is not
+    uniform."""
     torch.manual_seed(seed)
-    model = Reference(dropout, vocab)
-    with torch.no_grad():  # larger than their init, so that attention is not uniform
+    model = TheirEncoder(replace(SIZES["tiny"], vocab=vocab), dropout)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            if name.endswith(".weights"):
+                p.fill_(0.2 + 0.1 * (i % 5))
         model.embedding.token.weight.normal_(0, 1.0)
         model.embedding.token.weight[0].zero_()
     return model
