@@ -26,7 +26,7 @@ from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
-from lifeseq_shards.device.build import StaticShape, count_tokens, model_batch
+from lifeseq_shards.device.build import StaticShape, count_tokens, host_sync_guard, model_batch
 from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
 from lifeseq_shards.reader import ShardedDataset
 from tools.bench_performer import SIZES, TheirEncoder
@@ -261,6 +261,21 @@ def test_the_devices_batches_padded_static_and_packed(nomlm_dataset: Path) -> No
     for i, (got, n) in enumerate(zip(ours.split(lengths.tolist()), lengths.tolist(), strict=True)):
         assert relative(got, theirs[i, :n]) <= 1e-5, (i, n)
     assert relative(filled[: ours.shape[0]], ours) <= 1e-6
+
+
+def test_static_batches_have_one_shape_and_no_host_sync() -> None:
+    """Two static batches (same rows and persons, other persons in them) run forward and backward with no pull to the
+    host, and every tensor of their layouts has the same shape (what a compiled step and a CUDA graph need)."""
+    model = reference().train()
+    net = PackedPerformer(model, pad_to=128)
+    a = packed(persons([3, 40, 90, 20], seed=1), 128, filler=[7, 0])
+    b = packed(persons([120, 2, 1, 30], seed=2), 128, filler=[7, 0])
+    assert a["input_ids"].shape == b["input_ids"].shape and a["cu_seqlens"].shape == b["cu_seqlens"].shape
+    with host_sync_guard():
+        for batch in (a, b):
+            net(batch).square().sum().backward()
+    layouts = [packed_layout(x["cu_seqlens"], x["input_ids"].shape[1], WINDOW, 1, 1, 128) for x in (a, b)]
+    assert [t.shape for t in layouts[0]] == [t.shape for t in layouts[1]]
 
 
 def test_a_batch_wider_than_pad_to_is_refused() -> None:
