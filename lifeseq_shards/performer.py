@@ -46,7 +46,6 @@ class PackedLayout(NamedTuple):
     """Where a packed batch's N rows lie, built once per forward and shared by the layers. Buckets are their local
     windows, ``W`` of them (an upper bound fixed by N and B, so a static batch has one shape) of ``window`` slots."""
 
-    person: Tensor  # (N,) each row's person
     keep_time: Tensor  # (N, 1) 0.0 on each person's first FIRST_UNTIMED tokens, else 1.0
     padding: Tensor  # (B,) the padding keys each person's global heads count (pad_to - length, or 0)
     row_slot: Tensor  # (N,) each row's slot in the flattened (W * window) buckets
@@ -85,61 +84,58 @@ def packed_layout(cu_seqlens: Tensor, n: int, window: int, back: int, forward: i
         keys.append(slots)
         valid.append(same[:, None] & slot_filled[slots])
     padding = torch.zeros_like(counts) if pad_to is None else pad_to - counts
-    return PackedLayout(person, (pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
+    return PackedLayout((pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
                         slot_row.clamp_(max=max(n - 1, 0)), slot_filled, bucket_person.clamp(min=0),
                         torch.cat(keys, 1), torch.cat(valid, 1))
 
 
 def local_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, scale: float, dropout: nn.Module) -> Tensor:
-    """local-attention's non-causal bucketed window on (N, heads, d) rows, each person's buckets from its first token;
-    ``dropout``: their module's, on the attention weights."""
-    n_buckets = layout.key_slot.shape[0]
-    qb = (q[layout.slot_row] * scale).unflatten(0, (n_buckets, -1))  # (W, window, h, d)
-    kb, vb = k[layout.slot_row][layout.key_slot], v[layout.slot_row][layout.key_slot]  # (W, K, h, d)
-    sim = torch.einsum("wqhd,wkhd->whqk", qb, kb)
+    """local-attention's non-causal bucketed window on (W, window, heads, d) bucket slots (each person's buckets from
+    its first token), to the same layout; ``dropout``: their module's, on the attention weights."""
+    qb = (q * scale).transpose(1, 2)  # (W, h, window, d)
+    kb, vb = (t.flatten(0, 1)[layout.key_slot].transpose(1, 2) for t in (k, v))  # (W, h, K, d)
+    sim = qb @ kb.transpose(-1, -2)
     sim = sim.masked_fill(~layout.key_valid[:, None, None, :], -torch.finfo(sim.dtype).max)
-    attn = dropout(sim.softmax(dim=-1))
-    out = torch.einsum("whqk,wkhd->wqhd", attn, vb).flatten(0, 1)
-    return out[layout.row_slot]
+    return (dropout(sim.softmax(dim=-1)) @ vb).transpose(1, 2)
 
 
 def feature_logits(x: Tensor, projection: Tensor) -> tuple[Tensor, Tensor]:
-    """performer-pytorch's softmax kernel before its exponential: the projections of ``x`` (N, heads, d) scaled by
-    d^-1/4, and half the scaled squared norm (N, heads, 1)."""
+    """performer-pytorch's softmax kernel before its exponential: the projections of ``x`` (..., d) scaled by d^-1/4,
+    and half the scaled squared norm (..., 1)."""
     normalizer = x.shape[-1] ** -0.25
-    dash = torch.einsum("nhd,md->nhm", normalizer * x, projection.type_as(x))
+    dash = (normalizer * x) @ projection.type_as(x).t()
     return dash, (x**2).sum(-1, keepdim=True) * (normalizer**2 / 2.0)
 
 
 def global_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, projection: Tensor) -> Tensor:
-    """FAVOR+ (softmax kernel, non-causal) of each person on (N, heads, d) rows, with ``layout.padding`` padding keys
-    (exactly 0: feature phi(0), value 0) counted per person as their padded model counts them."""
+    """FAVOR+ (softmax kernel, non-causal) of each person on (W, window, heads, d) bucket slots, to the same layout,
+    with ``layout.padding`` padding keys (exactly 0: feature phi(0), value 0) counted per person as their padded
+    model counts them. Per bucket first, then summed over each person's buckets: nothing of the features' width is
+    gathered."""
     ratio = projection.shape[0] ** -0.5
     b = layout.padding.shape[0]
+    filled = layout.slot_filled.view(k.shape[:2])[..., None]  # (W, window, 1)
     dash_q, diag_q = feature_logits(q, projection)
     qf = ratio * (torch.exp(dash_q - diag_q - dash_q.amax(-1, keepdim=True).detach()) + KERNEL_EPS)
     dash_k, diag_k = feature_logits(k, projection)
     # the key stabiliser: the maximum over the person's keys and features, a padding key's projections (0) included
-    row_max = dash_k.detach().amax(-1)
-    stab = row_max.new_zeros(b, row_max.shape[1]).scatter_reduce(
-        0, layout.person[:, None].expand_as(row_max), row_max, "amax", include_self=False)
+    slot_max = dash_k.detach().amax(-1).masked_fill(~filled, -torch.inf)
+    bucket_max = slot_max.amax(1)  # (W, heads)
+    stab = bucket_max.new_zeros(b, bucket_max.shape[1]).scatter_reduce(
+        0, layout.bucket_person[:, None].expand_as(bucket_max), bucket_max, "amax", include_self=False)
+    stab = stab.nan_to_num(neginf=0.0)  # a person without tokens (its empty buckets' -inf): no key to stabilise
     stab = torch.where(layout.padding[:, None] > 0, stab.clamp(min=0.0), stab)
-    kf = ratio * (torch.exp(dash_k - diag_k - stab[layout.person][..., None]) + KERNEL_EPS)
-    k_sum = kf.new_zeros(b, *kf.shape[1:]).index_add_(0, layout.person, kf)
+    kf = ratio * (torch.exp(dash_k - diag_k - stab[layout.bucket_person][:, None, :, None]) + KERNEL_EPS)
+    kf = kf * filled[..., None]  # an empty slot is no key
+    k_sum = kf.new_zeros(b, *kf.shape[2:]).index_add_(0, layout.bucket_person, kf.sum(1))
     k_sum = k_sum + (layout.padding[:, None] * ratio * (torch.exp(-stab) + KERNEL_EPS))[..., None]
-    # the context sum_j phi(k_j) v_j^T per person: per bucket first (memory W x heads x m x d, not N x ...), then
-    # summed over each person's buckets
-    n_buckets = layout.bucket_person.shape[0]
-    filled = layout.slot_filled[:, None, None].to(kf.dtype)
-    kb = (kf[layout.slot_row] * filled).unflatten(0, (n_buckets, -1))
-    vb = (v[layout.slot_row] * filled).unflatten(0, (n_buckets, -1))
-    context = kf.new_zeros(b, kf.shape[1], kf.shape[2], v.shape[2]).index_add_(
-        0, layout.bucket_person, torch.einsum("wshm,wshe->whme", kb, vb))
-    qb = qf[layout.slot_row].unflatten(0, (n_buckets, -1))
-    num = torch.einsum("wshm,whme->wshe", qb, context[layout.bucket_person]).flatten(0, 1)[layout.row_slot]
-    # per row: every row's person holds a key, so the denominator is > 0 (an empty slot's would be 0)
-    den = torch.einsum("nhm,nhm->nh", qf, k_sum[layout.person])
-    return num / den[..., None]
+    context = kf.new_zeros(b, kf.shape[2], kf.shape[3], v.shape[3]).index_add_(
+        0, layout.bucket_person, torch.einsum("wshm,wshe->whme", kf, v))
+    num = torch.einsum("wshm,whme->wshe", qf, context[layout.bucket_person])
+    den = torch.einsum("wshm,whm->wsh", qf, k_sum[layout.bucket_person])
+    # an empty slot's person may hold no key (a denominator of 0); its output is never read, but 0/0 would put a NaN
+    # into the backward
+    return num / (den + ~filled)[..., None]
 
 
 class PackedPerformer(nn.Module):
@@ -197,16 +193,20 @@ class PackedPerformer(nn.Module):
     def attend(attention: nn.Module, x: Tensor, layout: PackedLayout) -> Tensor:
         """Their ``CustomSelfAttention`` on (N, hidden) rows: its global heads first, then its local ones."""
         heads, gh = attention.heads, attention.global_heads
-        q, k, v = (f(x).unflatten(-1, (heads, -1)) for f in (attention.to_q, attention.to_k, attention.to_v))
+        n_buckets = layout.key_slot.shape[0]
+        # (W, window, heads, d): each person's rows in its buckets of the local window, where both kinds of head work
+        q, k, v = (f(x)[layout.slot_row].unflatten(0, (n_buckets, -1)).unflatten(-1, (heads, -1))
+                   for f in (attention.to_q, attention.to_k, attention.to_v))
         outs = []
         if gh:
-            outs.append(global_heads(q[:, :gh], k[:, :gh], v[:, :gh], layout,
+            outs.append(global_heads(q[:, :, :gh], k[:, :, :gh], v[:, :, :gh], layout,
                                      attention.fast_attention.projection_matrix))
         if gh < heads:
             local = attention.local_attn
             scale = local.scale if local.scale is not None else q.shape[-1] ** -0.5
-            outs.append(local_heads(q[:, gh:], k[:, gh:], v[:, gh:], layout, scale, local.dropout))
-        return attention.dropout(attention.to_out(torch.cat(outs, 1).flatten(1)))
+            outs.append(local_heads(q[:, :, gh:], k[:, :, gh:], v[:, :, gh:], layout, scale, local.dropout))
+        out = torch.cat(outs, 2).flatten(0, 1)[layout.row_slot]
+        return attention.dropout(attention.to_out(out.flatten(1)))
 
 
 __all__ = ["PackedLayout", "PackedPerformer", "packed_layout"]

@@ -230,7 +230,11 @@ def test_global_heads_key_stabiliser_counts_the_padding_keys_zero(pad_to: int | 
     k = -(torch.rand(sum(counts), 2, 4, generator=g) + 8.0) * torch.tensor([1.0, 1, 0, 0])  # projections < 0
     v = torch.randn(sum(counts), 2, 4, generator=g)
     cu = F.pad(torch.tensor(counts).cumsum(0), (1, 0)).int()
-    ours = global_heads(q, k, v, packed_layout(cu, sum(counts), 5, 1, 1, pad_to), fast.projection_matrix)
+    layout = packed_layout(cu, sum(counts), 5, 1, 1, pad_to)
+    buckets = layout.key_slot.shape[0]
+    q, k, v = (t[layout.slot_row].unflatten(0, (buckets, -1)) for t in (q, k, v))
+    ours = global_heads(q, k, v, layout, fast.projection_matrix).flatten(0, 1)[layout.row_slot]
+    q, k, v = (t.flatten(0, 1)[layout.row_slot] for t in (q, k, v))
     for start, n in zip(cu[:-1].tolist(), counts, strict=True):
         width = n if pad_to is None else pad_to
         qp, kp, vp = (F.pad(t[start:start + n], (0, 0, 0, 0, 0, width - n)).transpose(0, 1)[None] for t in (q, k, v))
