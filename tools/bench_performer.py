@@ -350,11 +350,11 @@ def commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def page(rows: list[Row], args: argparse.Namespace) -> str:
+def page(rows: list[Row], args: argparse.Namespace, measured: str) -> str:
     return f"""# Their performer encoder, padded against packed (issue 39)
 
 Measured by `python -m tools.bench_performer --sizes {",".join(args.sizes)} --persons {args.persons} --batch \
-{args.batch} --rounds {args.rounds}` at commit {commit()}, torch {torch.__version__}, on
+{args.batch} --rounds {args.rounds}` at commit {measured}, torch {torch.__version__}, on
 {"CUDA" if torch.cuda.is_available() else f"the CPU ({torch.get_num_threads()} threads)"}, fp32.
 
 Method: their encoder's structure on their dependencies (tools/bench_performer.py `TheirEncoder`:
@@ -387,11 +387,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="the results page to write (docs/results/performer.md)")
     args = ap.parse_args(argv)
+    measured = commit()  # before the run: a commit made while it runs is not what it measured
     print(HEADER, flush=True)
     rows = [r for size in args.sizes for pop in args.populations for r in measure(size, pop, args)]
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(page(rows, args))
+        args.out.write_text(page(rows, args, measured))
 
 
 if __name__ == "__main__":
