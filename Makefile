@@ -12,7 +12,7 @@ WHEELS ?= wheels
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bench]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bench,their]"
 	$(PY) -m pip install -q --no-deps "litdata==0.2.76"
 	touch $@
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 $(PINNED)/.installed: pyproject.toml constraints-pinned.txt
 	$(PINNED_PYTHON) -m venv $(PINNED)
 	$(PINNED)/bin/python -m pip install -q -r constraints-pinned.txt
-	$(PINNED)/bin/python -m pip install -q -c constraints-pinned.txt -e ".[dev]"
+	$(PINNED)/bin/python -m pip install -q -c constraints-pinned.txt -e ".[dev,their]"
 	touch $@
 
 install: $(VENV)/.installed

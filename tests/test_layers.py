@@ -20,7 +20,7 @@ PARTS = {
     "store": "store", "plan": "plan", "convert": "convert",
     "device": "device", "masking": "device",
     "reader": "reader",
-    "encoder": "model", "model": "model",
+    "encoder": "model", "model": "model", "performer": "model",
     "embed": "embed",
     "datapath": "front ends", "datamodule": "front ends", "lightning_loop": "front ends", "loop": "front ends",
     "pl": "front ends", "timing": "front ends",

@@ -1,0 +1,212 @@
+"""The researchers' own encoder (their performer ``Transformer``, odissei-lifecourse/life-sequencing-dutch at 884ef02)
+run on a packed model batch, without padding: :class:`PackedPerformer`.
+
+    from lifeseq_shards.performer import PackedPerformer
+    packed = PackedPerformer(model.transformer, pad_to=512)   # or pad_to=None
+    hidden = packed(batch)          # (N, hidden): the batch's real tokens, in its token order
+
+It holds their module, never a copy of its weights: every parameter and the FAVOR+ projections are read from it at
+each call, so an optimizer step or a projection redraw through either is seen by both. Only their module's
+structure is assumed (``embedding``, ``encoders[i].attention.attention`` of performer-pytorch's ``SelfAttention``,
+the sublayer connections and the position-wise block); performer-pytorch and local-attention are not imported.
+
+What runs per layer, as their padded forward computes it for a person's real tokens:
+
+- their attention sublayer (ReZero) around this module's attention, then their position-wise one. Their
+  multiplications by the padding mask (of the hidden state before each layer, of the global heads' values) zero only
+  padding rows, and a packed batch has none: a static batch's filler persons attend only among themselves;
+- the local heads: local-attention's bucketed window, buckets of ``window_size`` counted from each person's first
+  token, a query of bucket b attending to the keys of buckets b - look_backward .. b + look_forward of the same
+  person. Their padding keys are masked with -finfo.max, so they get exactly zero weight: the autopadded tail buckets
+  and the padded length change nothing for a real token, and both modes compute the same local heads;
+- the global heads: FAVOR+ (softmax kernel, non-causal) per person, as segment sums over the packed rows. Their
+  padded model leaks padding into these heads: a padding key is exactly 0 (its hidden state is zeroed, no qkv bias),
+  its value is zeroed, but its feature phi(0) = ratio * (exp(-stabiliser) + eps) stays in the denominator, and its
+  0 in the key stabiliser's maximum. ``pad_to=L`` adds what the L - n padding keys of an n-token person add there,
+  in closed form; ``pad_to=None`` adds nothing (the person alone, unpadded).
+
+``pad_to=L`` reproduces their model padded to L, so a checkpoint trained padded keeps its meaning; ``pad_to=None``
+is the attention without padding, for new training (an embedding at ``pad_to=None`` does not depend on any length).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .device.index import starts
+
+FIRST_UNTIMED = 5  # their embeddings zero the age and abspos terms of each person's first 5 tokens
+KERNEL_EPS = 1e-4  # performer-pytorch's softmax_kernel eps, added after the stabiliser
+
+
+class PackedLayout(NamedTuple):
+    """Where a packed batch's N rows lie, built once per forward and shared by the layers. Buckets are their local
+    windows, ``W`` of them (an upper bound fixed by N and B, so a static batch has one shape) of ``window`` slots."""
+
+    keep_time: Tensor  # (N, 1) 0.0 on each person's first FIRST_UNTIMED tokens, else 1.0
+    padding: Tensor  # (B,) the padding keys each person's global heads count (pad_to - length, or 0)
+    row_slot: Tensor  # (N,) each row's slot in the flattened (W * window) buckets
+    slot_row: Tensor  # (W * window,) the row each slot holds (clamped: see slot_filled)
+    slot_filled: Tensor  # (W * window,) whether a slot holds a row
+    bucket_person: Tensor  # (W,) each bucket's person (0 for an empty bucket, whose slots are all empty)
+    key_slot: Tensor  # (W, K) the slots a bucket's queries read as keys: buckets b - back .. b + forward
+    key_valid: Tensor  # (W, K) which of them are the same person's tokens
+
+
+def packed_layout(cu_seqlens: Tensor, n: int, window: int, back: int, forward: int, pad_to: int | None
+                  ) -> PackedLayout:
+    """The :class:`PackedLayout` of ``n`` packed rows (``cu_seqlens`` (B+1,)). Gathers and scatters only: no host
+    sync."""
+    counts = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    b, dev = counts.shape[0], counts.device
+    person = torch.repeat_interleave(torch.arange(b, device=dev), counts, output_size=n)
+    pos = torch.arange(n, device=dev) - starts(counts)[person]
+    # ceil(n / window) + B buckets hold every person's ceil(count / window)
+    n_buckets = -(-n // window) + b
+    first_bucket = starts(-(-counts // window))
+    bucket = first_bucket[person] + torch.div(pos, window, rounding_mode="floor")
+    row_slot = bucket * window + pos % window
+    slot_row = torch.full((n_buckets * window,), n, dtype=torch.long, device=dev)
+    slot_row.scatter_(0, row_slot, torch.arange(n, device=dev))
+    slot_filled = slot_row < n
+    bucket_person = torch.full((n_buckets,), -1, dtype=torch.long, device=dev).scatter_(0, bucket, person)
+    index = torch.arange(n_buckets, device=dev)
+    keys, valid = [], []
+    for off in range(-back, forward + 1):
+        j = index + off
+        inside = (j >= 0) & (j < n_buckets)
+        j = j.clamp(0, n_buckets - 1)
+        same = inside & (bucket_person[j] == bucket_person) & (bucket_person >= 0)
+        slots = j[:, None] * window + torch.arange(window, device=dev)
+        keys.append(slots)
+        valid.append(same[:, None] & slot_filled[slots])
+    padding = torch.zeros_like(counts) if pad_to is None else pad_to - counts
+    return PackedLayout((pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
+                        slot_row.clamp_(max=max(n - 1, 0)), slot_filled, bucket_person.clamp(min=0),
+                        torch.cat(keys, 1), torch.cat(valid, 1))
+
+
+def local_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, scale: float, dropout: nn.Module) -> Tensor:
+    """local-attention's non-causal bucketed window on (W, window, heads, d) bucket slots (each person's buckets from
+    its first token), to the same layout; ``dropout``: their module's, on the attention weights."""
+    qb = (q * scale).transpose(1, 2)  # (W, h, window, d)
+    kb, vb = (t.flatten(0, 1)[layout.key_slot].transpose(1, 2) for t in (k, v))  # (W, h, K, d)
+    sim = qb @ kb.transpose(-1, -2)
+    sim = sim.masked_fill(~layout.key_valid[:, None, None, :], -torch.finfo(sim.dtype).max)
+    return (dropout(sim.softmax(dim=-1)) @ vb).transpose(1, 2)
+
+
+def feature_logits(x: Tensor, projection: Tensor) -> tuple[Tensor, Tensor]:
+    """performer-pytorch's softmax kernel before its exponential: the projections of ``x`` (..., d) scaled by d^-1/4,
+    and half the scaled squared norm (..., 1)."""
+    normalizer = x.shape[-1] ** -0.25
+    dash = (normalizer * x) @ projection.type_as(x).t()
+    return dash, (x**2).sum(-1, keepdim=True) * (normalizer**2 / 2.0)
+
+
+def global_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, projection: Tensor) -> Tensor:
+    """FAVOR+ (softmax kernel, non-causal) of each person on (W, window, heads, d) bucket slots, to the same layout,
+    with ``layout.padding`` padding keys (exactly 0: feature phi(0), value 0) counted per person as their padded
+    model counts them. Per bucket first, then summed over each person's buckets: nothing of the features' width is
+    gathered."""
+    ratio = projection.shape[0] ** -0.5
+    b = layout.padding.shape[0]
+    filled = layout.slot_filled.view(k.shape[:2])[..., None]  # (W, window, 1)
+    dash_q, diag_q = feature_logits(q, projection)
+    qf = ratio * (torch.exp(dash_q - diag_q - dash_q.amax(-1, keepdim=True).detach()) + KERNEL_EPS)
+    dash_k, diag_k = feature_logits(k, projection)
+    # the key stabiliser: the maximum over the person's keys and features, a padding key's projections (0) included
+    slot_max = dash_k.detach().amax(-1).masked_fill(~filled, -torch.inf)
+    bucket_max = slot_max.amax(1)  # (W, heads)
+    stab = bucket_max.new_zeros(b, bucket_max.shape[1]).scatter_reduce(
+        0, layout.bucket_person[:, None].expand_as(bucket_max), bucket_max, "amax", include_self=False)
+    stab = stab.nan_to_num(neginf=0.0)  # a person without tokens (its empty buckets' -inf): no key to stabilise
+    stab = torch.where(layout.padding[:, None] > 0, stab.clamp(min=0.0), stab)
+    kf = ratio * (torch.exp(dash_k - diag_k - stab[layout.bucket_person][:, None, :, None]) + KERNEL_EPS)
+    kf = kf * filled[..., None]  # an empty slot is no key
+    k_sum = kf.new_zeros(b, *kf.shape[2:]).index_add_(0, layout.bucket_person, kf.sum(1))
+    k_sum = k_sum + (layout.padding[:, None] * ratio * (torch.exp(-stab) + KERNEL_EPS))[..., None]
+    context = kf.new_zeros(b, kf.shape[2], kf.shape[3], v.shape[3]).index_add_(
+        0, layout.bucket_person, torch.einsum("wshm,wshe->whme", kf, v))
+    num = torch.einsum("wshm,whme->wshe", qf, context[layout.bucket_person])
+    den = torch.einsum("wshm,whm->wsh", qf, k_sum[layout.bucket_person])
+    # an empty slot's person may hold no key (a denominator of 0); its output is never read, but 0/0 would put a NaN
+    # into the backward
+    return num / (den + ~filled)[..., None]
+
+
+class PackedPerformer(nn.Module):
+    """Their ``Transformer`` (the encoder inside their ``TransformerEncoder``: ``model.transformer``) on packed model
+    batches (``layout="packed"``, a token budget's static batches included).
+
+    Args:
+        encoder: their module; held, not copied (its parameters are this module's, so ``.parameters()``, an
+            optimizer and a checkpoint of either see the same tensors).
+        pad_to: ``L`` to behave as their model with every person padded to L (their ``max_length``; its global heads
+            count each person's L - n padding keys: existing checkpoints keep their meaning); ``None`` for no padding
+            keys (each person as their model computes it alone, unpadded: the attention to train new models with).
+    """
+
+    def __init__(self, encoder: nn.Module, pad_to: int | None) -> None:
+        super().__init__()
+        if pad_to is not None and pad_to < 1:
+            raise ValueError(f"PackedPerformer(pad_to={pad_to}): a padded length >= 1, or None for no padding keys")
+        self.encoder = encoder
+        self.pad_to = pad_to
+
+    def extra_repr(self) -> str:
+        return f"pad_to={self.pad_to}"
+
+    def forward(self, batch: Any) -> Tensor:
+        """(N, hidden) states of the batch's N token rows (``input_ids`` (4, N): token, abspos, age, segment;
+        ``cu_seqlens`` and the host int ``max_len``)."""
+        ids = batch["input_ids"]
+        max_len = int(batch["max_len"])
+        if self.pad_to is not None and max_len > self.pad_to:
+            raise ValueError(f"PackedPerformer(pad_to={self.pad_to}) got a batch of persons up to max_len={max_len} "
+                             f"tokens: build the batches with pad_to={self.pad_to} (their max_length), or use "
+                             "pad_to=None")
+        local = self.encoder.encoders[0].attention.attention.local_attn
+        layout = packed_layout(batch["cu_seqlens"], ids.shape[1], local.window_size, local.look_backward,
+                               local.look_forward, self.pad_to)
+        x = self.embed(ids, layout)
+        for layer in self.encoder.encoders:
+            x = layer.attention_sublayer(x, sublayer=lambda h, a=layer.attention.attention: self.attend(a, h, layout))
+            x = layer.position_sublayer(x, sublayer=layer.position_wise)
+        return x
+
+    def embed(self, ids: Tensor, layout: PackedLayout) -> Tensor:
+        """Their embeddings on (4, N) packed ids: token, then ReZero'd age and abspos (each person's first tokens'
+        zeroed) and segment."""
+        emb = self.encoder.embedding
+        tokens, abspos, age, segment = ids.unbind(0)
+        x = emb.token(tokens)
+        x = emb.res_age(x, emb.age(age.float()[:, None]) * layout.keep_time)
+        x = emb.res_abs(x, emb.abspos(abspos.float()[:, None]) * layout.keep_time)
+        x = emb.res_seg(x, emb.segment(segment))
+        return emb.dropout(x)
+
+    @staticmethod
+    def attend(attention: nn.Module, x: Tensor, layout: PackedLayout) -> Tensor:
+        """Their ``CustomSelfAttention`` on (N, hidden) rows: its global heads first, then its local ones."""
+        heads, gh = attention.heads, attention.global_heads
+        n_buckets = layout.key_slot.shape[0]
+        # (W, window, heads, d): each person's rows in its buckets of the local window, where both kinds of head work
+        q, k, v = (f(x)[layout.slot_row].unflatten(0, (n_buckets, -1)).unflatten(-1, (heads, -1))
+                   for f in (attention.to_q, attention.to_k, attention.to_v))
+        outs = []
+        if gh:
+            outs.append(global_heads(q[:, :, :gh], k[:, :, :gh], v[:, :, :gh], layout,
+                                     attention.fast_attention.projection_matrix))
+        if gh < heads:
+            local = attention.local_attn
+            scale = local.scale if local.scale is not None else q.shape[-1] ** -0.5
+            outs.append(local_heads(q[:, :, gh:], k[:, :, gh:], v[:, :, gh:], layout, scale, local.dropout))
+        out = torch.cat(outs, 2).flatten(0, 1)[layout.row_slot]
+        return attention.dropout(attention.to_out(out.flatten(1)))
+
+
+__all__ = ["PackedLayout", "PackedPerformer", "packed_layout"]
