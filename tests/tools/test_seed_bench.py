@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import scaled
 
 from lifeseq_shards.convert.sources.hdf5 import target_slots
 from lifeseq_shards.store.remote import read_manifest
@@ -111,7 +112,7 @@ def test_table_gives_after_over_before() -> None:
 
 def _device_check(mode: str, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "tools/device_check.sh", mode], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OUT": str(tmp), "PYTHON": sys.executable, **env})
+                          timeout=scaled(120), env={**os.environ, "OUT": str(tmp), "PYTHON": sys.executable, **env})
 
 
 def test_device_check_says_what_it_cannot_run(tmp_path: Path) -> None:
