@@ -186,3 +186,14 @@ def test_no_module_outgrows_its_size() -> None:
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in modules()}
     over = {m: n for m, n in sizes.items() if n > MAX_LINES}
     assert set(over) == OVER_MAX_LINES, f"over {MAX_LINES} lines: {over} (allowed: {sorted(OVER_MAX_LINES)})"
+
+
+@pytest.mark.parametrize("init", sorted(PACKAGE.rglob("__init__.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_each_package_docstring_names_its_modules(init: Path) -> None:
+    """A package's docstring says what each of its modules and subpackages does, naming it as ``:mod:`.name```."""
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    here = init.parent
+    names = sorted(p.stem for p in here.glob("*.py") if p.name != "__init__.py")
+    names += sorted(d.name for d in here.iterdir() if (d / "__init__.py").exists())
+    unnamed = [n for n in names if f":mod:`.{n}`" not in doc]
+    assert names and not unnamed, f"{init.relative_to(REPO)}: its docstring does not name {unnamed}"
