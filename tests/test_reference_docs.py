@@ -160,6 +160,7 @@ def given(page: str, data: Path) -> dict[str, Any]:
     return {"torch": torch, "device": "cpu", "model": LifeSeqPretrainModule(EncoderConfig(16, 32, 1, 2), vocab).eval()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", SNIPPETS, ids=lambda p: p.name)
 def test_the_reference_snippets_run(page: Path, ds8: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each python block of the page, top to bottom in one namespace, in a directory where ``ds/`` is a converted

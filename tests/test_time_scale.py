@@ -43,6 +43,7 @@ def test_scaled_multiplies_by_the_variable(monkeypatch: pytest.MonkeyPatch) -> N
     assert scaled(60) == 150
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scale", "outcome"), [("1", "2 failed"), ("5", "2 passed")])
 def test_pytest_timeout_scales(scale: str, outcome: str, tmp_path: Path) -> None:
     """Tests that sleep 2 s under a 1 s limit (a marker's, and the run's default) time out at scale 1 and pass at

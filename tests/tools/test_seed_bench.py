@@ -115,6 +115,7 @@ def _device_check(mode: str, tmp: Path, **env: str) -> subprocess.CompletedProce
                           timeout=scaled(120), env={**os.environ, "OUT": str(tmp), "PYTHON": sys.executable, **env})
 
 
+@pytest.mark.slow
 def test_device_check_says_what_it_cannot_run(tmp_path: Path) -> None:
     # the tokens stage runs its sweeps and says how each ended (here: a manifest that is not one, so each fails
     # at once, and nothing is synthesised into the checkout); the whole run goes on to the next stage, which says what
