@@ -45,10 +45,15 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --tokens-per-batch 16384
 	$(PY) -m tools.demo_batches $(DEMO)/shards
 
+## Before every commit: ruff, then the fast tests on the newest stack (those marked neither slow nor bench).
+check: $(VENV)/.installed
+	$(VENV)/bin/ruff check lifeseq_shards tools tests
+	$(PY) -m pytest -q -m "not slow and not bench"
+
 ## The whole test suite on both stacks: the newest (with ruff) and the researchers' pins (installs first).
 test: $(VENV)/.installed $(PINNED)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
 	$(PY) -m pytest -q
 	$(PINNED)/bin/python -m pytest -q
 
-.PHONY: install install-pinned wheels demo test
+.PHONY: install install-pinned wheels demo check test

@@ -59,7 +59,7 @@ class LifeSeqDataHooks(DataParts):
 
     ``static_shapes=True`` (with ``tokens_per_batch``, ``layout="packed"`` and ``pad_to``) pads every training batch
     on the device to the budget's token positions and to the most persons a batch of the split can hold
-    (``device.build.StaticShape``), so that a compiled step compiles once and a CUDA graph can be captured; the
+    (``device.shape.StaticShape``), so that a compiled step compiles once and a CUDA graph can be captured; the
     losses are those of the unpadded batch. Validation and predict batches keep their own shapes.
 
     ``tokens_per_batch``: training batches by a token budget instead of ``batch_size`` persons: each rank's batch
@@ -71,7 +71,7 @@ class LifeSeqDataHooks(DataParts):
 
     ``layout`` is the model batch's: ``"padded"`` (the seed's) or ``"packed"``, which hands the model only the real
     tokens (``device.model_batch``; ``pad_to`` then crops without padding) for the encoder's padding-free path.
-    ``pad_to``: the padded width (``device.build.Padding`` says which side pads and crops). ``prefetch``: how the
+    ``pad_to``: the padded width (``device.shape.Padding`` says which side pads and crops). ``prefetch``: how the
     training batches are built (``device.prefetch.DevicePrefetcher``): ``"off"`` (by Lightning's hooks),
     ``"stream"`` (the next on a side CUDA stream during the current step) or ``"thread"`` (and launched from a
     background thread: opt-in until a GPU run says it pays, docs/results/training-gpu.md); None, the default, is

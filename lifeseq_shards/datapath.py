@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from .device.batch import check_schema
-from .device.build import PACKED, PADDED, BatchBuilder, Padding, StaticShape
+from .device.build import BatchBuilder
 from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
+from .device.shape import PACKED, PADDED, Padding, StaticShape
 from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
 from .plan.balance import person_slots

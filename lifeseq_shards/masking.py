@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .device.cudagraph import GraphedFunction
+from .cudagraph import GraphedFunction
 from .store.format import MASK, SEP, SPECIAL_TOKENS, STAMPS, UNK
 
 DEFAULT_RATIO = 0.30
@@ -219,7 +219,7 @@ class DynamicMasker:
       constant of the graph) compiles once more, and past dynamo's recompile limit the masker runs eagerly.
       (Compiled and CUDA-graphed at once is torch.compile's mode='reduce-overhead'.)
     - ``"graphed"`` (:data:`GRAPHED`) replays the eager kernels as a CUDA graph
-      (:class:`~lifeseq_shards.device.cudagraph.GraphedFunction`), captured once per (B, L) and epoch: one launch, no
+      (:class:`~lifeseq_shards.cudagraph.GraphedFunction`), captured once per (B, L) and epoch: one launch, no
       compiler. Eager off CUDA."""
 
     def __init__(self, cfg: MaskingConfig, launch: str = EAGER) -> None:

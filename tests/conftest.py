@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SMALL_SHARDS, SeedRows, copy_of
+from helpers import SMALL_SHARDS, SeedRows, copy_of, scaled
 from hypothesis import settings
+from pytest_timeout import get_env_settings
 from sample_files import SAMPLE
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
@@ -26,6 +27,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
         if not torch.cuda.is_available():
             pytest.skip("needs CUDA")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pytest-timeout's limit of each test (its ``timeout`` marker's, else pyproject's ``timeout``) times
+    LIFESEQ_TEST_TIME_SCALE (helpers.scaled): a marker with the scaled limit goes first on the test, where
+    pytest-timeout looks."""
+    default = get_env_settings(config).timeout
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is None:
+            limit, rest, extra = default, (), {}
+        else:
+            limit = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+            rest, extra = marker.args[1:], {k: v for k, v in marker.kwargs.items() if k != "timeout"}
+        if limit:  # None or 0: no limit, which scales to none
+            item.add_marker(pytest.mark.timeout(scaled(float(limit)), *rest, **extra), append=False)
 
 
 @pytest.fixture(scope="session")

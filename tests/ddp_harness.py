@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import repo_first
+from helpers import repo_first, scaled
 
 SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
 REPO = SCRIPTS.parents[1]
@@ -28,7 +28,8 @@ WORKERS = 2  # DataLoader workers per rank in every launch
 CKPT_STEP = 7
 MESSAGE_BATCHES = 2
 SNAPSHOT_AT = 5
-# the launches' own deadlines; each test's pytest timeout adds room for the fixtures it builds
+# the launches' own deadlines (scaled by LIFESEQ_TEST_TIME_SCALE in launch); each test's pytest timeout adds room for
+# the fixtures it builds
 TORCHRUN_S, LIGHTNING_S = 60, 90
 
 
@@ -37,7 +38,8 @@ TORCHRUN_S, LIGHTNING_S = 60, 90
 
 
 def launch(cmds: list[list[str]], logs: Path, timeout: float) -> None:
-    """Run the commands side by side and wait for all; on the deadline kill their process groups and fail.
+    """Run the commands side by side and wait for all; on the deadline (``timeout`` seconds, scaled) kill their
+    process groups and fail.
 
     Like ``subprocess.run(cmd, timeout=...)``, but the kill reaches the whole group (torchrun's ranks, Lightning's
     re-launched rank, DataLoader workers), and output goes to files, so a chatty process cannot block on a full pipe.
@@ -51,6 +53,7 @@ def launch(cmds: list[list[str]], logs: Path, timeout: float) -> None:
         with open(files[-1], "w") as out:
             procs.append(subprocess.Popen(cmd, cwd=SCRIPTS, env=env, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True))
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     try:
         for p in procs:
@@ -72,7 +75,7 @@ def _stacks(group: int) -> str:
     out = []
     for pid in pids:
         dump = subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", pid],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=scaled(30))
         out.append(f"--- stacks of {pid}\n{dump.stdout[-3000:]}{dump.stderr[-500:]}")
     return "\n".join(out)
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO, repo_first
+from helpers import REPO, repo_first, scaled
 
 BLOCK_S = 300  # one block: a Lightning fit on a 2-core machine shared with other jobs
 
@@ -30,7 +30,7 @@ def env() -> dict[str, str]:
 
 
 def run(cmd: list[str], cwd: Path, timeout: float = BLOCK_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=scaled(timeout))
 
 
 # -- static checks: what a block that cannot run here must still get right -------------------------------------

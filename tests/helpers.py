@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import struct
@@ -149,9 +150,28 @@ def shardify(*args: object) -> tuple[int, str]:
     return r.exit_code, r.output
 
 
+TIME_SCALE = "LIFESEQ_TEST_TIME_SCALE"
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times the environment's LIFESEQ_TEST_TIME_SCALE (a positive float, default 1). Every deadline of the
+    tests goes through it, so one variable stretches them all on a loaded machine (.ci/run sets it): pytest-timeout's
+    limits (conftest.py), the multi-process launches (ddp_harness.launch), :func:`wait_for` and each subprocess's
+    ``timeout``. Deadlines are written as the seconds they take on the 2-core machine alone."""
+    raw = os.environ.get(TIME_SCALE, "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{TIME_SCALE}={raw!r}: give a positive number (1 on the machine alone, e.g. 3 under load)")
+    return seconds * scale
+
+
 def wait_for(cond: Callable[[], bool], seconds: float) -> bool:
-    """Poll ``cond`` until it holds (True) or ``seconds`` pass (False): a process's effect, with a hard bound."""
-    end = time.monotonic() + seconds
+    """Poll ``cond`` until it holds (True) or ``seconds`` (scaled) pass (False): a process's effect, with a hard
+    bound."""
+    end = time.monotonic() + scaled(seconds)
     while not cond():
         if time.monotonic() > end:
             return False

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import repo_first
+from helpers import repo_first, scaled
 
 TMPFS_BYTES = 2 << 20
 
@@ -23,13 +23,13 @@ def tmpfs(where: Path, size: int = TMPFS_BYTES) -> Iterator[Path]:
     """A tmpfs of ``size`` bytes mounted at ``where`` (made), unmounted after; skip the test if it cannot be."""
     where.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                       text=True, timeout=30)
+                       text=True, timeout=scaled(30))
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the RLIMIT_FSIZE tests cover the writers")
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=scaled(30), check=False)
 
 
 @contextlib.contextmanager
@@ -74,7 +74,7 @@ def run_limited(code: str, args: list[object], fsize: int, timeout: float = 240,
                f"def limit(): resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))\n"
                + ("limit()\n" if now else ""))
     return subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=repo_first(dict(os.environ)), start_new_session=True)
+                          timeout=scaled(timeout), env=repo_first(dict(os.environ)), start_new_session=True)
 
 
 SHARDIFY = "from lifeseq_shards.cli import main\nsys.argv[0] = 'shardify'\nmain()\n"  # run_limited's code for the CLI

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import repo_first, shardify
+from helpers import repo_first, scaled, shardify
 
 import lifeseq_shards
 from lifeseq_shards import datamodule, reader
@@ -24,7 +24,7 @@ ENV = repo_first(os.environ)
 def imported_by(statement: str) -> set[str]:
     """Every module a fresh interpreter imports to run ``statement``, as ``-X importtime`` lists them."""
     r = subprocess.run([sys.executable, "-X", "importtime", "-c", statement], capture_output=True, text=True,
-                       env=ENV, timeout=120, check=True)
+                       env=ENV, timeout=scaled(120), check=True)
     return {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
 
 
@@ -49,7 +49,7 @@ def child_cpu_seconds(args: list[str]) -> float:
     """User + system CPU of one ``shardify ARGS`` run (the console script's own two lines)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run([sys.executable, "-c", "import sys; from lifeseq_shards.cli import main; sys.exit(main())",
-                        *args], capture_output=True, text=True, env=ENV, timeout=120)
+                        *args], capture_output=True, text=True, env=ENV, timeout=scaled(120))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert r.returncode == 0 and "Usage:" in r.stdout, r.stderr
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -79,7 +79,7 @@ def test_public_names_load_on_first_use() -> None:
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
     """`python -m lifeseq_shards.cli` is `shardify` (it printed nothing and exited 0: a command that seemed to work)."""
     r = subprocess.run([sys.executable, "-m", "lifeseq_shards.cli", "plan", str(tmp_path), "--batch-size", "4"],
-                       capture_output=True, text=True, env=ENV, timeout=120)
+                       capture_output=True, text=True, env=ENV, timeout=scaled(120))
     assert r.returncode == 2 and str(tmp_path) in r.stderr + r.stdout
 
 

@@ -142,6 +142,7 @@ def ids(batch: dict[str, Any]) -> list[int]:
     return padded_fields(batch)["person_id"].tolist()
 
 
+@pytest.mark.slow
 def test_restored_position_reaches_the_loader_whenever_it_is_built(vocab_dataset: Path) -> None:
     """Lightning restores the DataModule's state before the train loader exists (ddp, and the loader that
     estimated_stepping_batches builds), or after (strategies that restore after setup): the same batches follow."""
@@ -187,6 +188,7 @@ def test_limited_epoch_checkpoint_resumes_at_the_next_epoch(vocab_dataset: Path)
     assert (dm.state_dict()["train"]["epoch"], dm.state_dict()["train"]["batches"]) == (1, 0)
 
 
+@pytest.mark.slow
 def test_checkpoint_inside_a_training_batch_resumes_at_that_batch(vocab_dataset: Path) -> None:
     """Lightning's SLURM requeue handler (SIGUSR1) saves wherever the step stands. Saved inside batch 3's step
     (Lightning's progress: 3 ready and started, 2 processed and completed), the fit resumes by training batch 3
@@ -292,6 +294,7 @@ def test_predict_batches_are_never_masked(vocab_dataset: Path) -> None:
         assert torch.equal(out["input_ids"][:, 0], tokens) and torch.equal(out["original_sequence"], tokens)
 
 
+@pytest.mark.slow
 def test_drop_last_drops_training_tails_only(vocab_dataset: Path) -> None:
     """drop_last=True drops each slot's short last batch in training; validation (the seed's never dropped any)
     reads the same persons as without it, still the same number of batches on every rank."""
@@ -352,6 +355,7 @@ def test_validation_refuses_a_layout_it_cannot_read_whole(sample: Path, tmp_path
 
 
 # -- resume in another layout -------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("before", "after"), [(384, 256), (256, 384)])
 def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_dataset: Path, tmp_path: Path,
@@ -416,6 +420,7 @@ def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_
     assert code == 0 and "EXACT: nobody trained on is read again" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("save_at", [3, 6])
 def test_a_checkpoint_saved_at_a_batch_end_resumes_after_that_batch(vocab_dataset: Path, tmp_path: Path,

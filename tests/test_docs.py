@@ -270,6 +270,7 @@ def test_cli_reference_names_every_command_and_option() -> None:
     assert not missing, missing
 
 
+@pytest.mark.slow
 def test_demo_says_what_a_correct_run_shows(session: Session, capsys: pytest.CaptureFixture[str]) -> None:
     """`make demo`'s last step labels its numbers with what a correct run shows, and on the sample the numbers are
     those: the seed's 80/10/10 rule per person (floor(0.1 n) kept and random, the rest [MASK]) and about 10 % of the

@@ -52,6 +52,7 @@ def assert_same_batches(a: list[dict], b: list[dict]) -> None:
                 assert value == y[key], key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_batches_are_the_datamodules(vocab_dataset: Path, layout: str) -> None:
     kw = {"num_workers": 0, "masking": MaskingConfig(), "layout": layout, "pad_to": 256 if layout == "packed" else None}
@@ -71,6 +72,7 @@ def test_batches_are_the_datamodules(vocab_dataset: Path, layout: str) -> None:
     assert "target_tokens" not in next(iter(loop.predict()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_resume_mid_epoch_gives_exactly_the_rest(vocab_dataset: Path, prefetch: bool) -> None:
     full = data(vocab_dataset, prefetch=prefetch)
@@ -96,6 +98,7 @@ def test_resume_mid_epoch_gives_exactly_the_rest(vocab_dataset: Path, prefetch: 
     assert_same_batches(list(resumed.train()), epoch1)
 
 
+@pytest.mark.slow
 def test_end_of_epoch_state_goes_on_with_the_next_epoch(vocab_dataset: Path) -> None:
     run = data(vocab_dataset)
     list(run.train())
@@ -131,6 +134,7 @@ def _epoch(root: Path, epoch: int) -> list[dict]:
     return list(run.train())
 
 
+@pytest.mark.slow
 def test_the_state_resumes_the_datamodule_too(vocab_dataset: Path) -> None:
     run = data(vocab_dataset, masking=None)
     for i, _batch in enumerate(run.train(), start=1):
@@ -143,6 +147,7 @@ def test_the_state_resumes_the_datamodule_too(vocab_dataset: Path) -> None:
     assert ids(dm.builder(b, "cpu", 0) for b in dm.train_dataloader()) == ids(_epoch(vocab_dataset, 0))[3:]
 
 
+@pytest.mark.slow
 def test_a_schedule_saved_on_two_ranks_refitted_on_one_ends_with_the_run(vocab_dataset: Path) -> None:
     """A OneCycleLR sized on 2 ranks (epochs x that rank's batches), saved mid-epoch and resumed on 1 rank, where the
     epoch has about twice the batches: refitted to ``schedule_steps(epochs)`` it steps once per batch the resumed
@@ -310,6 +315,7 @@ def test_a_cuda_device_without_cuda_is_refused_naming_the_argument(vocab_dataset
         LifeSeqData(vocab_dataset, BATCH, num_workers=0, device=device)
 
 
+@pytest.mark.slow
 def test_a_token_budget_in_the_plain_loop(vocab_dataset: Path) -> None:
     """LifeSeqData(tokens_per_batch=...): the training batches hold at most the budget's real tokens, every train
     person once an epoch in len() batches, the same batches as the DataModule's; a mid-epoch state resumes exactly;
@@ -339,6 +345,7 @@ def test_a_token_budget_in_the_plain_loop(vocab_dataset: Path) -> None:
     assert_same_batches(list(resumed.train()), epoch0[3:])
 
 
+@pytest.mark.slow
 def test_static_shapes_give_every_training_batch_one_shape(vocab_dataset: Path) -> None:
     kw = {"layout": "packed", "pad_to": 512, "tokens_per_batch": 6000, "static_shapes": True}
     loop = data(vocab_dataset, **kw)

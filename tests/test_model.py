@@ -22,7 +22,7 @@ def _trainer() -> pl.Trainer:
                       enable_progress_bar=False, enable_model_summary=False)
 
 
-@pytest.mark.parametrize("size", ["small", "medium"])
+@pytest.mark.parametrize("size", ["small", pytest.param("medium", marks=pytest.mark.slow)])
 def test_first_mlm_loss_is_a_uniform_guess(vocab_dataset: Path, size: str) -> None:
     """ln(vocab) is the loss of a uniform guess; the decoder tied to N(0, 1) embeddings started at 41.3 (small)."""
     torch.manual_seed(0)
@@ -35,6 +35,7 @@ def test_first_mlm_loss_is_a_uniform_guess(vocab_dataset: Path, size: str) -> No
     assert abs(mlm.item() - math.log(vocab)) < 0.3, (mlm.item(), math.log(vocab))
 
 
+@pytest.mark.slow
 def test_a_trainer_validates_and_predicts_with_it(vocab_dataset: Path) -> None:
     torch.manual_seed(0)
     dm = LifeSeqDataModule(vocab_dataset, batch_size=32, num_workers=0, masking=MaskingConfig(), predict_split="val")

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from ddp_harness import SCRIPTS, TORCHRUN, WORKERS, launch
-from helpers import repo_first, shardify, wait_for
+from helpers import repo_first, scaled, shardify, wait_for
 
 VAL_EVERY = 10  # mid-epoch validation + checkpoint every 10 batches (about 43 a rank and epoch here)
 PAUSE_AT = 14  # the killed run trains 4 batches past its checkpoint at step 10: the resumed run must train them again
@@ -127,7 +127,7 @@ def run_torchrun(cmd: list[str], cwd: Path, timeout: float, killed: bool = False
     with open(cwd / "launch.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        proc.wait(timeout)
+        proc.wait(scaled(timeout))
     except subprocess.TimeoutExpired:
         ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         for group in [proc.pid, *map(int, ranks)]:

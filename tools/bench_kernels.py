@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from lifeseq_shards.device.batch import PackedBatch
-from lifeseq_shards.device.build import PACKED, PADDED, count_tokens, model_batch, to_device
+from lifeseq_shards.device.build import count_tokens, model_batch, to_device
+from lifeseq_shards.device.shape import PACKED, PADDED
 from lifeseq_shards.encoder import SIZES, Packed, varlen_attention, varlen_backend
 from lifeseq_shards.masking import COMPILED, GRAPHED, DynamicMasker, MaskingConfig
 from lifeseq_shards.reader import ShardedDataset

@@ -1,6 +1,6 @@
 """Static shapes for token-budget batches: how often the reference training step compiles over an epoch, what the
 compiles cost, and the step rate, eager against ``torch.compile``, each batch as the budget makes it (varying)
-against the same batches padded to one ``device.build.StaticShape`` (static).
+against the same batches padded to one ``device.shape.StaticShape`` (static).
 
 The batches: one token-budget epoch of a split (``plan.balance.plan_epoch``, one rank, no DataLoader worker, over
 ``store.lengths.split_lengths``), each batch collated from the split's blocks (``reader.collate.collate``), the
@@ -33,7 +33,8 @@ from torch._dynamo.utils import counters
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.device.batch import ModelBatch, PackedBatch
-from lifeseq_shards.device.build import PACKED, BatchBuilder, StaticShape, count_tokens
+from lifeseq_shards.device.build import BatchBuilder, count_tokens
+from lifeseq_shards.device.shape import PACKED, StaticShape
 from lifeseq_shards.encoder import EncoderConfig
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule

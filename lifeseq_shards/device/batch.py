@@ -289,7 +289,7 @@ class PackedModelBatch(ModelBatch):
 
 
 class StaticModelBatch(PackedModelBatch):
-    """A :class:`PackedModelBatch` padded to a ``device.build.StaticShape``: the same shapes every batch. Its first
+    """A :class:`PackedModelBatch` padded to a ``device.shape.StaticShape``: the same shapes every batch. Its first
     persons and rows are the real ones; the padding persons after them have ``lengths`` 0, ``target_cls``
     :data:`NO_CLS` and no MLM target, and hold the padding token rows ([PAD], all stamps 0) in ``cu_seqlens``. The
     MLM targets are the batch's, not a person's: ``target_index`` and ``target_tokens`` (1, T), the used slots first

@@ -37,6 +37,7 @@ from lifeseq_shards.device.batch import (
     widen_unsigned,
 )
 from lifeseq_shards.device.index import packed_slots, padded_rows, starts
+from lifeseq_shards.device.shape import PACKED, PADDED, StaticShape, check_static
 from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, Offline, fill_target_slots
 from lifeseq_shards.store.format import RAGGED, RUN_LENGTH, RUNS, STAMPS, TARGETS
 
@@ -116,93 +117,6 @@ def _zero_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tens
     return torch.where(valid, view, torch.zeros((), dtype=view.dtype, device=view.device)).view(values.dtype)
 
 
-# the model batch's two layouts (the front ends' ``layout`` argument): the seed's padded (B, L), or the real tokens only
-PADDED, PACKED = "padded", "packed"
-
-
-@dataclass(frozen=True)
-class StaticShape:
-    """The one shape of every packed model batch of a token-budget run, so that a compiled step compiles once and a
-    CUDA graph can be captured: ``tokens`` token positions (at least the budget: the real tokens a batch may hold)
-    and room for ``persons`` real persons (``lifeseq_shards.plan.balance.person_slots`` of the split's lengths and
-    the budget).
-
-    A batch is padded after its real persons and tokens: the padding tokens ([PAD], abspos, age and segment 0) are
-    dealt to padding persons of at most the padded width each, after which the remaining padding persons hold no
-    token (``cu_seqlens`` repeats). Every token position belongs to a person because both attention backends need
-    it: FlashAttention's varlen kernel never writes the rows past the last person (whatever the memory held would
-    reach the next layer, and a NaN there the weights' gradients), and the padded fallback maps each row to a
-    person's slot. A padding person attends only among its own padding tokens, so the real persons' outputs are
-    those of the unpadded batch; it has ``lengths`` 0, no MLM target and ``target_cls`` :data:`NO_CLS`, so the
-    losses count only the real persons and their targets.
-
-    Args:
-        tokens: the token positions of every batch (>= the most real tokens one holds).
-        persons: the most real persons a batch holds (>= 1, <= ``tokens``).
-    """
-
-    tokens: int
-    persons: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.persons <= self.tokens:
-            raise ValueError(f"StaticShape(tokens={self.tokens}, persons={self.persons}): persons must be between 1 "
-                             "and tokens (every person holds a token)")
-
-    def rows(self, width: int) -> int:
-        """The person rows of a batch padded to this shape at padded width ``width``: room for :attr:`persons` real
-        ones and for the padding persons that hold the rest of the tokens, ``width`` at most each. (b real persons
-        hold at least b tokens, so the rows they need, b + ceil((tokens - b) / width), are most at b = persons.)"""
-        return self.persons + -(-(self.tokens - self.persons) // width)
-
-
-@dataclass(frozen=True)
-class Padding:
-    """Where a front end's batches are padded and cropped, derived here only from its ``layout`` (the model batch's,
-    :data:`PADDED` or :data:`PACKED`), ``pad_to`` and ``static``. The host pads (and crops) to ``pad_to`` for a padded
-    model batch with a ``pad_to``; otherwise it sends packed host batches (real tokens only), which the device pads to
-    each batch's longest or, for a packed model batch, crops to ``pad_to`` (:attr:`max_len`).
-
-    ``static``: a :class:`StaticShape` every packed training batch is padded to (token-budget batches); it needs
-    ``layout="packed"`` and a ``pad_to``, the padded width, which must be a constant of the step too."""
-
-    layout: str = PADDED
-    pad_to: int | None = None
-    static: StaticShape | None = None
-
-    def __post_init__(self) -> None:
-        if self.layout not in (PADDED, PACKED):
-            raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {self.layout!r}")
-        _check_static(self.static, self.layout, self.max_len)
-
-    @property
-    def host_pad_to(self) -> int | None:
-        """The width the host pads and crops each batch to (``ShardedDataset(pad_to=...)``); None: the device pads."""
-        return None if self.layout == PACKED else self.pad_to
-
-    @property
-    def host_packed(self) -> bool:
-        """Whether the host sends packed batches (``ShardedDataset(packed=True)``): whenever it does not pad."""
-        return self.host_pad_to is None
-
-    @property
-    def max_len(self) -> int | None:
-        """The device's crop (a packed model batch's ``pad_to``), None when it keeps every token the host sent."""
-        return self.pad_to if self.layout == PACKED else None
-
-
-def _check_static(static: StaticShape | None, layout: str, max_len: int | None) -> None:
-    """A static shape is for the packed layout at a fixed width (the padded intermediate and the attention's
-    ``max_len`` are shapes of the step too)."""
-    if static is None:
-        return
-    if layout != PACKED:
-        raise ValueError(f"a static shape pads packed model batches, not layout={layout!r}: use layout={PACKED!r}")
-    if max_len is None:
-        raise ValueError("a static shape needs a fixed width, and max_len (the front ends' pad_to) is None: set it to "
-                         "the longest person (or the crop)")
-
-
 def _pad_rows(values: torch.Tensor, rows: int) -> torch.Tensor:
     """``values`` with zero rows appended up to ``rows`` along dim 0, in the same dtype (unsigned ones through their
     signed view, as :func:`_take` does)."""
@@ -250,7 +164,7 @@ def model_batch(
     ``lengths``."""
     if layout not in (PADDED, PACKED):
         raise ValueError(f"layout must be {PADDED!r} or {PACKED!r}, not {layout!r}")
-    _check_static(static, layout, max_len)
+    check_static(static, layout, max_len)
     n_tokens = batch.n_tokens if isinstance(batch, PackedBatch) else None
     if layout == PACKED:
         if not isinstance(batch, PackedBatch) or n_tokens is None:
@@ -358,11 +272,11 @@ class BatchBuilder:
     """Host batch -> the model's batch on ``device``: :func:`count_tokens`, :func:`to_device`, :func:`model_batch`.
 
     ``masking``: None (no targets: offline fields dropped), :data:`~lifeseq_shards.masking.OFFLINE` (the stored
-    masks) or a :class:`DynamicMasker`. ``layout``, ``max_len`` and ``static``: the model batch's (:class:`Padding`'s
-    ``layout``, :attr:`Padding.max_len` and ``static``; give ``static`` to the training batches' builder). The two
-    halves are separate because Lightning calls them as two hooks (transfer_batch_to_device, on_after_batch_transfer); a
-    :class:`~lifeseq_shards.device.batch.ModelBatch` (one :class:`DevicePrefetcher` built ahead) passes through both as
-    it is.
+    masks) or a :class:`DynamicMasker`. ``layout``, ``max_len`` and ``static``: the model batch's
+    (:class:`~.shape.Padding`'s ``layout``, :attr:`~.shape.Padding.max_len` and ``static``; give ``static`` to the
+    training batches' builder). The two halves are separate because Lightning calls them as two hooks
+    (transfer_batch_to_device, on_after_batch_transfer); a :class:`~lifeseq_shards.device.batch.ModelBatch` (one
+    :class:`DevicePrefetcher` built ahead) passes through both as it is.
     """
 
     masking: DynamicMasker | Offline | None = None
@@ -372,7 +286,7 @@ class BatchBuilder:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "masking", Offline.of(self.masking))  # the word "offline" says OFFLINE here too
-        _check_static(self.static, self.layout, self.max_len)
+        check_static(self.static, self.layout, self.max_len)
 
     def transfer(self, batch: HostBatch | ModelBatch, device: torch.device | str) -> HostBatch | ModelBatch:
         if isinstance(batch, ModelBatch):

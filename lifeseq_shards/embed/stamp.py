@@ -15,17 +15,14 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:  # store.py writes and checks the stamps: it imports this module
-    from .store import EmbeddingSpec
+from .spec import ID_COLUMN, EmbeddingSpec
 
 OUT_MANIFEST = "_embeddings.json"  # "_": pyarrow, pandas and polars read the directory as one table without it
-ID_COLUMN = "person_id"
 STAMP_KEY = b"lifeseq_shards.embedding"
 REEMBED = "delete it and run the embedding job again (it embeds the missing shards only)"
 

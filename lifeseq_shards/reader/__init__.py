@@ -1,10 +1,12 @@
 """The DDP reader: a webdataset pipeline whose node/worker split comes from the pure plan, not from the environment.
 
 One concern per module: :mod:`.options` (the dataset's arguments as one frozen value), :mod:`.dataset`
-(configuration from the manifest, plan queries, epoch control, ``__iter__``), :mod:`.stages`
-(the pipeline's generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`),
-:mod:`.transport` (the workers' shared-memory rings and process context), :mod:`.launch` (rank and world size
-from the launcher's variables) and :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state).
+(configuration from the manifest, plan queries, epoch control, ``__iter__``), :mod:`.stages` (the pipeline's
+generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`), :mod:`.transport` (the
+workers' shared-memory rings and process context), :mod:`.launch` (rank and world size from the launcher's
+variables), :mod:`.mainguard` (a script that starts workers outside ``if __name__ == "__main__":`` told what to do,
+before any worker starts), :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state) and :mod:`.state` (that
+state's format, read and written there only).
 docs/architecture.md shows how the data flows between them.
 
 The public names are what training code, the tools and the tests use: the dataset and its loader, the error a resume

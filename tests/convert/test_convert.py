@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import webdataset as wds
-from helpers import FIELDS, SeedRows, shardify, wait_for
+from helpers import FIELDS, SeedRows, scaled, shardify, wait_for
 from small_inputs import assert_refused, hooked, write_h5, write_parquet
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset, shard_count
@@ -324,7 +324,7 @@ def test_a_pool_worker_that_dies_is_one_line(tmp_path: Path) -> None:
     BrokenProcessPool traceback, and leaves no dataset."""
     inputs = [write_h5(tmp_path / f"{i}.h5", sequence_id=np.arange(4) + 10 * i) for i in range(3)]
     proc = hooked(DIE_IN_WORKER, tmp_path / "report", "convert", *inputs, "-o", tmp_path / "ds", "--processes", 2)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=scaled(60))
     assert_refused(proc.returncode, err.decode(), f"{tmp_path / 'ds'}: a conversion process died", "--processes")
     assert not (tmp_path / "ds").exists()  # it made the directory: a failed conversion removes it, lock and all
 
@@ -349,7 +349,7 @@ def test_killed_conversion_leaves_no_pool_worker(tmp_path: Path) -> None:
         assert wait_for(lambda: len(list(report.iterdir())) >= 2, 60), proc.stderr
         workers = [int(p.name) for p in report.iterdir()]
         proc.kill()
-        proc.wait(10)
+        proc.wait(scaled(10))
         assert wait_for(lambda: all(state(w) in (None, "Z") for w in workers), 10), [state(w) for w in workers]
     finally:
         proc.kill()

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import copy_of, edit_manifest, read_all, serve_directory, shardify, to_format2
+from helpers import copy_of, edit_manifest, read_all, scaled, serve_directory, shardify, to_format2
 
 from lifeseq_shards.convert.passes import ConvertError, ConvertOptions, convert_dataset
 from lifeseq_shards.store.format import Block, decode_member
@@ -202,7 +202,7 @@ def test_killed_half_way_leaves_no_dataset_and_rerun_works(sample: Path, tmp_pat
         "from lifeseq_shards.cli import main\n"
         f"main(['convert', {str(sample / 'encoded_nomlm.h5')!r}, '-o', {str(out)!r}])\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=scaled(120))
     assert proc.returncode == 9
     assert out.exists() and not (out / "manifest.json").exists()
     assert shardify("verify", str(out))[0] == 2  # not a dataset

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import shardify, wait_for
+from helpers import scaled, shardify, wait_for
 from small_inputs import assert_refused, hooked, person_ids, write_h5
 
 from lifeseq_shards.store.remote import read_manifest
@@ -151,7 +151,7 @@ def test_second_conversion_into_the_same_directory_is_refused(overwrite: list[st
         assert_refused(*shardify("convert", write_h5(tmp_path / "b.h5", n=5), "-o", out, *overwrite),
                        f"{out}: another conversion is writing to it")
         (report / "go").touch()
-        assert first.wait(60) == 0, first.stderr.read()  # type: ignore[union-attr]
+        assert first.wait(scaled(60)) == 0, first.stderr.read()  # type: ignore[union-attr]
     finally:
         first.kill()
     assert shardify("verify", out)[0] == 0 and person_ids(out) == [100, 101, 102, 103]
@@ -174,7 +174,7 @@ def test_killed_while_replacing_leaves_no_dataset_and_rerun_clears_only_ours(dat
     new_input = write_h5(tmp_path / "new.h5", n=40, sequence_id=np.arange(500, 540))
     proc = hooked(DIE_REPLACING, tmp_path / "report", "convert", new_input, "-o", dataset, "--num-val", 2,
                   "--shards", 2, "--overwrite")
-    assert proc.wait(60) == 9, proc.stderr.read()  # type: ignore[union-attr]
+    assert proc.wait(scaled(60)) == 9, proc.stderr.read()  # type: ignore[union-attr]
     assert not (dataset / "manifest.json").exists() and shardify("verify", dataset)[0] == 2
     code, text = shardify("convert", new_input, "-o", dataset, "--num-val", 2, "--shards", 2)  # no --overwrite needed
     assert code == 0, text

@@ -14,7 +14,6 @@ import torch
 from lifeseq_shards import compat
 from lifeseq_shards.device.batch import Column, PackedBatch, PackedModelBatch, PaddedBatch
 from lifeseq_shards.device.build import (
-    PACKED,
     BatchBuilder,
     count_tokens,
     host_sync_guard,
@@ -24,6 +23,7 @@ from lifeseq_shards.device.build import (
     to_device,
 )
 from lifeseq_shards.device.prefetch import OFF, STREAM, THREAD, DevicePrefetcher
+from lifeseq_shards.device.shape import PACKED
 from lifeseq_shards.masking import EAGER, GRAPHED, DynamicMasker, MaskingConfig
 from lifeseq_shards.store.format import RAGGED, SCALAR, TARGETS
 

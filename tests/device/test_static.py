@@ -1,4 +1,4 @@
-"""Static shapes for token-budget batches (device.build.StaticShape): a packed model batch padded to one shape whatever
+"""Static shapes for token-budget batches (device.shape.StaticShape): a packed model batch padded to one shape whatever
 it holds, the real persons' outputs, losses and gradients those of the unpadded batch, zero-length persons in both
 attention backends, and a compiled training step that compiles once over an epoch."""
 
@@ -14,16 +14,8 @@ import torch.nn.functional as F
 
 from lifeseq_shards import encoder as encoder_mod
 from lifeseq_shards.device.batch import NO_CLS, PackedBatch, PackedModelBatch, StaticModelBatch
-from lifeseq_shards.device.build import (
-    PACKED,
-    PADDED,
-    BatchBuilder,
-    Padding,
-    StaticShape,
-    count_tokens,
-    model_batch,
-    to_device,
-)
+from lifeseq_shards.device.build import BatchBuilder, count_tokens, model_batch, to_device
+from lifeseq_shards.device.shape import PACKED, PADDED, Padding, StaticShape
 from lifeseq_shards.encoder import EncoderConfig, LifeSeqEncoder, Packed, varlen_attention
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import pretrain_losses

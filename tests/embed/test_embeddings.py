@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from embed_helpers import broken_copy, embed_in_process, model_for, verify
-from helpers import repo_first, shard_ids, shardify, split_ids, wait_for
+from helpers import repo_first, scaled, shard_ids, shardify, split_ids, wait_for
 
 from lifeseq_shards import EmbeddingWriter, ShardedDataset, ShardedLoader
 from lifeseq_shards.device.build import BatchBuilder
@@ -51,7 +51,7 @@ def script(*args: object) -> list[str]:
 def run(cmd: list[str], logs: Path) -> None:
     with open(logs, "w") as fh:
         r = subprocess.run(cmd, cwd=SCRIPTS, env=repo_first(dict(os.environ)), stdout=fh, stderr=subprocess.STDOUT,
-                           timeout=JOB_S, start_new_session=True)
+                           timeout=scaled(JOB_S), start_new_session=True)
     assert r.returncode == 0, logs.read_text()[-3000:]
 
 
@@ -253,7 +253,7 @@ def test_a_full_disk_leaves_neither_a_finished_nor_a_temporary_file(ds: Path, do
 def test_verify_and_merge_load_no_torch() -> None:
     """`shardify embeddings` runs where the data is, without the training stack."""
     code = "import sys, lifeseq_shards.cli, lifeseq_shards.embed.check; print('torch' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120),
                        env=repo_first(dict(os.environ)))
     assert r.stdout.strip() == "False", r.stderr
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import repo_first
+from helpers import repo_first, scaled
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.convert.sources.synth import synth_population
@@ -34,7 +34,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(IMPORTS + body)
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=RUN_S,
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=scaled(RUN_S),
                           cwd=tmp_path, env=repo_first(dict(os.environ)), start_new_session=True)
 
 

@@ -37,6 +37,7 @@ from helpers import (
     SeedRows,
     group_pids,
     repo_first,
+    scaled,
     serve_directory,
     shard_ids,
     shm_files,
@@ -806,7 +807,7 @@ def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> N
     script = ("from lifeseq_shards.reader import ShardedDataset, ShardedLoader\n"
               f"ds = ShardedDataset({str(mlm_dataset)!r}, batch_size=256, num_workers=2)\n"
               "print(sum(1 for _ in ShardedLoader(ds)))\n")
-    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=100,
+    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=scaled(100),
                          env=repo_first(os.environ))
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
@@ -814,7 +815,7 @@ def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> N
     assert "exited unexpectedly" not in run.stderr
     # fork needs no script to re-run: the same stdin script reads with it
     forked = script.replace("ShardedLoader(ds)", 'ShardedLoader(ds, multiprocessing_context="fork")')
-    run = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True, timeout=100,
+    run = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True, timeout=scaled(100),
                          env=repo_first(os.environ))
     assert run.returncode == 0 and int(run.stdout.split()[-1]) > 0, run.stderr
 
@@ -850,7 +851,7 @@ def test_a_killed_training_process_leaves_nothing_behind(nomlm_dataset: Path) ->
         proc.wait()
         eof = threading.Event()
         threading.Thread(target=lambda: (proc.stdout.read(), eof.set()), daemon=True).start()  # type: ignore[union-attr]
-        assert eof.wait(20), f"the pipe stayed open 20 s after the kill: held by {group_pids(proc.pid)}"
+        assert eof.wait(scaled(20)), f"the pipe stayed open 20 s after the kill: held by {group_pids(proc.pid)}"
         assert wait_for(lambda: not group_pids(proc.pid), 10), f"survivors: {group_pids(proc.pid)}"
         assert wait_for(lambda: not any(p.exists() for p in shm), 10), \
             f"left in /dev/shm: {sorted(p.name for p in shm if p.exists())}"

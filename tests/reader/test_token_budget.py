@@ -244,6 +244,7 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     assert code == 2 and "tokens_per_batch 8000 -> 0" in out, out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_crop_counts_only_the_tokens_the_model_sees(nomlm_dataset: Path) -> None:
     """The device crops each person to 128 tokens: a budget of 600 (under 4 x the longest stored person) plans

@@ -9,6 +9,7 @@ import pytest
 from tools.bench_revisions import ROOT, cpu_pairs, cpu_pass
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cpu_pairs_time_each_checkout_on_its_data(nomlm_dataset: Path, tmp_path: Path) -> None:
     """The working tree against itself: every pass takes CPU time, and each pair's ratio is its two times'."""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, repo_first
+from helpers import REPO, repo_first, scaled
 
 from lifeseq_shards.reader import ShardedDataset, World
 from tools import bench_token_reader
@@ -30,7 +30,7 @@ def test_the_rate_counts_the_persons_of_rank_0s_epoch(nomlm_dataset: Path) -> No
 def test_the_bench_writes_its_table(nomlm_dataset: Path, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "tools.bench_token_reader", "--out", str(tmp_path), "--data",
                         str(nomlm_dataset), "--ranks", "2", "--workers", "0", "--rounds", "1", "--batch", "24"],
-                       cwd=REPO, env=repo_first(os.environ), capture_output=True, text=True, timeout=240)
+                       cwd=REPO, env=repo_first(os.environ), capture_output=True, text=True, timeout=scaled(240))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "token-reader.csv").open()))
     assert [(row["ranks"], row["workers"]) for row in rows] == [("2", "0")]

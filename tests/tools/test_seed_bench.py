@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import scaled
 
 from lifeseq_shards.convert.sources.hdf5 import target_slots
 from lifeseq_shards.store.remote import read_manifest
@@ -111,9 +112,10 @@ def test_table_gives_after_over_before() -> None:
 
 def _device_check(mode: str, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "tools/device_check.sh", mode], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OUT": str(tmp), "PYTHON": sys.executable, **env})
+                          timeout=scaled(120), env={**os.environ, "OUT": str(tmp), "PYTHON": sys.executable, **env})
 
 
+@pytest.mark.slow
 def test_device_check_says_what_it_cannot_run(tmp_path: Path) -> None:
     # the tokens stage runs its sweeps and says how each ended (here: a manifest that is not one, so each fails
     # at once, and nothing is synthesised into the checkout); the whole run goes on to the next stage, which says what

@@ -102,6 +102,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pre = bench.PRESETS["tiny"]
     points = pre.points()

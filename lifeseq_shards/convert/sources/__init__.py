@@ -3,7 +3,11 @@ turns into wide int64 :class:`~lifeseq_shards.store.format.Block` s; the convert
 schema's fields a source block holds ``row``: the file row of each of its input rows, for errors (it is not
 stored); a source that filters persons out also gives ``every_id``, the person id of each of those rows, kept or
 not, so that a duplicated id is refused whichever copy the filter keeps (without it, the rows are the persons'),
-and ``drop_reason``, why each row was dropped (``drops.py``; 0 for a row kept)."""
+and ``drop_reason``, why each row was dropped (:mod:`.drops`; 0 for a row kept).
+
+The kinds: the seed's step-5 encoded files (:mod:`.hdf5`), its step-4 ``sequences.parquet`` with the vocabulary
+(:mod:`.parquet`), and a synthetic population in that form (:mod:`.synth`). Beside them: integers kept exactly or
+refused (:mod:`.exact`) and the one error every reader raises (:mod:`.errors`)."""
 
 from __future__ import annotations
 
