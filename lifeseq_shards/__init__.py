@@ -5,10 +5,11 @@ The folders are its concerns, each one's ``__init__`` naming its modules: :mod:`
 arithmetic), :mod:`.reader` (the DDP reader and its loader), :mod:`.device` (host batch -> device -> model batch),
 :mod:`.embed` (embeddings of everyone). At the top: the front ends (:mod:`.datapath`, what both build;
 :mod:`.datamodule` and :mod:`.pl` for Lightning, with :mod:`.lightning_loop`, its loop internals; :mod:`.loop` for a
-plain loop; :mod:`.timing`, ``shardify time``), the reference model (:mod:`.encoder`, :mod:`.model`), the MLM masks
-drawn on the device (:mod:`.masking`, replayed as CUDA graphs by :mod:`.cudagraph`), the command line (:mod:`.cli`),
-and leaves every part may use: :mod:`.compat` (what this torch and Lightning can do), :mod:`.progress` (progress
-bars), :mod:`.schedule` (a restored OneCycleLR fitted to another layout) and :mod:`.signals` (SIGTERM ends a DDP
+plain loop; :mod:`.timing`, ``shardify time``), the reference model (:mod:`.encoder`, :mod:`.model`), the
+researchers' performer encoder on packed batches (:mod:`.performer`), the MLM masks drawn on the device
+(:mod:`.masking`, replayed as CUDA graphs by :mod:`.cudagraph`), the command line (:mod:`.cli`), and leaves every
+part may use: :mod:`.compat` (what this torch and Lightning can do), :mod:`.progress` (progress bars),
+:mod:`.schedule` (a restored OneCycleLR fitted to another layout) and :mod:`.signals` (SIGTERM ends a DDP
 fit). docs/architecture.md says who may import whom.
 
 The public classes load on first use (PEP 562), so that ``shardify`` and the converter start without torch,
