@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import repo_first, shardify, wait_for
+from helpers import repo_first, scaled, shardify, wait_for
 from small_inputs import assert_refused, hooked
 
 from lifeseq_shards.convert.array import share_from
@@ -40,7 +40,7 @@ def _shardify_env(env: dict[str, str], *args: object) -> subprocess.Popen[str]:
 def _array(inputs: list[object], out: Path, k: int, first: int = 0, *opts: object) -> list[str]:
     """Run the K tasks at once as separate processes with SLURM's variables (no --task/--tasks); their stdout."""
     procs = [_shardify_env(_slurm(i, k, first), "convert", *inputs, "-o", out, *OPTS, *opts) for i in range(k)]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = [p.communicate(timeout=scaled(240)) for p in procs]
     for p, (_, e) in zip(procs, outs, strict=True):
         assert p.returncode == 0, e
     return [o for o, _ in outs]
@@ -92,7 +92,7 @@ def test_array_tasks_merge_into_the_single_conversion(which: str, k: int, reques
     outs = _array(inputs, tmp_path / "ds", k, 1)
     assert all(f"task {i} of {k} (SLURM_ARRAY_TASK_ID={i + 1} of 1..{k}) converted" in o for i, o in enumerate(outs))
     merge = _shardify_env({}, "merge", tmp_path / "ds")
-    text, err = merge.communicate(timeout=120)
+    text, err = merge.communicate(timeout=scaled(120))
     assert merge.returncode == 0, err
     got = _files(tmp_path / "ds")
     assert got.keys() == singles[which].keys()
@@ -291,10 +291,10 @@ def test_the_guides_array_job_runs_with_slurms_variables(sample: Path, tmp_path:
     for i in range(last - first + 1):
         slurm = {**_slurm(i, last - first + 1, first), "SLURM_CPUS_PER_TASK": "1"}
         r = subprocess.run(["bash", "-euo", "pipefail", "convert-array.sh"], cwd=tmp_path, env={**env(), **slurm},
-                           capture_output=True, text=True, timeout=240)
+                           capture_output=True, text=True, timeout=scaled(240))
         assert r.returncode == 0 and f"task {i} of {last - first + 1}" in r.stdout, r.stderr
     r = subprocess.run(["bash", "-euo", "pipefail", "merge.sh"], cwd=tmp_path, env=env(), capture_output=True,
-                       text=True, timeout=240)
+                       text=True, timeout=scaled(240))
     assert r.returncode == 0 and "ds_array/: OK" in r.stdout, r.stdout + r.stderr
     assert _files(tmp_path / "ds_array") == _files(_single_like(files["convert-array.sh"], tmp_path))
 
@@ -305,7 +305,7 @@ def _slurm_up() -> bool:
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return False
     try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=scaled(30))
     except subprocess.TimeoutExpired:
         return False
     return r.returncode == 0 and "up" in r.stdout
@@ -327,10 +327,10 @@ def test_the_guides_scripts_under_a_real_slurm(sample: Path, tmp_path: Path) -> 
     for name in ("convert-array.sh", "merge.sh"):
         (tmp_path / name).write_text(files[name])
     submit = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--mem=500M", "convert-array.sh"],
-                            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60, check=True)
+                            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=scaled(60), check=True)
     array = submit.stdout.strip().split(";")[0]
     merge = subprocess.run(["sbatch", "--wait", f"--dependency=afterok:{array}", "--mem=500M", "merge.sh"],
-                           cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=540)
+                           cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=scaled(540))
     logs = "".join(p.read_text() for p in sorted(tmp_path.glob("slurm-*.out")))
     assert merge.returncode == 0, logs
     assert "ds_array/: OK" in logs and "SLURM_ARRAY_TASK_ID=3 of 0..3" in logs, logs

@@ -90,7 +90,7 @@ def test_a_script_from_stdin_is_refused_whatever_context_it_names(root: Path, co
     "DataLoader worker exited unexpectedly"."""
     named = f"ShardedLoader(ds, multiprocessing_context={context!r})"
     script = IMPORTS + READ.format(root=str(root)) + LOOP.replace("ShardedLoader(ds)", named)
-    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=RUN_S,
+    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=scaled(RUN_S),
                        env=repo_first(dict(os.environ)), start_new_session=True)
     assert r.returncode != 0
     last = last_line(r.stderr)
