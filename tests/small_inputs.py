@@ -66,6 +66,7 @@ def person_ids(root: Path) -> list[int]:
 HOOKED = """
 import os, sys, time
 from pathlib import Path
+import lifeseq_shards.convert.encode as e
 import lifeseq_shards.convert.passes as c
 
 report = Path(sys.argv[1])

@@ -8,22 +8,21 @@ Two passes, memory bounded by a bucket, not by the input:
    shuffled, and cut into shards of exactly ``n`` persons; the persons that do not fill the last round go to a
    ``remainder`` shard that training skips and inference reads. The manifest is written last.
 
-This module reads top-down: :func:`convert_dataset`, then what it calls. The output directory's lock, staging and
-replacement are outdir.py; the temp bucket files and the shard writers are writers.py.
+This module reads top-down: :func:`convert_dataset`, then what it calls. Pass 1's encoding and spilling is encode.py;
+the output directory's lock, staging and replacement are outdir.py; the temp bucket files and the shard writers are
+writers.py.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import multiprocessing
 import os
 import shutil
 import signal
 import time
-from collections import Counter, deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,19 +35,16 @@ from ..store.format import (
     FORMAT_VERSION,
     MIN_SHARD_PERSONS,
     STAMPS,
-    Block,
     Field,
-    check_fits,
     concat_blocks,
     make_schema,
     narrowest_token_dtype,
-    to_runs,
-    token_schema,
 )
 from ..store.manifest import Histogram, Manifest, Split, Totals, fingerprint, write_manifest
 from ..store.writes import writing
+from .encode import HISTOGRAM_BIN, bucket_of, encode_pass, mix64
 from .outdir import STAGING, ConvertError, output_dir, replace_dataset
-from .sources import Source, SourceError, drops, open_sources
+from .sources import Source, SourceError, open_sources
 from .writers import Spill, SplitWriter
 
 __all__ = ["ConvertError", "ConvertOptions", "Share", "check_dtypes", "convert_dataset", "shard_count"]
@@ -56,7 +52,6 @@ __all__ = ["ConvertError", "ConvertOptions", "Share", "check_dtypes", "convert_d
 # Shard counts with many divisors, so that most nodes x GPUs x workers products divide them.
 HIGHLY_COMPOSITE = [1, 2, 4, 6, 12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 840, 1260, 1680, 2520, 5040]
 BUCKET_PERSONS = 100_000
-HISTOGRAM_BIN = 8  # tokens per bin of the manifest's length histogram
 # what --dtype may set (a count field such as `length` sets every count and position in a sequence with it)
 DTYPE_FIELDS = ("tokens", "length", *STAMPS)
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -208,7 +203,8 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
     pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
                                initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
     try:
-        ids, hist, tokens, dropped, digest = _pass1(source, schema, spill, buckets, opts, pool)
+        ids, hist, tokens, dropped, digest = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes,
+                                                        pool, opts.progress)
         splits = _pass2(stage, ids, spill, buckets, schema, opts, pool, share)
     except SourceError as e:
         raise ConvertError(str(e)) from None
@@ -248,125 +244,6 @@ def _die_with_parent(converter: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# pass 1: encode, narrow and spill to buckets
-
-
-def _pass1(source: Source, schema: list[Field], spill: Spill, buckets: int, opts: ConvertOptions,
-           pool: ProcessPoolExecutor | None) -> tuple[np.ndarray, np.ndarray, int, dict[str, int], str]:
-    jobs = ((source, t, schema) for t in source.tasks)
-    results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * opts.processes) if pool else map(
-        _encode_and_narrow, jobs)
-    ids: list[np.ndarray] = []  # the persons kept
-    # every input row's person id, filtered out or kept (a duplicate is one either way), with its file and rows
-    seen: list[np.ndarray] = []
-    rows: list[tuple[str, np.ndarray]] = []
-    hist = np.zeros(1, dtype=np.int64)
-    tokens = 0
-    dropped: Counter[str] = Counter()
-    with progress_bar(total=len(source.tasks), desc="encode", unit="task", disable=not opts.progress) as bar:
-        for path, row, every_id, why, block in results:
-            bar.update(1)
-            seen.append(every_id)
-            rows.append((path, row))
-            dropped.update(why)
-            if block.n == 0:
-                continue
-            pid = block.columns["person_id"]
-            bucket = _bucket_of(pid, opts.seed, buckets)
-            by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
-            bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
-            for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
-                spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
-            ids.append(pid.astype(np.int64))
-            lengths = block.columns["length"].astype(np.int64)
-            tokens += int(lengths.sum())
-            hb = lengths // HISTOGRAM_BIN
-            if hb.max() >= len(hist):
-                hist = np.concatenate([hist, np.zeros(int(hb.max()) + 1 - len(hist), dtype=np.int64)])
-            np.add.at(hist, hb, 1)
-    spill.close()
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    if len(all_ids) == 0:
-        raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
-                           "(empty input, or every person filtered out)")
-    uniq, counts = np.unique(np.concatenate(seen), return_counts=True)
-    if (counts > 1).any():
-        pid = uniq[counts > 1][0]
-        at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
-        raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
-    return all_ids, hist, tokens, dict(dropped), hashlib.sha256(uniq.astype("<i8").tobytes()).hexdigest()
-
-
-def _bucket_of(pid: np.ndarray, seed: int, buckets: int) -> np.ndarray:
-    """Each person's spill bucket: a seeded hash of the id, so a bucket's persons are known from the ids alone."""
-    return (mix64(pid, seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
-
-
-def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
-    """``pool.map`` that keeps at most ``inflight`` results pending (Executor.map submits everything at once, and
-    finished blocks waiting for a slow consumer would hold the whole input in memory)."""
-    window: deque[Future[Any]] = deque()
-    for item in items:
-        window.append(pool.submit(fn, item))
-        if len(window) >= inflight:
-            yield window.popleft().result()
-    while window:
-        yield window.popleft().result()
-
-
-def _narrow(block: Block, schema: list[Field], where: str) -> Block:
-    cols = {}
-    for f in schema:
-        col = block.columns[f.name]
-        try:
-            check_fits(f.name, col, f.dtype, where)
-        except ValueError as e:
-            bad = _offending_person(block, f, schema)
-            raise ConvertError(f"{e} (person {bad})") from None
-        cols[f.name] = col.astype(f.dtype)
-    return Block(cols)
-
-
-def _offending_person(block: Block, f: Field, schema: list[Field]) -> int:
-    info = np.iinfo(f.dtype)
-    for i in range(block.n):
-        one = block.take(np.array([i]), schema).columns[f.name]
-        if one.size and (one.min() < info.min or one.max() > info.max):
-            return int(block.columns["person_id"][i])
-    return -1
-
-
-def _task_label(task: Any) -> str:
-    if isinstance(task, tuple) and len(task) == 3:
-        return f"{task[0]} rows {task[1]}-{task[2]}"
-    if isinstance(task, tuple) and len(task) == 2:
-        return f"{task[0]} row group {task[1]}"
-    return str(task)
-
-
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, dict[str, int],
-                                                                        Block]:
-    """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
-    rows dropped by reason, the narrowed block of the persons kept)."""
-    source, task, schema = args
-    block = source.encode(task)
-    rows = block.columns.pop("row")
-    every_id = block.columns.pop("every_id", block.columns["person_id"])
-    why = drops.counts(block.columns.pop(drops.DROP_REASON, np.zeros(len(rows), dtype=np.int64)))
-    return task[0], rows, every_id.astype(np.int64), why, to_runs(_narrow(block, token_schema(schema),
-                                                                          _task_label(task)), schema)
-
-
-def mix64(x: np.ndarray, salt: int) -> np.ndarray:
-    """splitmix64 of (x + salt): a seeded hash of person ids, the same on every machine."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # pass 2: shuffle each bucket and cut shards of exactly n persons
 
 
@@ -379,7 +256,7 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
         members["all"] = np.ones(len(ids), dtype=bool)
     # each split's persons by bucket, from the ids alone: where each bucket's persons fall in the split's stream,
     # so that a task skips the buckets that hold none of its shards' persons
-    bucket = _bucket_of(ids, opts.seed, buckets)
+    bucket = bucket_of(ids, opts.seed, buckets)
     per_bucket = {name: np.bincount(bucket[m], minlength=buckets) for name, m in members.items()}
     writers: dict[str, SplitWriter] = {}
     for name, member in members.items():

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .balance import TOKENS, TokenPlan, epoch_steps, plan_persons, plan_slot
+from .balance import TOKENS, TokenPlan, plan_persons, plan_slot
+from .budget import epoch_steps
 from .order import Window
 from .partition import epoch_shard_order
 from .resume import Layout, Stage

@@ -302,18 +302,18 @@ STALL = """
 def stalled(args):
     (report / str(os.getpid())).touch()
     time.sleep(120)
-c._encode_and_narrow = stalled
+e._encode_and_narrow = stalled
 """
 
 
 # the pool worker that encodes the second input dies as an out-of-memory kill would end it
 DIE_IN_WORKER = """
-real = c._encode_and_narrow
+real = e._encode_and_narrow
 def dying(args):
     if args[1][0].endswith("1.h5"):
         os._exit(9)
     return real(args)
-c._encode_and_narrow = dying
+e._encode_and_narrow = dying
 """
 
 
@@ -367,7 +367,7 @@ def test_num_val_over_the_input_rows_is_refused_before_encoding(tmp_path: Path,
     def encoded(*args: object, **kw: object) -> None:
         raise AssertionError("the first pass ran")
 
-    monkeypatch.setattr(passes, "_pass1", encoded)
+    monkeypatch.setattr(passes, "encode_pass", encoded)
     assert_refused(*shardify("convert", write_h5(tmp_path / "in.h5", n=40), "-o", tmp_path / "out", "--num-val", 40),
                    "--num-val 40 leaves no training persons (40 in all)")
     assert not (tmp_path / "out").exists()

@@ -131,13 +131,13 @@ def test_a_lock_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
 # -- processes (slow: real subprocess conversions) ----------------------------------------------------------------
 # the first pass waits for report/go: the conversion holds its directory meanwhile
 HOLD = """
-real = c._pass1
+real = c.encode_pass
 def held(*a, **k):
     (report / "started").touch()
     while not (report / "go").exists():
         time.sleep(0.05)
     return real(*a, **k)
-c._pass1 = held
+c.encode_pass = held
 """
 
 @pytest.mark.slow

@@ -13,15 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan.balance import (
-    ATTENTION,
-    MIN_BUDGET_PERSONS,
-    TOKENS,
-    TokenPlan,
-    _stable_order,
-    epoch_steps,
-    plan_epoch,
-)
+from lifeseq_shards.plan.balance import ATTENTION, TOKENS, TokenPlan, _stable_order, plan_epoch
+from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS, epoch_steps
 
 ADVICE = re.compile(r"use tokens_per_batch >= (\d+)$")
 

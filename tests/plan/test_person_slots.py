@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan.balance import MIN_BUDGET_PERSONS, person_slots, plan_epoch
+from lifeseq_shards.plan.balance import person_slots, plan_epoch
+from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS
 
 
 @st.composite

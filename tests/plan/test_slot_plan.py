@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan.balance import MIN_BUDGET_PERSONS, TokenPlan, plan_epoch, plan_slot, step_of
+from lifeseq_shards.plan.balance import TokenPlan, plan_epoch, plan_slot, step_of
+from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS
 from lifeseq_shards.plan.stream import epoch_stream, stream_offsets, stream_persons, window_tokens
 from lifeseq_shards.plan.tokens import TokenSchedule
 
