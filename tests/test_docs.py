@@ -281,6 +281,53 @@ def test_embed_loop_killed_under_torchrun_resumes_on_two_ranks(session: Session,
                                    rtol=1e-2, atol=1e-3)
 
 
+# stand-ins for Slurm's programs: srun exits with the ranks' status (RANKS, else it runs until SIGTERM and exits
+# 143, as StopOnSigterm ends the ranks), scontrol writes down what it was asked
+SRUN = """#!/bin/bash
+trap 'exit 143' TERM
+touch "$OUT/started"
+[ -n "${RANKS:-}" ] && exit "$RANKS"
+sleep 60 & wait
+"""
+SCONTROL = """#!/bin/bash
+echo "$@" >> "$OUT/scontrol"
+"""
+
+
+def test_the_job_script_requeues_a_job_stopped_by_sigterm_and_only_it(tmp_path: Path) -> None:
+    """resume.md's job script (srun and scontrol stood in for): the ranks' 143 is requeued and the job ends 143; 0
+    and 1 are not requeued and end as they are; the same SIGTERM to the batch shell, its srun and the ranks (as
+    Slurm sends it) still requeues."""
+    (script,) = [b.code for b in parse(GUIDES / "resume.md").blocks if b.file == "requeue.sh"]
+    (tmp_path / "requeue.sh").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+
+    def job(ranks: int | None) -> tuple[int, str]:
+        out = tmp_path / f"out-{ranks}"
+        out.mkdir()
+        job_env = {**env(), "PATH": os.pathsep.join([str(bin_dir), env()["PATH"]]), "SLURM_JOB_ID": "4242",
+                   "OUT": str(out), **({"RANKS": str(ranks)} if ranks is not None else {})}
+        proc = subprocess.Popen(["bash", "requeue.sh"], cwd=tmp_path, env=job_env, start_new_session=True)
+        try:
+            if ranks is None:
+                assert wait_for(lambda: (out / "started").exists(), 30)
+                os.killpg(proc.pid, signal.SIGTERM)
+            code = proc.wait(30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return code, (out / "scontrol").read_text() if (out / "scontrol").exists() else ""
+
+    assert job(0) == (0, "")
+    assert job(1) == (1, "")
+    assert job(143) == (143, "requeue 4242\n")
+    assert job(None) == (143, "requeue 4242\n")
+
+
 def test_every_guide_has_blocks_and_every_edit_applies() -> None:
     """A guide without a block tests nothing; an edit whose text left its guide would silently run the real size."""
     for path in GUIDES.glob("*.md"):
