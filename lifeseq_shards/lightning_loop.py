@@ -12,10 +12,7 @@ with ``ready``, ``started``, ``processed``, ``completed``; ``is_last_batch``; ``
 
 from __future__ import annotations
 
-import sys
 from typing import Any
-
-from .compat import fallback
 
 
 def _epoch_loop(trainer: Any) -> Any:
@@ -66,9 +63,6 @@ def finish_saved_batch_on_restart(trainer: Any) -> None:
     epoch_loop = _epoch_loop(trainer)
     if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
         return
-    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
-    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
-             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
     reset = epoch_loop.reset
 
     def reset_after_saved_batch() -> None:
