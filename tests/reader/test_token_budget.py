@@ -6,6 +6,7 @@ another layout and another budget, and across the switch between persons and a b
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,22 @@ def test_shardify_plan_resume_names_only_the_flags_given(nomlm_dataset: Path, tm
     code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--workers", 1, "--batch-size", 50,
                          "--resume", tmp_path / "state.ckpt")
     assert code in (0, 1) and not out.startswith("error"), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shardify_plan_prints_the_numbers_the_ranks_get(nomlm_dataset: Path, workers: int) -> None:
+    """`shardify plan --tokens-per-batch`'s persons a rank a step (min/mean/max) and most tokens a rank a step are
+    those of the ranks' epoch 0 (before: the plan shuffled in windows of 16,384 persons, the reader in its own
+    default, and printed a plan no rank read)."""
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 2, "--workers", workers, "--tokens-per-batch", BUDGET)
+    assert code == 0, out
+    persons, tokens = epoch(nomlm_dataset, 2, workers)
+    per_rank = np.array([[len(b) for b in rank] for rank in persons])
+    said = re.search(r"(\d+)/([\d.]+)/(\d+) a rank\n  tokens a rank a step: max (\d+) <= budget", out)
+    assert said is not None, out
+    assert (int(said[1]), said[2], int(said[3])) == (per_rank.min(), f"{per_rank.mean():.1f}", per_rank.max()), out
+    assert int(said[4]) == tokens.max(), out
 
 
 @pytest.mark.timeout(300)
