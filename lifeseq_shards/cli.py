@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -261,7 +261,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     if attention and tokens_per_batch is None:  # it would do nothing: batches of persons are not dealt by length
         _fail("--attention deals a token budget's persons to even out len^2: it needs --tokens-per-batch")
     if checkpoint is not None and (batch_size is not None or tokens_per_batch is not None):
-        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size or 256, drop_last, tokens_per_batch,
+        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last, tokens_per_batch,
                      "attention" if attention else "tokens")
     if tokens_per_batch is not None:
         _plan_tokens(root, split, nodes, gpus, workers, tokens_per_batch, batch_size, attention)
@@ -325,10 +325,11 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
         click.echo(time_pass(root, split, batch_size, workers, World(0, nodes * gpus), batches, m).row())
 
 
-def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int, drop_last: bool,
+def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int | None, drop_last: bool,
                  tokens_per_batch: int | None, balance: str) -> None:
     """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout (of batches of ``batch_size``
-    persons, or of ``tokens_per_batch`` tokens), as the loader would read it."""
+    persons, the checkpoint's when not given, or of ``tokens_per_batch`` tokens), as the loader would read it. A
+    refusal names the flags given, in the user's words, never a setting the user left out."""
     import pickle
     import warnings
 
@@ -336,7 +337,7 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
 
     from .plan.report import describe_resume
     from .reader import DatasetChanged, ShardedDataset, ShardedLoader, World
-    from .reader.state import read_state
+    from .reader.state import EpochReadChanged, read_state
 
     try:
         saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
@@ -349,12 +350,15 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     then = state.layout
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
-        ds = ShardedDataset(root, state.split, batch_size, world=World(0, world), num_workers=workers,
-                            seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last,
-                            tokens_per_batch=tokens_per_batch, balance=balance)
+        ds = ShardedDataset(root, state.split, batch_size or then["batch_size"], world=World(0, world),
+                            num_workers=workers, seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last,
+                            tokens_per_batch=tokens_per_batch, balance=balance, crop=then.get("crop") or None)
         loader = ShardedLoader(ds)
         try:
             loader.load_state_dict(saved)
+        except EpochReadChanged:
+            _fail(f"{checkpoint}: epoch {state.position.epoch} was read {_read_by(then)} up to the checkpoint, and "
+                  f"so is the rest of it: plan it {_read_by(then)}, or without --resume for the next epoch")
         except (ValueError, DatasetChanged) as e:
             _fail(str(e))
     at = loader.position
@@ -376,6 +380,14 @@ def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_siz
     report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
     click.echo(report.text)
     sys.exit(0 if report.ok else 1)
+
+
+def _read_by(layout: dict[str, Any]) -> str:
+    """How a saved layout's epoch was read, as `shardify plan`'s flags say it."""
+    if not layout.get("tokens_per_batch"):
+        return f"with --batch-size {layout['batch_size']} (without --tokens-per-batch)"
+    return f"with --tokens-per-batch {layout['tokens_per_batch']}" + (
+        " --attention" if layout.get("balance") == "attention" else " (without --attention)")
 
 
 @main.group()

@@ -1,6 +1,8 @@
 """What this torch and Lightning can do, detected where it is used rather than read off a version (the researchers
-run torch 2.1.2 and Lightning 2.2.2; CI runs that stack and the newest). Each fallback is named once, in one line
-(a :class:`FallbackNotice` warning), the first time it is taken; nothing here fails on import.
+run torch 2.1.2 and Lightning 2.2.2; CI runs that stack and the newest). A fallback that gives the same result at
+the same cost says nothing (on their stack every process and loader worker used to warn of the first two below, 20
+warnings in one 2-rank fit, none asking anything of the user); one that costs something is named once a run, in one
+line (a :class:`FallbackNotice` warning, by rank 0 the first time it is taken). Nothing here fails on import.
 
 - Unsigned tensors (torch >= 2.3): before, torch has no uint16 / uint32 / uint64 dtype and ``torch.from_numpy``
   refuses such arrays. There a host array of one crosses as its signed view of the same width (the same bytes, so
@@ -16,6 +18,7 @@ internals.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -41,8 +44,17 @@ class FallbackNotice(UserWarning):
 
 @functools.cache
 def fallback(what: str, instead: str, where: str = f"torch {torch.__version__}") -> None:
-    """Say once, in one line, that ``where`` has no ``what`` and ``instead`` is done."""
-    warnings.warn(f"lifeseq_shards: no {what} in {where}: {instead}", FallbackNotice, stacklevel=3)
+    """Say once a run, in one line, that ``where`` has no ``what`` and ``instead`` is done, at some cost (rank 0
+    says it: every rank takes the same fallback)."""
+    if _rank() == 0:
+        warnings.warn(f"lifeseq_shards: no {what} in {where}: {instead}", FallbackNotice, stacklevel=3)
+
+
+def _rank() -> int:
+    """This process's rank: torch.distributed's, else the launcher's (torchrun, srun), else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
 
 
 @functools.cache
@@ -58,8 +70,7 @@ def unsigned_tensors() -> bool:
 def host_dtype(dtype: np.dtype | str) -> np.dtype:
     """The numpy dtype a column of ``dtype`` has as a tensor: itself, or its signed view where torch lacks it."""
     dt = np.dtype(dtype)
-    if dt in _SIGNED and not unsigned_tensors():
-        fallback("uint16 tensors", "unsigned columns cross as their signed view and are widened on the device")
+    if dt in _SIGNED and not unsigned_tensors():  # the same bytes cross, read back bit for bit: nothing to say
         return _SIGNED[dt]
     return dt
 
@@ -106,9 +117,5 @@ def add_safe_globals(classes: list[Any]) -> None:
     """Allow ``classes`` in ``torch.load(weights_only=True)``; without the allow-list (torch < 2.4) Lightning loads
     checkpoints with full unpickling, so nothing needs to be allowed."""
     register = getattr(torch.serialization, "add_safe_globals", None)
-    if register is None:
-        names = ", ".join(c.__name__ for c in classes)
-        fallback("torch.serialization.add_safe_globals", f"checkpoints holding {names} load with weights_only=False "
-                 "only (Lightning 2.2's and torch.load's default here)")
-        return
-    register(classes)
+    if register is not None:  # else nothing to say: Lightning 2.2's and torch.load's default there is full unpickling
+        register(classes)

@@ -148,6 +148,7 @@ class LifeSeqDataHooks(DataParts):
             return
         if self._trainer_fn() == "fit":  # Lightning 2.2 would train a batch saved at its end again
             lightning_loop.finish_saved_batch_on_restart(self.trainer)
+            lightning_loop.after_restart_reset(self.trainer, self._renumber_trainer)
         if self._train is None:
             self._resume = state["train"]
         else:  # strategies that restore after setup: the loader exists, its pass has not begun (it refuses else)
@@ -182,16 +183,18 @@ class LifeSeqDataHooks(DataParts):
             self._check_position(self.trainer)
         return self._stage_builder().widen(batch, self._epoch())
 
+    def _renumber_trainer(self) -> None:
+        """Resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
+        num_training_batches: the trainer's count moves there once Lightning has restored it (after the DataModule's
+        state) and before it numbers the epoch's first batch."""
+        if self._renumber is not None:
+            lightning_loop.renumber(self.trainer, *self._renumber)
+            self._renumber = None
+
     def _check_position(self, trainer: Any) -> None:
         """The train loader must stand where Lightning counts: a mismatch means batches replayed or skipped."""
         if self._train is None:
             return
-        if self._renumber is not None:
-            # resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
-            # num_training_batches: the trainer's count moves there at the first batch (Lightning restores its
-            # count after the DataModule's state)
-            lightning_loop.renumber(trainer, *self._renumber)
-            self._renumber = None
         ready = lightning_loop.batches_ready(trainer)  # batches before this one
         at = self._train.position
         if (at.epoch, at.batches) != (trainer.current_epoch, ready + 1):

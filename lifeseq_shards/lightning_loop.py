@@ -5,17 +5,16 @@ Tested on Lightning 2.2.2 (``lightning`` and ``pytorch_lightning``, the research
 and 2.6.6 (the newest installed: both packages) by tests/test_datamodule.py and tests/reader/test_ddp_elastic.py.
 What they rely on, the same in both: ``trainer.fit_loop.epoch_loop.batch_progress`` (``current`` and ``total``
 with ``ready``, ``started``, ``processed``, ``completed``; ``is_last_batch``; ``increment_completed()``),
-``epoch_loop.restarting``, ``epoch_loop.reset()``, ``epoch_loop._batches_that_stepped``, and
-``trainer.fit_loop._data_fetcher`` (``fetched``, ``length``, ``done``). 2.2 has no restart stages
+``epoch_loop.restarting``, ``epoch_loop.reset()`` (called by ``epoch_loop.run`` before ``on_run_start``, which
+adds ``current.ready`` to the data fetcher's count, and before the first batch is fetched and numbered ``batch_idx =
+current.ready``), and ``epoch_loop._batches_that_stepped``. 2.2 has no restart stages
 (``restarted_on_train_batch_end``, which later versions have): :func:`finish_saved_batch_on_restart` gives it one.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from typing import Any
-
-from .compat import fallback
 
 
 def _epoch_loop(trainer: Any) -> Any:
@@ -40,17 +39,30 @@ def batches_unfinished(trainer: Any, handed: int) -> int:
 def renumber(trainer: Any, epoch: int, then: int, now: int) -> None:
     """Move the trainer's count of ``epoch``'s batches from ``then`` to ``now`` (a rest of the epoch resumed in
     another layout runs from batch ``now`` to this layout's ``num_training_batches``), when the trainer stands at
-    ``then`` of that epoch. Its data fetcher counts them too, to tell the epoch's last batch (``fetched``,
-    ``done``)."""
-    loop = _epoch_loop(trainer)
-    progress = loop.batch_progress.current
+    ``then`` of that epoch. Called from :func:`after_restart_reset`'s hook: the data fetcher's count of the epoch's
+    batches (which tells its last) and the first batch's ``batch_idx`` are taken from this count after it."""
+    progress = _epoch_loop(trainer).batch_progress.current
     if trainer.current_epoch != epoch or progress.ready != then:
         return  # not where the checkpoint left the trainer: the caller's position check says so
     progress.ready = progress.started = progress.processed = progress.completed = now
-    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-    if fetcher is not None and getattr(fetcher, "length", None) is not None:
-        fetcher.fetched += now - then
-        fetcher.done = loop.batch_progress.is_last_batch = fetcher.fetched >= fetcher.length
+
+
+def after_restart_reset(trainer: Any, hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever the training epoch loop has been reset, before it fetches and numbers a batch: on a
+    restart that is where the restored count stands where the epoch goes on (rolled back to the batches completed,
+    :func:`finish_saved_batch_on_restart`'s on 2.2). No hook of Lightning's runs there, and the first batch's
+    ``batch_idx`` (the progress bar's count) is taken before ``on_after_batch_transfer``. Installs itself once; a
+    later call replaces the hook."""
+    loop = _epoch_loop(trainer)
+    if getattr(loop, "_lifeseq_after_reset", None) is None:
+        reset = loop.reset
+
+        def reset_then_hook() -> None:
+            reset()
+            loop._lifeseq_after_reset()
+
+        loop.reset = reset_then_hook
+    loop._lifeseq_after_reset = hook
 
 
 def finish_saved_batch_on_restart(trainer: Any) -> None:
@@ -66,9 +78,6 @@ def finish_saved_batch_on_restart(trainer: Any) -> None:
     epoch_loop = _epoch_loop(trainer)
     if hasattr(epoch_loop, "restarted_on_train_batch_end") or getattr(epoch_loop, "_lifeseq_restart", False):
         return
-    package = sys.modules[type(epoch_loop).__module__.split(".")[0]]
-    fallback("restart stages", "a checkpoint saved at a batch's end resumes after that batch (its step is in the "
-             "checkpoint), as in newer Lightnings", f"{package.__name__} {package.__version__}'s training loop")
     reset = epoch_loop.reset
 
     def reset_after_saved_batch() -> None:

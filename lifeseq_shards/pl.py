@@ -25,8 +25,8 @@ class LifeSeqPretrainModule(model.PretrainSteps, pl.LightningModule):
 
 
 class StopOnSigterm(signals.SigtermHooks, pl.Callback):
-    """Ends a ``pytorch_lightning`` DDP fit on SIGTERM (scancel, a time limit) as Ctrl-C does, without the hang of
-    Lightning's own handler (:mod:`lifeseq_shards.signals` says why): ``Trainer(callbacks=[StopOnSigterm()])``."""
+    """Ends a ``pytorch_lightning`` DDP fit on SIGTERM (scancel, a time limit) with exit status 143, without the hang
+    of Lightning's own handler (:mod:`lifeseq_shards.signals` says why): ``Trainer(callbacks=[StopOnSigterm()])``."""
 
 
 class EmbeddingWriter(embed_writer.EmbeddingWriterHooks, pl.callbacks.BasePredictionWriter):

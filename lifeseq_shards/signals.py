@@ -11,30 +11,39 @@ stack is Lightning's handler or DDP's collective.
 
 :class:`StopOnSigterm` (``lifeseq_shards.pl.StopOnSigterm`` for ``pytorch_lightning``) replaces Lightning's SIGTERM
 handler when a stage begins (the sanity check, training, a validation, a predict) with one that raises
-:class:`SigtermInterrupt`, a KeyboardInterrupt:
-Lightning's Ctrl-C path, which runs no collective, ends the ranks it started, tears the loaders down and exits 1.
-Lightning puts its own handlers back when the fit ends. A rank blocked in a collective when the signal comes
-raises once the collective returns, which it does when the peer that left closes its connection. Lightning's
-handler still answers a SIGTERM in the moment between setting it and the first stage (a barrier, before any
-loader starts).
+:class:`Preempted`, a ``SystemExit`` with status :data:`PREEMPTED` (143). Lightning handles it as any exception
+other than Ctrl-C: no collective, the callbacks' ``on_exception`` (this one's ends the ranks this process started,
+as the Ctrl-C path does), the loaders torn down, and raised again, so the process ends with 143 and nothing after
+``fit`` runs, on every Lightning version. Lightning's Ctrl-C path, which
+an earlier version took, ends 2.2 (the researchers' pin) with ``fit`` returning, the script going on and the process
+exiting 0, as a finished run does, and newer ones with 1, as a crash does: neither tells a job script to requeue.
+143 is 128 + SIGTERM, the status a shell reports for a process the signal ended (a plain loop without a handler),
+so one test in the job script covers both. A rank blocked in a collective when the signal comes raises once the
+collective returns, which it does when the peer that left closes its connection. Lightning's handler still
+answers a SIGTERM in the moment between setting it and the first stage (a barrier, before any loader starts).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
 
 import lightning as L
 
+PREEMPTED = 128 + signal.SIGTERM  # 143: what a shell reports for a process SIGTERM ended; a job script requeues on it
 
-class SigtermInterrupt(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread wherever it stands (Lightning handles it as it handles Ctrl-C)."""
+
+class Preempted(SystemExit):
+    """SIGTERM, raised in the main thread wherever it stands: Lightning tears the fit down and raises it again, and
+    the process exits with :data:`PREEMPTED`."""
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise SigtermInterrupt(f"signal {signum} (SIGTERM): stopping as on Ctrl-C")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM would break off the teardown this one starts
+    raise Preempted(PREEMPTED)
 
 
 class SigtermHooks:
@@ -56,6 +65,15 @@ class SigtermHooks:
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
         self._take_sigterm()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if not isinstance(exception, Preempted):
+            return
+        if trainer.global_rank == 0:
+            print(f"SIGTERM: stopped, exit status {PREEMPTED} (preempted: requeue the job; it resumes from the last "
+                  "checkpoint)", file=sys.stderr, flush=True)
+        if trainer.strategy.launcher is not None:  # the ranks this process started, as Lightning's Ctrl-C path ends
+            trainer.strategy.launcher.kill(signal.SIGKILL)  # them: a SIGTERM to this rank alone leaves none waiting
 
 
 class StopOnSigterm(SigtermHooks, L.pytorch.Callback):

@@ -35,18 +35,23 @@ def run(cmd: list[str], cwd: Path, timeout: float = BLOCK_S) -> subprocess.Compl
 
 # -- static checks: what a block that cannot run here must still get right -------------------------------------
 def commands(code: str) -> list[list[str]]:
-    """The shell commands of a bash block (continuations joined, comments dropped), each split into words."""
+    """The shell commands of a bash block (continuations joined, comments dropped, ``a && b`` two commands), each
+    split into words."""
     out = []
     for line in code.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
-        inner = re.fullmatch(r"[A-Za-z_]+=\$\((\S+)", words[0]) if words else None
-        if inner and words[-1].endswith(")"):  # VAR=$(command ...): the command
-            words = [inner.group(1), *words[1:-1], words[-1][:-1]]
-        while words and re.fullmatch(r"[A-Za-z_]+=.*", words[0]):  # VAR=value before a command
-            words = words[1:]
-        if words:
-            out.append(words)
+        for part in re.split(r"\s&&\s", line):
+            words = shlex.split(part, comments=True)
+            inner = re.fullmatch(r"[A-Za-z_]+=\$\((\S+)", words[0]) if words else None
+            if inner and words[-1].endswith(")"):  # VAR=$(command ...): the command
+                words = [inner.group(1), *words[1:-1], words[-1][:-1]]
+            while words and re.fullmatch(r"[A-Za-z_]+=.*", words[0]):  # VAR=value before a command
+                words = words[1:]
+            if words:
+                out.append(words)
     return out
+
+
+SHELL = {"trap", "exit", "["}  # the bash builtins a job script of the guides uses
 
 
 def flags(words: list[str]) -> list[str]:
@@ -151,6 +156,10 @@ def check_command(words: list[str], cwd: Path, where: str) -> None:
     elif program == "make":
         targets = re.findall(r"^([\w.-]+):", (REPO / "Makefile").read_text(), re.M)
         assert all(t in targets for t in args), f"{where}: make {args}: no such target (has {targets})"
+    elif program in SHELL:
+        pass
+    elif program == "scontrol":
+        assert args[:1] == ["requeue"], f"{where}: scontrol {args[:1]}: not taught here (requeue is)"
     elif program == "pip":
         unknown = [f for f in flags(args[1:]) if f not in help_text(sys.executable, "-m", "pip", args[0])]
         assert not unknown, f"{where}: pip {args[0]}: no option {unknown}"

@@ -3,14 +3,24 @@ their signed view, read back on the device), in both layouts; what a torch lacks
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from helpers import REPO, repo_first
 
 from lifeseq_shards import compat
 from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.reader import BatchSpec, collate
 from lifeseq_shards.store.format import Block, make_schema
+
+SCRIPTS = REPO / "tests" / "ddp_scripts"
 
 
 def edge_block(token_dtype: str) -> tuple[Block, list[list[int]]]:
@@ -51,3 +61,41 @@ def test_signed_views_only_where_torch_lacks_the_dtype() -> None:
         assert tensor.dtype == torch.int16 and compat.is_view("uint16")
         assert compat.unsigned(tensor).tolist() == values.tolist()
     assert not compat.is_view("int16") and not compat.is_view("uint8")
+
+
+def test_a_fallback_that_costs_is_said_once_a_run_by_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank takes the same fallback: rank 0 names it, once; another rank (torchrun's RANK, srun's
+    SLURM_PROCID) says nothing."""
+    for env, said in (({"RANK": "1"}, 0), ({"SLURM_PROCID": "3"}, 0), ({"RANK": "0"}, 1), ({}, 1)):
+        for name in ("RANK", "SLURM_PROCID"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        compat.fallback.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compat.fallback("a kernel", "a slower one")
+            compat.fallback("a kernel", "a slower one")
+        notices = [w for w in caught if issubclass(w.category, compat.FallbackNotice)]
+        assert len(notices) == said, (env, [str(w.message) for w in notices])
+    compat.fallback.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_two_rank_fit_with_workers_names_no_fallback_more_than_once(ds8: Path, tmp_path: Path) -> None:
+    """Their stack (torch 2.1.2: no uint16 tensors, no add_safe_globals; Lightning 2.2.2: no restart stages) loses
+    nothing by its fallbacks: a 2-rank pytorch_lightning fit with 2 workers a rank, resumed from a mid-epoch
+    checkpoint, prints no FallbackNotice more than once (before: one per process and worker, 20 in a fit). The
+    newest stack takes none."""
+    fit = [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(ds8), str(tmp_path / "r.json"), "--workers", "2",
+           "--flavour", "pytorch_lightning", "--limit-train", "6", "--limit-val", "2", "--ckpt-every", "3",
+           "--ckpt-dir", str(tmp_path / "ckpt")]
+    out = ""
+    for extra in ([], ["--resume", str(tmp_path / "ckpt" / "step=3.ckpt")]):
+        r = subprocess.run([*fit, *extra], cwd=SCRIPTS, env=repo_first(os.environ), capture_output=True, text=True,
+                           timeout=180)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        out += r.stdout + r.stderr
+    notices = re.findall(r"FallbackNotice: (.*)", out)
+    assert len(notices) == len(set(notices)) <= 1, notices

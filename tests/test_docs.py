@@ -18,16 +18,24 @@ Runs on small data (the sample: 6,000 persons), with a few named edits that make
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pyarrow.dataset
 import pytest
-from doc_checks import check_command, check_diff, check_python, check_shardify, commands, run
-from helpers import REPO
+from doc_checks import BLOCK_S, check_command, check_diff, check_python, check_shardify, commands, env, run
+from helpers import REPO, wait_for
+
+from lifeseq_shards.store.remote import read_manifest
 
 GUIDES = REPO / "docs" / "guides"
 PAGES = [*sorted(GUIDES.glob("*.md")), REPO / "README.md"]
@@ -190,6 +198,134 @@ def test_page_runs(page: Path, session: Session) -> None:
     start = time.monotonic()
     session.page_dir(page.name)
     print(f"{page.name}: {time.monotonic() - start:.1f} s")
+
+
+# each rank's EmbeddingWriter.write sleeps after writing (a sitecustomize on the ranks' PYTHONPATH; the script stays
+# the guide's, byte for byte), and records its process group, so that a kill lands while the job is under way and
+# reaches every rank (torchrun starts each rank in a process group of its own)
+SLOW_WRITES = """
+import os
+import time
+
+if "LOCAL_RANK" in os.environ:
+    from lifeseq_shards.embed.writer import EmbeddingWriter
+
+    with open(os.path.join(os.path.dirname(__file__), f"pgid-{os.environ['RANK']}"), "w") as fh:
+        fh.write(str(os.getpgid(0)))
+    _write = EmbeddingWriter.write
+
+    def write(self, *args, **kwargs):
+        _write(self, *args, **kwargs)
+        time.sleep(0.5)
+
+    EmbeddingWriter.write = write
+"""
+EMBED_LOOP = ["torchrun", "--standalone", "--nproc_per_node=2", "embed_loop.py"]
+
+
+def embeddings(out: Path) -> dict[str, np.ndarray]:
+    table = pyarrow.dataset.dataset(out).to_table().sort_by("person_id")
+    return {"person_id": table.column("person_id").to_numpy(),
+            **{f: np.stack(table.column(f).to_numpy(zero_copy_only=False)) for f in ("cls", "mean")}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * BLOCK_S + 300)
+def test_embed_loop_killed_under_torchrun_resumes_on_two_ranks(session: Session, tmp_path: Path) -> None:
+    """embed.md's plain-loop script as written (2 loader workers a rank), under torchrun on 2 ranks: SIGKILLed
+    (torchrun and every rank) once some shards are written, started again on 2 ranks, it reads only the shards left
+    and leaves the finished ones as they were; the output verifies and holds the embeddings of the guide's own
+    uninterrupted run."""
+    guide = session.page_dir("embed.md")
+    (script,) = [b.code for b in parse(GUIDES / "embed.md").blocks if b.file == "embed_loop.py"]
+    cwd, slow = tmp_path / "job", tmp_path / "slow"
+    cwd.mkdir(), slow.mkdir()
+    (cwd / "embed_loop.py").write_text(script)
+    for name in ("ds", "checkpoints"):
+        (cwd / name).symlink_to(guide / name)
+    (slow / "sitecustomize.py").write_text(SLOW_WRITES)
+    slowed = {**env(), "PYTHONPATH": os.pathsep.join([str(slow), env()["PYTHONPATH"]])}
+    out = cwd / "emb_loop"
+
+    def finished() -> dict[str, int]:
+        return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
+
+    with open(tmp_path / "killed.log", "w") as log:
+        job = subprocess.Popen(EMBED_LOOP, cwd=cwd, env=slowed, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        assert wait_for(lambda: len(finished()) >= 2 or job.poll() is not None, BLOCK_S)
+    finally:
+        for group in [job.pid, *(int(p.read_text()) for p in slow.glob("pgid-*"))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        job.wait()
+    assert job.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-4000:]
+    before = finished()
+    total = len(list(read_manifest(cwd / "ds").entries()))
+    assert 2 <= len(before) < total, before
+    r = run(["shardify", "embeddings", "verify", "emb_loop/", "--data", "ds/"], cwd)
+    assert r.returncode == 1 and "missing" in r.stdout + r.stderr, r.stdout + r.stderr
+
+    r = run(EMBED_LOOP, cwd)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    said = f"EmbeddingWriter emb_loop: {len(before)} of {total} shards done, reading {total - len(before)}"
+    assert said in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
+    assert {name: finished()[name] for name in before} == before  # not written again
+    r = run(["shardify", "embeddings", "verify", "emb_loop/", "--data", "ds/"], cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got, want = embeddings(out), embeddings(guide / "emb_loop")
+    np.testing.assert_array_equal(got["person_id"], want["person_id"])
+    for field_name in ("cls", "mean"):  # float16; batches are cut otherwise after a resume
+        np.testing.assert_allclose(got[field_name].astype(np.float32), want[field_name].astype(np.float32),
+                                   rtol=1e-2, atol=1e-3)
+
+
+# stand-ins for Slurm's programs: srun exits with the ranks' status (RANKS, else it runs until SIGTERM and exits
+# 143, as StopOnSigterm ends the ranks), scontrol writes down what it was asked
+SRUN = """#!/bin/bash
+trap 'exit 143' TERM
+touch "$OUT/started"
+[ -n "${RANKS:-}" ] && exit "$RANKS"
+sleep 60 & wait
+"""
+SCONTROL = """#!/bin/bash
+echo "$@" >> "$OUT/scontrol"
+"""
+
+
+def test_the_job_script_requeues_a_job_stopped_by_sigterm_and_only_it(tmp_path: Path) -> None:
+    """resume.md's job script (srun and scontrol stood in for): the ranks' 143 is requeued and the job ends 143; 0
+    and 1 are not requeued and end as they are; the same SIGTERM to the batch shell, its srun and the ranks (as
+    Slurm sends it) still requeues."""
+    (script,) = [b.code for b in parse(GUIDES / "resume.md").blocks if b.file == "requeue.sh"]
+    (tmp_path / "requeue.sh").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+
+    def job(ranks: int | None) -> tuple[int, str]:
+        out = tmp_path / f"out-{ranks}"
+        out.mkdir()
+        job_env = {**env(), "PATH": os.pathsep.join([str(bin_dir), env()["PATH"]]), "SLURM_JOB_ID": "4242",
+                   "OUT": str(out), **({"RANKS": str(ranks)} if ranks is not None else {})}
+        proc = subprocess.Popen(["bash", "requeue.sh"], cwd=tmp_path, env=job_env, start_new_session=True)
+        try:
+            if ranks is None:
+                assert wait_for(lambda: (out / "started").exists(), 30)
+                os.killpg(proc.pid, signal.SIGTERM)
+            code = proc.wait(30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return code, (out / "scontrol").read_text() if (out / "scontrol").exists() else ""
+
+    assert job(0) == (0, "")
+    assert job(1) == (1, "")
+    assert job(143) == (143, "requeue 4242\n")
+    assert job(None) == (143, "requeue 4242\n")
 
 
 def test_every_guide_has_blocks_and_every_edit_applies() -> None:

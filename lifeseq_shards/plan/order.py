@@ -20,6 +20,13 @@ from .slots import Segment, _cut, num_batches, slot_persons
 # Mixed into the window shuffles' RNG seeds, unlike plan's _ORDER_TAG, so the shard order and the window shuffles
 # never share a stream.
 _WINDOW_TAG = 0x57494E44  # "WIND"
+WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
+
+
+def default_window(shard_sizes: Sequence[int]) -> int:
+    """The persons shuffled together when a reader is given no ``window``: two shards, and never so few persons
+    that the shuffle stays local (the reader and ``shardify plan`` both take it from here)."""
+    return max(WINDOW_PERSONS, WINDOW_SHARDS * max(shard_sizes, default=1))
 
 
 def window_order(total: int, window: int, seed: int, epoch: int, slot: int, window_index: int) -> np.ndarray:

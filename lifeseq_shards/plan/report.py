@@ -11,6 +11,7 @@ import numpy as np
 
 from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
+from .order import default_window
 from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
 from .resume import Layout, RestPlan, Stage
 from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
@@ -223,7 +224,7 @@ def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, 
 
 def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int, gpus: int, workers: int,
                     tokens_per_batch: int, *, batch_size: int | None = None, attention: bool = False, seed: int = 0,
-                    split: str = "train") -> PlanReport:
+                    split: str = "train", window: int | None = None) -> PlanReport:
     """The epoch-0 token-budget plan as `shardify plan --tokens-per-batch` prints it: steps, persons a step, the
     balance across the ranks of a step (tokens and len^2), who is left out; beside the persons plan of
     ``batch_size`` persons a rank (default: as many as the budget holds on average). ok: False when refused.
@@ -232,8 +233,11 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         lengths, shard_sizes: the split's lengths and shards, the remainder last (:func:`plan_epoch`'s).
         nodes, gpus, workers: the layout. tokens_per_batch: the budget a rank a step.
         attention: the deal evens out len^2 (attention's cost) across the ranks of a step rather than tokens.
+        window: the shuffle window; default the reader's (:func:`~.order.default_window`), so that the numbers are
+            those a reader of this layout gets.
     """
     world = nodes * gpus
+    window = window if window is not None else default_window(shard_sizes[:-1])
     cost = ATTENTION if attention else TOKENS
     lines = [
         f"{split} split: {len(lengths)} persons in {len(shard_sizes) - 1} shards + remainder {shard_sizes[-1]}; "
@@ -242,7 +246,8 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         f"tokens a rank a step, {BALANCED_BY[attention]}; epoch 0, seed {seed}",
     ]
     try:
-        plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost)
+        plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost,
+                          window=window)
     except ValueError as e:
         return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
     sizes, tokens = plan.batch_sizes(), plan.step_costs(lengths)
@@ -255,7 +260,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
               "  " + _balance_line(tokens, plan.step_costs(lengths, ATTENTION)),
               "  left out: nobody (every person once an epoch)"]
     b = batch_size or max(1, round(tokens_per_batch / float(lengths.mean())))
-    old = persons_plan_costs(lengths, shard_sizes, world, workers, b, seed=seed)
+    old = persons_plan_costs(lengths, shard_sizes, world, workers, b, seed=seed, window=window)
     lost = persons_left_out(shard_sizes, world, workers)
     over = int((old > tokens_per_batch).sum())
     lines += ["", f"persons plan (today), batch {b} persons a rank{'' if batch_size else ' (the budget on average)'}: "
@@ -263,7 +268,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
               f"  tokens a rank a step: max {int(old.max())}, mean {old.mean():.0f}; {over} of {old.size} batches over "
               "the budget",
               "  " + _balance_line(old, persons_plan_costs(lengths, shard_sizes, world, workers, b, seed=seed,
-                                                           cost=ATTENTION)),
+                                                           window=window, cost=ATTENTION)),
               f"  left out: {lost} persons an epoch (others each epoch)"]
     return PlanReport(ok=True, text="\n".join(lines))
 

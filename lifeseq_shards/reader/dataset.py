@@ -34,7 +34,6 @@ from .options import ReadOptions
 from .stages import batches, load_windows, messages, planned_windows, sized_batches, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
-WINDOW_PERSONS, WINDOW_SHARDS = 4096, 2  # the default shuffle window: the larger of these persons and shards
 MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
 MAX_KEEP = 8192  # persons the epoch before left out that the next reads: fewer than two layouts' slots
 
@@ -184,9 +183,7 @@ class ShardedDataset(IterableDataset):
         else:
             self.sizes, remainder = [e.samples for e in entries], 0
 
-        window = options.window
-        if window is None:  # two shards, and never so few persons that the shuffle stays local
-            window = max(WINDOW_PERSONS, WINDOW_SHARDS * max(self.sizes, default=1))
+        window = options.window if options.window is not None else plan_order.default_window(self.sizes)
         self.partition = plan.Partition(tuple(self.sizes), self.world.size, options.num_workers, options.mode,
                                         options.seed, options.shuffled, options.batch_size, options.drop_last, window,
                                         remainder)

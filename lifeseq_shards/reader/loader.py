@@ -22,8 +22,10 @@ from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
 from .state import (
     BUDGET_KEYS,
+    OPTIONAL,
     START_OVER,
     DatasetChanged,
+    EpochReadChanged,
     SavedState,
     layout_changes,
     read_state,
@@ -294,13 +296,15 @@ class ShardedLoader(DataLoader):
         Refused inside an epoch read by persons on one side and by a budget on the other, or balanced otherwise."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         at, then = saved.position, saved.layout
-        now = self._layout()
+        now = {**OPTIONAL, **self._layout()}  # a layout of batches of persons stores no budget keys
         budget = [k for k in BUDGET_KEYS if ds.tokens is not None and then["tokens_per_batch"] and then[k] != now[k]]
+        switched = ["tokens_per_batch"] if (then["tokens_per_batch"] == 0) != (ds.tokens is None) else []
         changed = [*changed, *(f"{k} {then[k]!r} -> {now[k]!r}" for k in budget)]
         if not changed or not (at.batches or at.history):
             return at if not changed else Position(at.epoch, 0)
-        if (then["tokens_per_batch"] == 0) != (ds.tokens is None) or budget:
-            raise ValueError(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(changed)} since "
+        if switched or budget:  # named: what is refused, not the layout (another one alone is resumed)
+            refused = "; ".join(f"{k} {then[k]!r} -> {now[k]!r}" for k in (*switched, *budget))
+            raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {refused} since "
                              "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
                              "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
                              "the epoch ends, or " + START_OVER)

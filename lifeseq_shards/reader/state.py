@@ -94,6 +94,11 @@ class DatasetChanged(RuntimeError):
     """A resume state was saved for another dataset (its fingerprint differs)."""
 
 
+class EpochReadChanged(ValueError):
+    """A resume inside an epoch read by persons on one side and by a token budget on the other, or by a budget of
+    another balance or crop: the message names those settings only (another layout alone is resumed)."""
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 

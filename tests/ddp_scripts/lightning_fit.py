@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--val-check-interval", type=float, default=1.0)
     p.add_argument("--limit-train", type=int, default=None, help="limit_train_batches")
     p.add_argument("--limit-val", type=int, default=None, help="limit_val_batches")
-    p.add_argument("--stop-on-sigterm", action="store_true", help="add StopOnSigterm (a SIGTERM ends it as Ctrl-C)")
+    p.add_argument("--stop-on-sigterm", action="store_true", help="add StopOnSigterm (a SIGTERM ends it, status 143)")
     p.add_argument("--predict", action="store_true", help="run trainer.predict (every person once) instead of fit")
     p.add_argument("--save-mid-step", nargs=2, metavar=("STEP", "PATH"),
                    help="save a checkpoint inside training step STEP (as SLURM's auto-requeue signal does)")
@@ -89,7 +89,7 @@ def main() -> None:
     import torch.distributed as dist
 
     # Lightning leaves the group up: torn down here, not by the exit (gloo's threads). Not after an interrupt
-    # (Lightning 2.2 returns from a SIGTERM'd fit): a peer may still be inside a collective, and a barrier would hang
+    # (Lightning 2.2 returns from a fit Ctrl-C stopped): a peer may still be inside a collective; a barrier would hang
     if dist.is_initialized() and not trainer.interrupted:
         from gather import finish
 

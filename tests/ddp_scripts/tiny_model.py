@@ -50,6 +50,9 @@ class Tiny(pl.LightningModule):
         self.cls_decoder = nn.Linear(4, 3)
         self.train_ids: dict[str, list[list[int]]] = {}  # epoch -> the person ids of each of its batches
         self.train_lrs: list[float] = []  # the learning rate of each step this run took
+        # epoch -> (batch_idx in on_train_batch_start, in on_train_batch_end, batches processed then) of each step:
+        # the numbers a progress bar shows
+        self.train_counts: dict[str, list[tuple[int, int, int]]] = {}
         self.val_ids: list[list[int]] = []
         self.predicted: list[dict[str, Any]] = []
         self.model_batch: dict[str, Any] = {}
@@ -76,6 +79,14 @@ class Tiny(pl.LightningModule):
             self.trainer.save_checkpoint(self.save_mid_step[1])
             self.save_mid_step = None
         return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.train_counts.setdefault(str(self.current_epoch), []).append((batch_idx, -1, -1))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        start = self.train_counts[str(self.current_epoch)][-1][0]
+        processed = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        self.train_counts[str(self.current_epoch)][-1] = (start, batch_idx, processed)
 
     def on_validation_epoch_start(self) -> None:
         self.val_ids = []  # drop the sanity check's batches
@@ -109,7 +120,8 @@ class Tiny(pl.LightningModule):
                         "num_training_batches": trainer.num_training_batches, "lrs": self.train_lrs,
                         "schedule": [scheduler.last_epoch, scheduler.total_steps,
                                      int(trainer.estimated_stepping_batches)],
-                        "num_val_batches": trainer.num_val_batches, "train": self.train_ids, "val": self.val_ids,
+                        "num_val_batches": trainer.num_val_batches, "train": self.train_ids,
+                        "train_counts": self.train_counts, "val": self.val_ids,
                         "model_batch": self.model_batch}, self.out)
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -116,7 +116,19 @@ def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_layout(lightning
                       ranks * max(workers, 1))
     for r in resumed:
         assert len(r["train"]["1"]) == r["num_training_batches"], "epoch 1 is this layout's whole epoch"
+        assert_counted_in_steps(r)
         assert_schedule_fits(full[0], r)
+
+
+def assert_counted_in_steps(resumed: dict[str, Any]) -> None:
+    """Lightning numbers the resumed rest of the epoch in this layout from its first step on (batch_idx in
+    on_train_batch_start and _end, the batches processed after it: a progress bar's count), one a step up to the
+    layout's last batch, and the next epoch from 0 (it jumped from the checkpoint's count to this layout's after the
+    first step: 23/88, then 46/88)."""
+    n = resumed["num_training_batches"]
+    for epoch, steps in resumed["train_counts"].items():
+        first = n - len(resumed["train"][epoch]) if epoch == "0" else 0
+        assert steps == [[i, i, i + 1] for i in range(first, n)], f"epoch {epoch}: (batch_idx, batch_idx, processed)"
 
 
 def assert_schedule_fits(full: dict[str, Any], resumed: dict[str, Any]) -> None:

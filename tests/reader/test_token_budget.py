@@ -6,6 +6,7 @@ another layout and another budget, and across the switch between persons and a b
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -239,9 +240,48 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     assert f"trained on before: {len(trained)} persons; the rest: {after} persons in {len(rest[0])} steps" in out
     assert f"batches {len(loaders[0]) - len(rest[0])}..{len(loaders[0])} of this layout's epoch" in out
     assert "left out of epoch 0: nobody" in out
-    # a budget's checkpoint planned as batches of persons: refused as the loader refuses it, in one line
+    # a budget's checkpoint planned as batches of persons: refused as the loader refuses it, in one line, in the
+    # CLI's words
     code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--batch-size", 50, "--resume", tmp_path / "state.ckpt")
-    assert code == 2 and "tokens_per_batch 8000 -> 0" in out, out
+    read = "with --tokens-per-batch 8000 (without --attention)"
+    assert code == 2 and out.strip().splitlines() == [
+        f"error: {tmp_path / 'state.ckpt'}: epoch 0 was read {read} up to the checkpoint, and so is the "
+        f"rest of it: plan it {read}, or without --resume for the next epoch"], out
+
+
+@pytest.mark.timeout(300)
+def test_shardify_plan_resume_names_only_the_flags_given(nomlm_dataset: Path, tmp_path: Path) -> None:
+    """A checkpoint of batches of 50 persons planned with --tokens-per-batch and no --batch-size: the refusal names
+    the flag given and the checkpoint's reading, in flags; not --batch-size's default nor the loader's message size
+    (before: 'batch_size 50 -> 256; batches_per_message 81 -> 20; tokens_per_batch 0 -> 10000')."""
+    state, _ = stop(nomlm_dataset, 2, 2, 5, budget=None, batch_size=50)
+    torch.save(state, tmp_path / "state.ckpt")
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--workers", 1, "--tokens-per-batch", 10000,
+                         "--resume", tmp_path / "state.ckpt")
+    read = "with --batch-size 50 (without --tokens-per-batch)"
+    assert code == 2 and out.strip().splitlines() == [
+        f"error: {tmp_path / 'state.ckpt'}: epoch 0 was read {read} up to the checkpoint, and so is the "
+        f"rest of it: plan it {read}, or without --resume for the next epoch"], out
+    # what it says to do works: the rest of the epoch in batches of 50 on this layout
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 3, "--workers", 1, "--batch-size", 50,
+                         "--resume", tmp_path / "state.ckpt")
+    assert code in (0, 1) and not out.startswith("error"), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shardify_plan_prints_the_numbers_the_ranks_get(nomlm_dataset: Path, workers: int) -> None:
+    """`shardify plan --tokens-per-batch`'s persons a rank a step (min/mean/max) and most tokens a rank a step are
+    those of the ranks' epoch 0 (before: the plan shuffled in windows of 16,384 persons, the reader in its own
+    default, and printed a plan no rank read)."""
+    code, out = shardify("plan", nomlm_dataset, "--gpus", 2, "--workers", workers, "--tokens-per-batch", BUDGET)
+    assert code == 0, out
+    persons, tokens = epoch(nomlm_dataset, 2, workers)
+    per_rank = np.array([[len(b) for b in rank] for rank in persons])
+    said = re.search(r"(\d+)/([\d.]+)/(\d+) a rank\n  tokens a rank a step: max (\d+) <= budget", out)
+    assert said is not None, out
+    assert (int(said[1]), said[2], int(said[3])) == (per_rank.min(), f"{per_rank.mean():.1f}", per_rank.max()), out
+    assert int(said[4]) == tokens.max(), out
 
 
 @pytest.mark.slow
