@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -327,67 +327,15 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
 
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int | None, drop_last: bool,
                  tokens_per_batch: int | None, balance: str) -> None:
-    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout (of batches of ``batch_size``
-    persons, the checkpoint's when not given, or of ``tokens_per_batch`` tokens), as the loader would read it. A
-    refusal names the flags given, in the user's words, never a setting the user left out."""
-    import pickle
-    import warnings
-
-    import torch
-
-    from .plan.report import describe_resume
-    from .reader import DatasetChanged, ShardedDataset, ShardedLoader, World
-    from .reader.state import EpochReadChanged, read_state
+    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout (reader/rest.py)."""
+    from .reader.rest import RestRefused, rest_of_epoch
 
     try:
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
-        _fail(f"{checkpoint}: not a checkpoint torch can load ({type(e).__name__}: {e})")
-    try:
-        state = read_state(saved, checkpoint)
-    except ValueError as e:
+        text, code = rest_of_epoch(root, checkpoint, world, workers, batch_size, drop_last, tokens_per_batch, balance)
+    except RestRefused as e:
         _fail(str(e))
-    then = state.layout
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
-        ds = ShardedDataset(root, state.split, batch_size or then["batch_size"], world=World(0, world),
-                            num_workers=workers, seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last,
-                            tokens_per_batch=tokens_per_batch, balance=balance, crop=then.get("crop") or None)
-        loader = ShardedLoader(ds)
-        try:
-            loader.load_state_dict(saved)
-        except EpochReadChanged:
-            _fail(f"{checkpoint}: epoch {state.position.epoch} was read {_read_by(then)} up to the checkpoint, and "
-                  f"so is the rest of it: plan it {_read_by(then)}, or without --resume for the next epoch")
-        except (ValueError, DatasetChanged) as e:
-            _fail(str(e))
-    at = loader.position
-    epoch, batches = at.epoch, at.batches
-    if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
-        click.echo(f"{', '.join(then['split'])} split: resumes at batch {batches} of epoch {epoch}, as an ordinary "
-                   "epoch of this layout")
-        sys.exit(0)
-    if ds.tokens is not None:  # a token budget's rest: every person not yet trained on, once
-        plan, base = ds.token_stage(at)
-        click.echo(f"{', '.join(then['split'])} split, epoch {epoch}: saved after batch {state.stage.batches} "
-                   f"({then['world_size']} ranks x {then['num_workers']} worker(s), budget "
-                   f"{then['tokens_per_batch']}); resumed on {world} ranks x {workers} worker(s), budget "
-                   f"{tokens_per_batch}\ntrained on before: {len(ds.tokens.lengths) - len(plan.persons)} persons; "
-                   f"the rest: {len(plan.persons)} persons in {plan.steps} steps a rank (all equal), batches "
-                   f"{base}..{len(ds)} of this layout's epoch; then this layout's own epochs\nleft out of epoch "
-                   f"{epoch}: nobody")
-        sys.exit(0)
-    report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
-    click.echo(report.text)
-    sys.exit(0 if report.ok else 1)
-
-
-def _read_by(layout: dict[str, Any]) -> str:
-    """How a saved layout's epoch was read, as `shardify plan`'s flags say it."""
-    if not layout.get("tokens_per_batch"):
-        return f"with --batch-size {layout['batch_size']} (without --tokens-per-batch)"
-    return f"with --tokens-per-batch {layout['tokens_per_batch']}" + (
-        " --attention" if layout.get("balance") == "attention" else " (without --attention)")
+    click.echo(text)
+    sys.exit(code)
 
 
 @main.group()

@@ -5,8 +5,9 @@ One concern per module: :mod:`.options` (the dataset's arguments as one frozen v
 generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`), :mod:`.transport` (the
 workers' shared-memory rings and process context), :mod:`.launch` (rank and world size from the launcher's
 variables), :mod:`.mainguard` (a script that starts workers outside ``if __name__ == "__main__":`` told what to do,
-before any worker starts), :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state) and :mod:`.state` (that
-state's format, read and written there only).
+before any worker starts), :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state), :mod:`.state` (that
+state's format, read and written there only) and :mod:`.rest` (the rest of a checkpoint's epoch in another layout,
+as ``shardify plan --resume`` shows it).
 docs/architecture.md shows how the data flows between them.
 
 The public names are what training code, the tools and the tests use: the dataset and its loader, the error a resume
