@@ -19,6 +19,7 @@ import torch
 from helpers import shardify, trained_ids
 
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
+from lifeseq_shards.reader.state import state_digest
 
 BATCH, TAKEN = 100, 3  # the old run: 2 ranks x 2 workers, batch 100, stopped after 3 batches on every rank
 
@@ -226,7 +227,8 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
 
 def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, tmp_path: Path) -> None:
     state, _ = stopped(nomlm_dataset, world=1, workers=0)
-    torch.save({**state, "fingerprint": "0" * 32}, tmp_path / "other.pt")
+    other = {**state, "fingerprint": "0" * 32}  # another dataset's state, as its own loader saved it (with its digest)
+    torch.save({**other, "digest": state_digest(other)}, tmp_path / "other.pt")
     (tmp_path / "junk.ckpt").write_text("not a checkpoint")
     torch.save({"state_dict": {}}, tmp_path / "weights.ckpt")
     torch.save({"a": {"train": state}, "b": {"train": state}}, tmp_path / "two.ckpt")
