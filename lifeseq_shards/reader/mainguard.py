@@ -79,7 +79,8 @@ def _main_only(body: list[ast.stmt]) -> list[tuple[int, int]]:
     for node in body:
         if not isinstance(node, ast.If):
             continue
-        for branch, main in ((node.body, _true_only_in_main(node.test)), (node.orelse, _false_only_in_main(node.test))):
+        for branch, holds in ((node.body, True), (node.orelse, False)):
+            main = _implies_main(node.test, holds)
             if main and branch:
                 found.append((branch[0].lineno, branch[-1].end_lineno or branch[-1].lineno))
             elif branch:
@@ -87,24 +88,15 @@ def _main_only(body: list[ast.stmt]) -> list[tuple[int, int]]:
     return found
 
 
-def _true_only_in_main(test: ast.expr) -> bool:
-    """Whether ``test`` holding implies ``__name__ == "__main__"``."""
+def _implies_main(test: ast.expr, holds: bool) -> bool:
+    """Whether ``test`` evaluating to ``holds`` implies ``__name__ == "__main__"``: for ``holds`` an ``and`` needs one
+    such part and an ``or`` all of them; for not ``holds`` the other way round (De Morgan)."""
     if isinstance(test, ast.BoolOp):
-        parts = [_true_only_in_main(v) for v in test.values]
-        return any(parts) if isinstance(test.op, ast.And) else all(parts)
+        parts = [_implies_main(v, holds) for v in test.values]
+        return any(parts) if isinstance(test.op, ast.And) == holds else all(parts)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _false_only_in_main(test.operand)
-    return _compares_name(test, ast.Eq)
-
-
-def _false_only_in_main(test: ast.expr) -> bool:
-    """Whether ``test`` failing implies ``__name__ == "__main__"``."""
-    if isinstance(test, ast.BoolOp):
-        parts = [_false_only_in_main(v) for v in test.values]
-        return any(parts) if isinstance(test.op, ast.Or) else all(parts)
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _true_only_in_main(test.operand)
-    return _compares_name(test, ast.NotEq)
+        return _implies_main(test.operand, not holds)
+    return _compares_name(test, ast.Eq if holds else ast.NotEq)
 
 
 def _compares_name(test: ast.expr, op: type[ast.cmpop]) -> bool:
