@@ -25,6 +25,7 @@ from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.plan.resume import Layout, Position, Stage
 from lifeseq_shards.reader import World
+from lifeseq_shards.reader.state import state_digest
 
 # torch < 2.3 has no unsigned 16-64 bit tensors: a field stored so crosses as its signed view (the same bytes),
 # which its column's dtype says; the digest names it by the dtype it stands for, as newer torch holds it
@@ -78,6 +79,11 @@ def synth_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def with_digest(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as a loader saves it since states carry a digest of their other keys (issue 40)."""
+    return {**state, "digest": state_digest(state)}
+
+
 def first(loader: Iterable[Any], n: int) -> list[Any]:
     return list(itertools.islice(loader, n))
 
@@ -94,7 +100,9 @@ def test_padded_batches_and_resume_state_are_pinned(synth_dataset: Path) -> None
     got = first(loader, 4)
     assert digest(got) == "33779f79ac6ebfdc"
     state = loader.state_dict()
-    # the state's format gained a version key (2) on 2026-12-02: the rest of it is the state 6f64ed9 saved
+    # the state's format gained a version key (2) on 2026-12-02 and a digest of its other keys (issue 40): the rest of
+    # it is the state 6f64ed9 saved
+    assert state.pop("digest") == state_digest(state)
     assert state.pop("version") == 2
     assert digest([state]) == "0683e01341b4f31d"
 
@@ -168,7 +176,7 @@ def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> N
     whole.set_epoch(1)
     batches = iter(whole)
     first(batches, 3)
-    assert whole.state_dict() == {**TODAY_STATE, "version": 2}
+    assert whole.state_dict() == with_digest({**TODAY_STATE, "version": 2})
     want = first(batches, 4)
     resumed = make(2, 1, 32)
     resumed.load_state_dict(TODAY_STATE)
@@ -182,7 +190,7 @@ def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> N
     assert rest.position == Position(1, 4, (stage,))  # the rest of the epoch starts at batch 4 of this layout's
     batches = iter(rest)
     first(batches, 4)
-    assert rest.state_dict() == {**TODAY_REST_STATE, "version": 2}
+    assert rest.state_dict() == with_digest({**TODAY_REST_STATE, "version": 2})
     want = first(batches, 3)
     again = make(3, 2, 16)
     again.load_state_dict(TODAY_REST_STATE)
