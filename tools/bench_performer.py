@@ -11,7 +11,7 @@ The model is their ``Transformer``'s structure built on their dependencies (:cla
 ``--batch`` persons a step, each padded to 512; the packed side (``PackedPerformer(model, pad_to=512)``, their
 padded model's numbers) the same persons in order, cut into batches of at most ``--batch`` x 512 real tokens. Both
 decode the same MLM rows (every 7th token of each person) and the CLS of each person's first token; before timing,
-the two forwards are checked to agree. Two populations: the sample's lengths (../shared, their pipeline's output)
+the two forwards are checked to agree. Two populations: the sample's lengths (tests/data/lifeseq-sample, their pipeline's output)
 and a long-tailed synthetic one (lognormal, capped at 512). The ratio is the median over rounds of packed persons/s
 over padded persons/s; the bar is 0.8 x 1 / (1 - padding fraction), the padding fraction that of the padded
 batches.
@@ -38,7 +38,9 @@ from lifeseq_shards.performer import PackedPerformer
 from tools.common import sample_lengths
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO.parent / "shared" / "data" / "lifeseq-sample"
+# the researchers' sample as the repository carries it (byte-identical to ../shared's: tests/test_sample.py), so the
+# bench runs in a fresh clone
+SAMPLE = REPO / "tests" / "data" / "lifeseq-sample"
 WIDTH = 512  # their max_length
 TARGET_EVERY = 7  # an MLM target every 7th token: about their 15 %
 
@@ -368,7 +370,7 @@ mean pool. After one untimed batch of each side, each round times every batch of
 persons once per side, the sides alternating (the first swapped each round); the ratio is the median
 over {args.rounds} rounds of packed persons/s over padded persons/s (min-max beside it). The bar is
 0.8 x 1 / (1 - padding fraction). Populations: `sample`, a draw of the lengths in
-../shared/data/lifeseq-sample (their pipeline's output on fake persons); `long-tail`, lognormal
+tests/data/lifeseq-sample (their pipeline's output on fake persons); `long-tail`, lognormal
 (median 90) capped at {WIDTH}.
 
 {HEADER}
