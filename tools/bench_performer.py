@@ -11,10 +11,10 @@ The model is their ``Transformer``'s structure built on their dependencies (:cla
 ``--batch`` persons a step, each padded to 512; the packed side (``PackedPerformer(model, pad_to=512)``, their
 padded model's numbers) the same persons in order, cut into batches of at most ``--batch`` x 512 real tokens. Both
 decode the same MLM rows (every 7th token of each person) and the CLS of each person's first token; before timing,
-the two forwards are checked to agree. Two populations: the sample's lengths (tests/data/lifeseq-sample, their pipeline's output)
-and a long-tailed synthetic one (lognormal, capped at 512). The ratio is the median over rounds of packed persons/s
-over padded persons/s; the bar is 0.8 x 1 / (1 - padding fraction), the padding fraction that of the padded
-batches.
+the two forwards are checked to agree. Two populations: the sample's lengths (tests/data/lifeseq-sample, their
+pipeline's output) and a long-tailed synthetic one (lognormal, capped at 512). The ratio is the median over rounds
+of packed persons/s over padded persons/s; the bar is 0.8 x 1 / (1 - padding fraction), the padding fraction that
+of the padded batches.
 """
 
 from __future__ import annotations
