@@ -50,10 +50,19 @@ check: $(VENV)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
 	$(PY) -m pytest -q -m "not slow and not bench"
 
-## The whole test suite on both stacks: the newest (with ruff) and the researchers' pins (installs first).
+## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
+## pins' side by side, one process each (each is mostly one core's work: 52 min together on the 2-core machine,
+## against about 70 one after the other, estimated); each one's output is printed whole once both are done, and
+## either failing fails.
+TESTLOGS ?= .test-logs
 test: $(VENV)/.installed $(PINNED)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
-	$(PY) -m pytest -q
-	$(PINNED)/bin/python -m pytest -q
+	@mkdir -p $(TESTLOGS)
+	@{ $(PY) -m pytest -q -p no:cacheprovider > $(TESTLOGS)/newest.log 2>&1; echo $$? > $(TESTLOGS)/newest.rc; } & \
+	 { $(PINNED)/bin/python -m pytest -q -p no:cacheprovider > $(TESTLOGS)/pinned.log 2>&1; \
+	   echo $$? > $(TESTLOGS)/pinned.rc; }; wait; \
+	 echo "== the newest stack"; cat $(TESTLOGS)/newest.log; \
+	 echo "== the researchers' pinned stack"; cat $(TESTLOGS)/pinned.log; \
+	 test "$$(cat $(TESTLOGS)/newest.rc)" = 0 && test "$$(cat $(TESTLOGS)/pinned.rc)" = 0
 
 .PHONY: install install-pinned wheels demo check test
