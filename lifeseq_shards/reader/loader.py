@@ -299,15 +299,18 @@ class ShardedLoader(DataLoader):
         now = {**OPTIONAL, **self._layout()}  # a layout of batches of persons stores no budget keys
         budget = [k for k in BUDGET_KEYS if ds.tokens is not None and then["tokens_per_batch"] and then[k] != now[k]]
         switched = ["tokens_per_batch"] if (then["tokens_per_batch"] == 0) != (ds.tokens is None) else []
-        changed = [*changed, *(f"{k} {then[k]!r} -> {now[k]!r}" for k in budget)]
+        def moved(keys: list[str]) -> list[str]:
+            return [f"{k} {then[k]!r} -> {now[k]!r}" for k in keys]
+
+        changed = [*changed, *moved(budget)]
         if not changed or not (at.batches or at.history):
             return at if not changed else Position(at.epoch, 0)
         if switched or budget:  # named: what is refused, not the layout (another one alone is resumed)
-            refused = "; ".join(f"{k} {then[k]!r} -> {now[k]!r}" for k in (*switched, *budget))
-            raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {refused} since "
-                             "the checkpoint, and an epoch is read by persons or by a token budget of one balance and "
-                             "crop throughout; resume with the checkpoint's tokens_per_batch, balance and pad_to until "
-                             "the epoch ends, or " + START_OVER)
+            raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: "
+                                   f"{'; '.join(moved([*switched, *budget]))} since the checkpoint, and an epoch is "
+                                   "read by persons or by a token budget of one balance and crop throughout; resume "
+                                   "with the checkpoint's tokens_per_batch, balance and pad_to until the epoch ends, "
+                                   "or " + START_OVER)
         at = dataclasses.replace(at, history=(*at.history, saved.stage))
         plan, base = ds.token_stage(at)
         warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "
