@@ -2,8 +2,9 @@
 docs/port-pretrain.diff leaves it; the diff on their own file: tests/test_port_pretrain.py) under torchrun, 2 ranks
 on gloo, 2 workers each, validating and checkpointing mid-epoch: killed with SIGKILL after its checkpoint, resumed
 from it, it trains on exactly the batches the uninterrupted run trained on after that point (same persons, same
-masks), rank by rank; the next epoch is a new order. And docs/guides/train-plain-loop.md's script as written (a
-tiny model), resumed at the next epoch, and killed mid-epoch on 2 ranks then resumed on 1 and on 2 again."""
+masks), rank by rank; the next epoch is a new order. And docs/guides/train-plain-loop.md's script: as written on a
+CPU (its CPU branch, in bounded memory), and at a tiny size resumed at the next epoch, and killed mid-epoch on 2
+ranks then resumed on 1 and on 2 again."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_killed_plain_loop_resumes_exactly_rank_by_rank(ds8: Path, tmp_path: Pat
 
 # -- docs/guides/train-plain-loop.md's script, as written ------------------------------------------------------
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "train-plain-loop.md"
-SETTINGS = 'SIZE, EPOCHS, VAL_EVERY, CKPT = SIZES["base"], 10, 1000, "last.ckpt"'
+# the script's CPU branch (where the tests run) and its validation interval
+SETTINGS = "SIZE, EPOCHS, BATCH, PAD_TO = EncoderConfig(64, 256, 2, 4), 1, 32, None"
+EVERY = 'VAL_EVERY, CKPT = 1000, "last.ckpt"'
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +112,10 @@ def guide_script(data: Path, stop_after: int) -> str:
     that reaches its time limit after an end-of-epoch checkpoint): its only edits."""
     script = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
     loop = "for epoch in range(data.epoch, EPOCHS):"
-    assert script is not None and SETTINGS in script.group(1) and '"ds/"' in script.group(1) and loop in script.group(1)
-    tiny = 'SIZE, EPOCHS, VAL_EVERY, CKPT = EncoderConfig(32, 64, 1, 2), 2, 4, "last.ckpt"'
-    return ("from lifeseq_shards.model import EncoderConfig\n"
-            + script.group(1).replace(SETTINGS, tiny).replace('"ds/"', repr(str(data)))
+    assert script is not None and all(t in script.group(1) for t in (SETTINGS, EVERY, '"ds/"', loop))
+    # the GPU branch's batch and padding, a tinier model, 2 epochs, a checkpoint every 4 batches
+    return (script.group(1).replace(SETTINGS, "SIZE, EPOCHS, BATCH, PAD_TO = EncoderConfig(32, 64, 1, 2), 2, 50, 1024")
+            .replace(EVERY, 'VAL_EVERY, CKPT = 4, "last.ckpt"').replace('"ds/"', repr(str(data)))
             .replace(loop, f"for epoch in range(data.epoch, {stop_after + 1}):"))
 
 
@@ -155,6 +158,33 @@ def test_the_guides_loop_runs_and_resumes_under_torchrun(ds1024: Path, tmp_path:
     # rank's text that has no newline yet ("rank 1: 240 persons to embedrank 0: 245 persons to embed", seen)
     embedded = [int(n) for n in re.findall(r"rank \d: (\d+) persons to embed", outputs[1])]
     assert len(embedded) == 2 and sum(embedded) == persons  # predict: everyone once
+
+
+CPU_S, CPU_MB = 300, 2048  # the guide's script as written, one process on a CPU: its deadline and peak memory
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(CPU_S + 60)
+def test_the_guides_script_runs_on_a_cpu_as_written(ds1024: Path, tmp_path: Path) -> None:
+    """``python train.py`` exactly as the guide writes it, on a machine without a GPU (CUDA hidden): its CPU branch
+    trains an epoch, validates and embeds every person, its process under CPU_MB at its peak (BERT-base at 1,024
+    tokens grew past 8 GB there before its first step)."""
+    script = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert script is not None
+    (tmp_path / "train.py").write_text(script.group(1))
+    (tmp_path / "ds").symlink_to(ds1024)
+    # the peak of the largest child: train.py's own process, which holds the model (its workers are its children)
+    wrapper = ("import os, resource, subprocess, sys\n"
+               "code = subprocess.run([sys.executable, 'train.py'], env=dict(os.environ, CUDA_VISIBLE_DEVICES='')"
+               ").returncode\n"
+               "print(f'peak {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024} MB', flush=True)\n"
+               "sys.exit(code)\n")
+    output = run_torchrun([sys.executable, "-c", wrapper], tmp_path, CPU_S)
+    assert re.findall(r"epoch (\d+): train mlm", output) == ["0"], output[-3000:]
+    persons = json.loads((ds1024 / "manifest.json").read_text())["totals"]["persons"]
+    assert re.findall(r"rank 0: (\d+) persons to embed", output) == [str(persons)], output[-3000:]
+    peak = re.search(r"peak (\d+) MB", output)
+    assert peak is not None and int(peak.group(1)) < CPU_MB, output[-3000:]
 
 
 # the guide's script, killed as a preemption kills a job: right after the first mid-epoch checkpoint of an epoch

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +34,8 @@ from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
 from lifeseq_shards.performer import PackedPerformer
-from tools.common import sample_lengths
+from tools.common import REPO, commit, sample_lengths
 
-REPO = Path(__file__).resolve().parents[1]
 # the researchers' sample as the repository carries it (byte-identical to ../shared's: tests/test_sample.py), so the
 # bench runs in a fresh clone
 SAMPLE = REPO / "tests" / "data" / "lifeseq-sample"
@@ -345,11 +343,6 @@ def measure(size_name: str, pop: str, args: argparse.Namespace) -> list[Row]:
         rows.append(row)
         print("| " + " | ".join(row.cells()) + " |", flush=True)
     return rows
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def page(rows: list[Row], args: argparse.Namespace, measured: str) -> str:

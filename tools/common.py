@@ -6,6 +6,7 @@ tools/bench_revisions.py judges each of its runs by)."""
 from __future__ import annotations
 
 import csv
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ SEQ = 512  # the seed's width
 NARROW = {"tokens": np.uint16, "abspos": np.int16, "age": np.uint8, "segment": np.uint8}
 RIVALS = ("seed-h5", "seed-mem", "webdataset", "litdata")  # the loader bench's contenders 2-5
 SHARD = 1024  # persons a shard in the balance benches: the converter's default least (MIN_SHARD_PERSONS)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], fieldnames: Sequence[str] | None = None) -> None:
@@ -34,6 +36,12 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], fieldnames: Sequence[s
         w = csv.DictWriter(fh, fieldnames=cols, restval="", extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def commit() -> str:
+    """The repository's HEAD, short: what a results page names as the commit it measured."""
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 def sample_lengths(sample: Path) -> np.ndarray:
