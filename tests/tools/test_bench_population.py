@@ -29,4 +29,7 @@ def test_every_stage_runs_at_a_tiny_size(tmp_path: Path) -> None:
         assert all(float(r["seconds"]) > 0 and float(r["peak_rss_mb"]) > 0 for r in mine.values()
                    if r["stage"] != "synth")
         assert int(mine["array-3"]["spill_bytes"]) > 0
+        assert 0 < int(mine["array-3"]["encoded"]) < kept  # the slowest task encoded its share, not everyone
+        assert all(float(r["cpu_s"]) > 0 and float(r["load"]) >= 0 for r in mine.values())
+        assert float(mine["embed"]["first_batch_s"]) > 0
     assert (tmp_path / "out" / "population.png").stat().st_size > 0
