@@ -18,8 +18,8 @@ carries the 1-minute load average, the larger of the stage's start and end. An a
 encoded (its share) beside the slower task's time. Machines are shared and noisy: the ratios within a size are of
 this run. The table and plot are written again after each size, so a run stopped later keeps the sizes done.
 
-Usage: python -m tools.bench_population [--persons 100000 300000 1000000] [--tasks 2] [--work bench-population]
-[--out docs/results]
+Usage: python -m tools.bench_population [--persons 100000 300000 1000000] [--tasks 2] [--scaling-up-to N]
+[--work bench-population] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ LAYOUT = ("--nodes", "4", "--gpus", "4", "--workers", "2")  # 4 nodes x 4 GPUs x
 BATCH = 256
 TOKENS_PER_BATCH = 65536
 EMBED_SIZE = (16, 32, 1, 2)  # hidden, ff, layers, heads: tiny, so that a CPU embeds a million persons in minutes
-STAGES = ("convert-1", "convert-2", "array", "merge", "plan", "read", "embed")
 
 
 def cpu_seconds() -> float:
@@ -188,14 +187,29 @@ def _run(*args: str) -> dict[str, Any]:
     return {**out, "load": round(max(load, os.getloadavg()[0]), 1)}
 
 
-def measure(work: Path, persons: int, tasks: int, embed_batches: int) -> list[dict[str, Any]]:
-    """Every stage at ``persons``: one row a stage (seconds, persons/s, peak RSS MiB, and what it measured)."""
+def measure(work: Path, persons: int, tasks: int, embed_batches: int, scaling: bool = True) -> list[dict[str, Any]]:
+    """Every stage at ``persons``: one row a stage (seconds, persons/s, peak RSS MiB, and what it measured); without
+    ``scaling`` neither convert-2 nor the array and its merge (their ratios measured at the smaller sizes)."""
     root = work / f"p{persons}"
     subprocess.run(["rm", "-rf", str(root)], check=True)
     rows = [{"stage": "synth", **_run("synth", str(root / "raw"), str(persons))}]
     one = _run("convert", str(root / "raw"), str(root / "ds1"), "1")
-    rows += [{"stage": "convert-1", **one},
-             {"stage": "convert-2", **_run("convert", str(root / "raw"), str(root / "ds2"), "2")}]
+    rows += [{"stage": "convert-1", **one}]
+    if scaling:
+        rows += _scaling(root, one, tasks)
+    rows += [{"stage": "plan", **_run("plan", str(root / "ds1"))},
+             {"stage": "read", **_run("read", str(root / "ds1"))},
+             {"stage": "embed", **_run("embed", str(root / "ds1"), str(root / "emb"), str(embed_batches))}]
+    subprocess.run(["rm", "-rf", str(root)], check=True)  # a size's files go once measured: the disk is shared
+    for r in rows:
+        r["population"] = persons
+        r["persons_s"] = round(r["persons"] / r["seconds"])
+    return rows
+
+
+def _scaling(root: Path, one: dict[str, Any], tasks: int) -> list[dict[str, Any]]:
+    """convert-2, the array of ``tasks`` and its merge; each conversion's fingerprint must be convert-1's."""
+    rows = [{"stage": "convert-2", **_run("convert", str(root / "raw"), str(root / "ds2"), "2")}]
     wall, load = time.perf_counter(), os.getloadavg()[0]
     parts = [_result(p) for p in [_start("convert", str(root / "raw"), str(root / "dsk"), "1", str(i), str(tasks))
                                   for i in range(tasks)]]
@@ -206,16 +220,9 @@ def measure(work: Path, persons: int, tasks: int, embed_batches: int) -> list[di
                  "encoded": max(p["encoded"] for p in parts), "load": round(max(load, os.getloadavg()[0]), 1)})
     merged = _run("merge", str(root / "dsk"))
     rows.append({"stage": "merge", **merged})
-    if not one["fingerprint"] == rows[2]["fingerprint"] == merged["fingerprint"]:
-        raise RuntimeError(f"{root}: the conversions differ ({one['fingerprint']}, {rows[2]['fingerprint']}, "
+    if not one["fingerprint"] == rows[0]["fingerprint"] == merged["fingerprint"]:
+        raise RuntimeError(f"{root}: the conversions differ ({one['fingerprint']}, {rows[0]['fingerprint']}, "
                            f"{merged['fingerprint']})")
-    rows += [{"stage": "plan", **_run("plan", str(root / "ds1"))},
-             {"stage": "read", **_run("read", str(root / "ds1"))},
-             {"stage": "embed", **_run("embed", str(root / "ds1"), str(root / "emb"), str(embed_batches))}]
-    subprocess.run(["rm", "-rf", str(root)], check=True)  # a size's files go once measured: the disk is shared
-    for r in rows:
-        r["population"] = persons
-        r["persons_s"] = round(r["persons"] / r["seconds"])
     return rows
 
 
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=int, default=2, help="array tasks, run at once")
     p.add_argument("--embed-batches", type=int, default=40,
                    help="embed only this many batches of 256 (its rate; 0: everyone)")
+    p.add_argument("--scaling-up-to", type=int, default=None,
+                   help="above this population run neither convert-2 nor the array (default: at every size)")
     p.add_argument("--work", type=Path, default=Path("bench-population"))
     p.add_argument("--out", type=Path, default=None, help="write population.csv and population.png here")
     p.add_argument("--job", nargs="+", help=argparse.SUPPRESS)
@@ -260,8 +269,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     for n in args.persons:
-        rows += measure(args.work, n, args.tasks, args.embed_batches)
-        for r in rows[-len(STAGES) - 1:]:
+        mine = measure(args.work, n, args.tasks, args.embed_batches, args.scaling_up_to is None
+                       or n <= args.scaling_up_to)
+        rows += mine
+        for r in mine:
             print(json.dumps(r), flush=True)
         if args.out is not None:
             write_csv(args.out / "population.csv", rows, ["population", "stage", "seconds", "persons", "persons_s",
