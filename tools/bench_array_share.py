@@ -6,7 +6,10 @@ drawn like the researchers'), one process each, one after the other in this proc
 Each is timed in CPU seconds (``time.process_time``: another user's load slows it far less than the wall time) and
 split into its phases: ``survey`` (an array task's look at everyone: ids, lengths, drops), ``encode`` (tokens and
 spill; a task: its share) and ``pass2`` (shuffle and shard writing; a task: its shards). The ratio is the task's CPU
-time over the single conversion's: what a task of K costs, and what of it every task pays whatever K is.
+time over the single conversion's: what a task of K costs, and what of it every task pays whatever K is. Last, the
+single conversion with 2 processes: the CPU seconds of the converting process itself (``parent``: reading the pool's
+results, the spill, pass 2's shuffle) and of its pool's workers (``workers``: encoding, shard compression), the part
+that more processes cannot divide and the part they can.
 
 Usage: python -m tools.bench_array_share [--persons 150000] [--tasks 2 4 8] [--work bench-share] [--out CSV]
 """
@@ -17,9 +20,11 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +88,14 @@ def measure(work: Path, persons: int, ks: list[int]) -> list[dict[str, Any]]:
         rows.append({"persons": m.totals.persons, "tasks": k, "task": task, "encoded": encoded,
                      "cpu_s": round(cpu, 2), **{p: round(spent.get(p, 0.0), 2) for p in PHASES.values()},
                      "load": round(max(load, os.getloadavg()[0]), 1)})
+    shutil.rmtree(work / "ds")
+    kids, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
+    convert_dataset(inputs, work / "ds", vocab, replace(opts, processes=2))
+    parent, after = time.process_time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime
+    rows.append({"persons": rows[0]["persons"], "tasks": 1, "task": 0, "encoded": rows[0]["persons"],
+                 "cpu_s": round(parent + workers, 2), "parent": round(parent, 2), "workers": round(workers, 2),
+                 "load": round(os.getloadavg()[0], 1)})
     single = rows[0]["cpu_s"]
     for r in rows:
         r["of_single"] = round(r["cpu_s"] / single, 3)

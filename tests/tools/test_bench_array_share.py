@@ -17,7 +17,10 @@ def test_each_task_costs_its_share(tmp_path: Path, capsys: pytest.CaptureFixture
     bench_array_share.main(["--persons", "3000", "--tasks", "2", "3", "--work", str(tmp_path / "w"), "--out",
                             str(tmp_path / "share.csv")])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["tasks"], r["task"]) for r in rows] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 2)]
+    assert [(r["tasks"], r["task"]) for r in rows] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 2), (1, 0)]
+    pool = rows.pop()  # the single conversion with 2 processes: its own CPU and its workers'
+    assert pool["parent"] > 0 and pool["workers"] > 0 and pool["cpu_s"] == pytest.approx(pool["parent"]
+                                                                                         + pool["workers"], abs=0.02)
     single = rows[0]
     assert single["survey"] == 0 and single["encoded"] == single["persons"] and single["of_single"] == 1
     for r in rows[1:]:
