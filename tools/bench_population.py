@@ -12,11 +12,14 @@ researchers' lengths, then each stage runs in a fresh subprocess (so each peak R
   file per shard: the first ``--embed-batches`` batches (the model's time is per person; 0: everyone).
 
 Peak memory is the largest RSS of the stage's process and of the processes it waited for (a pool's workers):
-``getrusage`` of itself and of its children. The spill (the first pass's temp files) is measured at its largest.
-Machines are shared and noisy: the ratios within a size are of this run.
+``getrusage`` of itself and of its children; ``cpu_s`` their CPU seconds (user + system), which another user's load
+slows far less than the wall time. The spill (the first pass's temp files) is measured at its largest. Each row
+carries the 1-minute load average, the larger of the stage's start and end. An array task records the persons it
+encoded (its share) beside the slower task's time. Machines are shared and noisy: the ratios within a size are of
+this run. The table and plot are written again after each size, so a run stopped later keeps the sizes done.
 
-Usage: python -m tools.bench_population [--persons 100000 300000 1000000] [--tasks 2] [--work bench-population]
-[--out docs/results]
+Usage: python -m tools.bench_population [--persons 100000 300000 1000000] [--tasks 2] [--scaling-up-to N]
+[--work bench-population] [--out docs/results]
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ LAYOUT = ("--nodes", "4", "--gpus", "4", "--workers", "2")  # 4 nodes x 4 GPUs x
 BATCH = 256
 TOKENS_PER_BATCH = 65536
 EMBED_SIZE = (16, 32, 1, 2)  # hidden, ff, layers, heads: tiny, so that a CPU embeds a million persons in minutes
-STAGES = ("convert-1", "convert-2", "array", "merge", "plan", "read", "embed")
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it waited for."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def peak_rss_mb() -> float:
@@ -60,7 +68,8 @@ def job_synth(raw: str, persons: str) -> dict[str, Any]:
 
 def job_convert(raw: str, out: str, processes: str, task: str = "", tasks: str = "") -> dict[str, Any]:
     from lifeseq_shards.convert import writers
-    from lifeseq_shards.convert.array import convert_task
+    from lifeseq_shards.convert.array import TASK_JSON, convert_task, task_name
+    from lifeseq_shards.convert.outdir import TASKS
     from lifeseq_shards.convert.passes import ConvertOptions, Share, convert_dataset
 
     spill = [0]
@@ -75,11 +84,15 @@ def job_convert(raw: str, out: str, processes: str, task: str = "", tasks: str =
     opts = ConvertOptions(nodes=4, gpus=4, workers=2, processes=int(processes), progress=False)
     start = time.perf_counter()
     if task:
-        m, _ = convert_task(inputs, out, vocab, opts, Share(int(task), int(tasks)))
+        share = Share(int(task), int(tasks))
+        m, _ = convert_task(inputs, out, vocab, opts, share)
+        record = json.loads((Path(out) / TASKS / task_name(share) / TASK_JSON).read_text())
+        encoded = record["encoded"]
     else:
         m = convert_dataset(inputs, out, vocab, opts)
+        encoded = m.totals.persons
     return {"seconds": time.perf_counter() - start, "persons": m.totals.persons, "fingerprint": m.fingerprint,
-            "bytes": m.totals.bytes, "spill_bytes": spill[0]}
+            "bytes": m.totals.bytes, "spill_bytes": spill[0], "encoded": encoded}
 
 
 def job_merge(out: str) -> dict[str, Any]:
@@ -130,7 +143,7 @@ def job_embed(root: str, out: str, batches: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = LifeSeqPretrainModule(EncoderConfig(*EMBED_SIZE), int(read_manifest(root).vocab_size),
                                   dropout=0.0).eval()
-    start, persons = time.perf_counter(), 0
+    start, persons, first, after = time.perf_counter(), 0, 0.0, 0
     writer = EmbeddingWriter(out)
     builder = BatchBuilder()
     with torch.no_grad():
@@ -139,10 +152,15 @@ def job_embed(root: str, out: str, batches: str) -> dict[str, Any]:
             model_batch = builder(batch, "cpu", 0)
             writer.write(model.predict_step(model_batch, i), model_batch)
             persons += len(model_batch["person_id"])
+            if i == 0:  # the loader's and the writer's start: the steady rate is measured after it
+                first, after = time.perf_counter() - start, persons
             if i + 1 == int(batches):  # the model's time is per person: the first batches give its rate
-                return {"seconds": time.perf_counter() - start, "persons": persons}
-    writer.finish()
-    return {"seconds": time.perf_counter() - start, "persons": persons}
+                break
+        else:
+            writer.finish()
+    seconds = time.perf_counter() - start
+    steady = (persons - after) / (seconds - first) if persons > after else 0.0
+    return {"seconds": seconds, "persons": persons, "first_batch_s": first, "steady_persons_s": round(steady, 1)}
 
 
 JOBS = {"synth": job_synth, "convert": job_convert, "merge": job_merge, "plan": job_plan, "read": job_read,
@@ -164,38 +182,47 @@ def _result(p: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def _run(*args: str) -> dict[str, Any]:
-    return _result(_start(*args))
+    load = os.getloadavg()[0]
+    out = _result(_start(*args))
+    return {**out, "load": round(max(load, os.getloadavg()[0]), 1)}
 
 
-def measure(work: Path, persons: int, tasks: int, embed_batches: int) -> list[dict[str, Any]]:
-    """Every stage at ``persons``: one row a stage (seconds, persons/s, peak RSS MiB, and what it measured)."""
+def measure(work: Path, persons: int, tasks: int, embed_batches: int, scaling: bool = True) -> list[dict[str, Any]]:
+    """Every stage at ``persons``: one row a stage (seconds, persons/s, peak RSS MiB, and what it measured); without
+    ``scaling`` neither convert-2 nor the array and its merge (their ratios measured at the smaller sizes)."""
     root = work / f"p{persons}"
     subprocess.run(["rm", "-rf", str(root)], check=True)
-    load = os.getloadavg()[0]
     rows = [{"stage": "synth", **_run("synth", str(root / "raw"), str(persons))}]
     one = _run("convert", str(root / "raw"), str(root / "ds1"), "1")
-    rows += [{"stage": "convert-1", **one},
-             {"stage": "convert-2", **_run("convert", str(root / "raw"), str(root / "ds2"), "2")}]
-    wall = time.perf_counter()
+    rows += [{"stage": "convert-1", **one}]
+    if scaling:
+        rows += _scaling(root, one, tasks)
+    rows += [{"stage": "plan", **_run("plan", str(root / "ds1"))},
+             {"stage": "read", **_run("read", str(root / "ds1"))},
+             {"stage": "embed", **_run("embed", str(root / "ds1"), str(root / "emb"), str(embed_batches))}]
+    subprocess.run(["rm", "-rf", str(root)], check=True)  # a size's files go once measured: the disk is shared
+    for r in rows:
+        r["population"] = persons
+        r["persons_s"] = round(r["persons"] / r["seconds"])
+    return rows
+
+
+def _scaling(root: Path, one: dict[str, Any], tasks: int) -> list[dict[str, Any]]:
+    """convert-2, the array of ``tasks`` and its merge; each conversion's fingerprint must be convert-1's."""
+    rows = [{"stage": "convert-2", **_run("convert", str(root / "raw"), str(root / "ds2"), "2")}]
+    wall, load = time.perf_counter(), os.getloadavg()[0]
     parts = [_result(p) for p in [_start("convert", str(root / "raw"), str(root / "dsk"), "1", str(i), str(tasks))
                                   for i in range(tasks)]]
     wall = time.perf_counter() - wall
     rows.append({"stage": f"array-{tasks}", "seconds": wall, "persons": one["persons"],
                  "task_seconds": max(p["seconds"] for p in parts), "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
-                 "spill_bytes": max(p["spill_bytes"] for p in parts)})
+                 "spill_bytes": max(p["spill_bytes"] for p in parts), "cpu_s": max(p["cpu_s"] for p in parts),
+                 "encoded": max(p["encoded"] for p in parts), "load": round(max(load, os.getloadavg()[0]), 1)})
     merged = _run("merge", str(root / "dsk"))
     rows.append({"stage": "merge", **merged})
-    if not one["fingerprint"] == rows[2]["fingerprint"] == merged["fingerprint"]:
-        raise RuntimeError(f"{root}: the conversions differ ({one['fingerprint']}, {rows[2]['fingerprint']}, "
+    if not one["fingerprint"] == rows[0]["fingerprint"] == merged["fingerprint"]:
+        raise RuntimeError(f"{root}: the conversions differ ({one['fingerprint']}, {rows[0]['fingerprint']}, "
                            f"{merged['fingerprint']})")
-    rows += [{"stage": "plan", **_run("plan", str(root / "ds1"))},
-             {"stage": "read", **_run("read", str(root / "ds1"))},
-             {"stage": "embed", **_run("embed", str(root / "ds1"), str(root / "emb"), str(embed_batches))}]
-    load = max(load, os.getloadavg()[0])
-    for r in rows:
-        r["population"] = persons
-        r["load"] = round(load, 1)
-        r["persons_s"] = round(r["persons"] / r["seconds"])
     return rows
 
 
@@ -229,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=int, default=2, help="array tasks, run at once")
     p.add_argument("--embed-batches", type=int, default=40,
                    help="embed only this many batches of 256 (its rate; 0: everyone)")
+    p.add_argument("--scaling-up-to", type=int, default=None,
+                   help="above this population run neither convert-2 nor the array (default: at every size)")
     p.add_argument("--work", type=Path, default=Path("bench-population"))
     p.add_argument("--out", type=Path, default=None, help="write population.csv and population.png here")
     p.add_argument("--job", nargs="+", help=argparse.SUPPRESS)
@@ -236,17 +265,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.job:
         kind, *rest = args.job
         result = JOBS[kind](*rest)
-        print(json.dumps({**result, "peak_rss_mb": round(peak_rss_mb(), 1)}))
+        print(json.dumps({**result, "peak_rss_mb": round(peak_rss_mb(), 1), "cpu_s": round(cpu_seconds(), 2)}))
         return
     rows = []
     for n in args.persons:
-        rows += measure(args.work, n, args.tasks, args.embed_batches)
-        for r in rows[-len(STAGES) - 1:]:
+        mine = measure(args.work, n, args.tasks, args.embed_batches, args.scaling_up_to is None
+                       or n <= args.scaling_up_to)
+        rows += mine
+        for r in mine:
             print(json.dumps(r), flush=True)
-    if args.out is not None:
-        write_csv(args.out / "population.csv", rows, ["population", "stage", "seconds", "persons", "persons_s",
-                                                      "peak_rss_mb", "task_seconds", "bytes", "spill_bytes", "load"])
-        plot(rows, args.out / "population.png")
+        if args.out is not None:
+            write_csv(args.out / "population.csv", rows, ["population", "stage", "seconds", "persons", "persons_s",
+                                                          "cpu_s", "peak_rss_mb", "task_seconds", "encoded", "bytes",
+                                                          "spill_bytes", "first_batch_s", "steady_persons_s",
+                                                          "load"])
+            plot(rows, args.out / "population.png")
 
 
 if __name__ == "__main__":

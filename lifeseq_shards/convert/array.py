@@ -107,10 +107,10 @@ def convert_task(inputs: list[str], out: str | os.PathLike[str], vocab: str | No
         shutil.rmtree(stage, ignore_errors=True)  # what a killed run of this task left
         kept = "this task's part is not kept; run the task again"
         t0 = time.time()
-        manifest, digest = build_part(inputs, vocab, opts, source, schema, stage, kept, share)
+        manifest, digest, encoded = build_part(inputs, vocab, opts, source, schema, stage, kept, share)
         with writing(stage / TASK_JSON, kept):
             (stage / TASK_JSON).write_text(json.dumps({"task": share.task, "tasks": share.tasks,
-                                                        "input_digest": digest,
+                                                        "input_digest": digest, "encoded": encoded,
                                                         "seconds": round(time.time() - t0, 2)}))
             shutil.rmtree(done, ignore_errors=True)  # an --overwrite of a part made with other options
             os.rename(stage, done)

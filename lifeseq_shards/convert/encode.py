@@ -23,56 +23,84 @@ from .writers import Spill
 HISTOGRAM_BIN = 8  # tokens per bin of the manifest's length histogram
 
 
-
 def encode_pass(source: Source, schema: list[Field], spill: Spill, buckets: int, seed: int, processes: int,
-                pool: ProcessPoolExecutor | None, progress: bool) -> tuple[np.ndarray, np.ndarray, int, dict[str, int],
-                                                                           str]:
+                pool: ProcessPoolExecutor | None, progress: bool, select: list[np.ndarray] | None = None) -> Tally:
     """Pass 1: every task of ``source`` encoded and narrowed to ``schema`` (in ``pool``, at most 2 x ``processes``
-    tasks pending), each person spilled to its bucket (of ``buckets``, by ``seed``). Returns (the kept persons' ids,
-    their length histogram by :data:`HISTOGRAM_BIN`, their tokens, the input rows dropped by reason, the sha256 of
-    every input row's person id); a person id that occurs twice, or no person left, is a ConvertError."""
-    jobs = ((source, t, schema) for t in source.tasks)
-    results = _ordered_map(pool, _encode_and_narrow, jobs, 2 * processes) if pool else map(
-        _encode_and_narrow, jobs)
-    ids: list[np.ndarray] = []  # the persons kept
-    # every input row's person id, filtered out or kept (a duplicate is one either way), with its file and rows
-    seen: list[np.ndarray] = []
-    rows: list[tuple[str, np.ndarray]] = []
-    hist = np.zeros(1, dtype=np.int64)
-    tokens = 0
-    dropped: Counter[str] = Counter()
-    with progress_bar(total=len(source.tasks), desc="encode", unit="task", disable=not progress) as bar:
-        for path, row, every_id, why, block in results:
-            bar.update(1)
-            seen.append(every_id)
-            rows.append((path, row))
-            dropped.update(why)
-            if block.n == 0:
-                continue
-            pid = block.columns["person_id"]
-            bucket = bucket_of(pid, seed, buckets)
-            by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
-            bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
-            for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
-                spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
-            ids.append(pid.astype(np.int64))
-            lengths = block.columns["length"].astype(np.int64)
-            tokens += int(lengths.sum())
-            hb = lengths // HISTOGRAM_BIN
-            if hb.max() >= len(hist):
-                hist = np.concatenate([hist, np.zeros(int(hb.max()) + 1 - len(hist), dtype=np.int64)])
-            np.add.at(hist, hb, 1)
+    tasks pending), each person spilled to its bucket (of ``buckets``, by ``seed``). With ``select`` (per task, the
+    sorted ids of the persons to encode: an array task's share) only those persons are encoded and spilled. Returns
+    the tally of what was encoded."""
+    jobs = ((source, t, schema, None if select is None else select[i]) for i, t in enumerate(source.tasks))
+    tally = Tally()
+    for path, row, every_id, why, block in _each(pool, processes, _encode_and_narrow, jobs, len(source.tasks),
+                                                 progress, "encode"):
+        tally.add(path, row, every_id, why, block)
+        if block.n == 0:
+            continue
+        bucket = bucket_of(block.columns["person_id"], seed, buckets)
+        by_bucket = block.take(np.argsort(bucket, kind="stable"), schema)
+        bounds = np.cumsum(np.bincount(bucket, minlength=buckets))
+        for b in np.nonzero(np.diff(bounds, prepend=0))[0]:
+            spill.add(int(b), by_bucket.slice(int(bounds[b - 1]) if b else 0, int(bounds[b]), schema))
     spill.close()
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    if len(all_ids) == 0:
-        raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
-                           "(empty input, or every person filtered out)")
-    uniq, counts = np.unique(np.concatenate(seen), return_counts=True)
-    if (counts > 1).any():
-        pid = uniq[counts > 1][0]
-        at = [f"{path}: row {r}" for chunk, (path, row) in zip(seen, rows, strict=True) for r in row[chunk == pid]]
-        raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
-    return all_ids, hist, tokens, dict(dropped), hashlib.sha256(uniq.astype("<i8").tobytes()).hexdigest()
+    return tally
+
+
+def survey_pass(source: Source, processes: int, pool: ProcessPoolExecutor | None, progress: bool) -> Tally:
+    """Every task's persons (ids, lengths, drops) without encoding them (``source.survey``): what an array task must
+    know of everyone before it encodes only its share."""
+    tally = Tally()
+    for result in _each(pool, processes, _survey, ((source, t) for t in source.tasks), len(source.tasks), progress,
+                        "survey"):
+        tally.add(*result)
+    return tally
+
+
+class Tally:
+    """What a pass met, task by task: every input row's id (filtered out or kept: a duplicate is one either way) with
+    its file and rows, the rows dropped by reason, and the kept persons' ids and lengths."""
+
+    def __init__(self) -> None:
+        self.ids: list[np.ndarray] = []  # the persons kept, by task
+        self.seen: list[np.ndarray] = []
+        self.rows: list[tuple[str, np.ndarray]] = []
+        self.hist = np.zeros(1, dtype=np.int64)
+        self.tokens = 0
+        self.dropped: Counter[str] = Counter()
+
+    @property
+    def persons(self) -> int:
+        return sum(len(i) for i in self.ids)
+
+    def add(self, path: str, row: np.ndarray, every_id: np.ndarray, why: dict[str, int], block: Block) -> None:
+        self.seen.append(every_id)
+        self.rows.append((path, row))
+        self.dropped.update(why)
+        self.ids.append(block.columns["person_id"].astype(np.int64))
+        if block.n == 0:
+            return
+        lengths = block.columns["length"].astype(np.int64)
+        self.tokens += int(lengths.sum())
+        hb = lengths // HISTOGRAM_BIN
+        if hb.max() >= len(self.hist):
+            self.hist = np.concatenate([self.hist, np.zeros(int(hb.max()) + 1 - len(self.hist), dtype=np.int64)])
+        np.add.at(self.hist, hb, 1)
+
+    def found(self, source: Source) -> tuple[np.ndarray, np.ndarray, int, dict[str, int], str]:
+        """(the kept persons' ids, their length histogram by :data:`HISTOGRAM_BIN`, their tokens, the input rows
+        dropped by reason, the sha256 of every input row's person id); a person id that occurs twice, or no person
+        left, is a ConvertError."""
+        all_ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+        if len(all_ids) == 0:
+            raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
+                               "(empty input, or every person filtered out)")
+        uniq, counts = np.unique(np.concatenate(self.seen), return_counts=True)
+        if (counts > 1).any():
+            pid = uniq[counts > 1][0]
+            at = [f"{path}: row {r}" for chunk, (path, row) in zip(self.seen, self.rows, strict=True)
+                  for r in row[chunk == pid]]
+            raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
+        return (all_ids, self.hist, self.tokens, dict(self.dropped),
+                hashlib.sha256(uniq.astype("<i8").tobytes()).hexdigest())
 
 
 def bucket_of(pid: np.ndarray, seed: int, buckets: int) -> np.ndarray:
@@ -90,6 +118,16 @@ def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], infli
             yield window.popleft().result()
     while window:
         yield window.popleft().result()
+
+
+def _each(pool: ProcessPoolExecutor | None, processes: int, fn: Any, jobs: Iterator[Any], total: int,
+          progress: bool, desc: str) -> Iterator[Any]:
+    """``fn`` of each job, in order (in ``pool`` when there is one), with a progress bar of the ``total`` jobs."""
+    results = _ordered_map(pool, fn, jobs, 2 * processes) if pool else map(fn, jobs)
+    with progress_bar(total=total, desc=desc, unit="task", disable=not progress) as bar:
+        for result in results:
+            bar.update(1)
+            yield result
 
 
 def _narrow(block: Block, schema: list[Field], where: str) -> Block:
@@ -122,17 +160,29 @@ def _task_label(task: Any) -> str:
     return str(task)
 
 
-def _encode_and_narrow(args: tuple[Source, Any, list[Field]]) -> tuple[str, np.ndarray, np.ndarray, dict[str, int],
-                                                                        Block]:
+def _encode_and_narrow(args: tuple[Source, Any, list[Field], np.ndarray | None]) -> tuple[
+        str, np.ndarray, np.ndarray, dict[str, int], Block]:
     """(file, the task's input rows, their person ids (filtered out ones included: for the duplicate check), the
-    rows dropped by reason, the narrowed block of the persons kept)."""
-    source, task, schema = args
-    block = source.encode(task)
+    rows dropped by reason, the narrowed block of the persons kept (those selected, with a selection))."""
+    source, task, schema, select = args
+    path, rows, every_id, why, block = _unpack(task, source.encode(task) if select is None else
+                                               source.encode(task, select=select))
+    return path, rows, every_id, why, to_runs(_narrow(block, token_schema(schema), _task_label(task)), schema)
+
+
+def _survey(args: tuple[Source, Any]) -> tuple[str, np.ndarray, np.ndarray, dict[str, int], Block]:
+    """As :func:`_encode_and_narrow`, the block without tokens (``source.survey``: ids and lengths)."""
+    source, task = args
+    assert source.survey is not None
+    return _unpack(task, source.survey(task))
+
+
+def _unpack(task: Any, block: Block) -> tuple[str, np.ndarray, np.ndarray, dict[str, int], Block]:
+    """A source block's rows, every id and drop reasons taken out of it, beside it."""
     rows = block.columns.pop("row")
     every_id = block.columns.pop("every_id", block.columns["person_id"])
     why = drops.counts(block.columns.pop(drops.DROP_REASON, np.zeros(len(rows), dtype=np.int64)))
-    return task[0], rows, every_id.astype(np.int64), why, to_runs(_narrow(block, token_schema(schema),
-                                                                          _task_label(task)), schema)
+    return task[0], rows, every_id.astype(np.int64), why, block
 
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:

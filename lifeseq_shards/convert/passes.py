@@ -8,6 +8,10 @@ Two passes, memory bounded by a bucket, not by the input:
    shuffled, and cut into shards of exactly ``n`` persons; the persons that do not fill the last round go to a
    ``remainder`` shard that training skips and inference reads. The manifest is written last.
 
+An array task (``share``) of a source that can survey (parquet) first surveys every person (id, length, drop
+reason: no tokens), which fixes where everyone goes (share.py), then encodes and spills only the persons of its own
+shards; the rest of pass 1 and pass 2 are the single conversion's, so its shards are that conversion's, byte for byte.
+
 This module reads top-down: :func:`convert_dataset`, then what it calls. Pass 1's encoding and spilling is encode.py;
 the output directory's lock, staging and replacement are outdir.py; the temp bucket files and the shard writers are
 writers.py.
@@ -21,7 +25,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
@@ -42,8 +46,9 @@ from ..store.format import (
 )
 from ..store.manifest import Histogram, Manifest, Split, Totals, fingerprint, write_manifest
 from ..store.writes import writing
-from .encode import HISTOGRAM_BIN, bucket_of, encode_pass, mix64
+from .encode import HISTOGRAM_BIN, encode_pass, mix64, survey_pass
 from .outdir import STAGING, ConvertError, output_dir, replace_dataset
+from .share import Cut, cuts, selection
 from .sources import Source, SourceError, open_sources
 from .writers import Spill, SplitWriter
 
@@ -114,7 +119,7 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
         stage = out / STAGING
         kept = "the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
                                                                       else "")
-        manifest, _ = build_part(inputs, vocab, opts, source, schema, stage, kept, Share())
+        manifest, _, _ = build_part(inputs, vocab, opts, source, schema, stage, kept, Share())
         replace_dataset(out, stage, old_files, manifest.files())
     return manifest
 
@@ -135,10 +140,10 @@ def prepare(inputs: list[str], vocab: str | None, opts: ConvertOptions) -> tuple
 
 
 def build_part(inputs: list[str], vocab: str | None, opts: ConvertOptions, source: Source, schema: list[Field],
-               stage: Path, kept: str, share: Share) -> tuple[Manifest, str]:
+               stage: Path, kept: str, share: Share) -> tuple[Manifest, str, int]:
     """Both passes into the new directory ``stage``, then its manifest (the last file written): the whole dataset,
     or (``share``) one task's shards with a manifest of only those. Returns (the manifest, the digest of every input
-    row's person id, which tasks compare). A failure removes ``stage`` and says ``kept``."""
+    row's person id, which tasks compare, the persons encoded). A failure removes ``stage`` and says ``kept``."""
     t0 = time.time()
     try:
         with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
@@ -149,7 +154,7 @@ def build_part(inputs: list[str], vocab: str | None, opts: ConvertOptions, sourc
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return manifest, passes.input_digest
+    return manifest, passes.input_digest, passes.encoded
 
 
 def conversion_params(inputs: list[str], vocab: str | None, opts: ConvertOptions, source: Source) -> dict[str, Any]:
@@ -192,6 +197,7 @@ class _Passes:
     splits: dict[str, Split]
     dropped: dict[str, int]  # input rows the source dropped, by reason (sources/drops.py)
     input_digest: str  # sha256 of every input row's person id, sorted: what array tasks compare
+    encoded: int  # persons encoded: all of them, or an array task's share (share.py)
 
 
 def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions, share: Share) -> _Passes:
@@ -203,9 +209,24 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
     pool = ProcessPoolExecutor(opts.processes, mp_context=multiprocessing.get_context("fork"),
                                initializer=_die_with_parent, initargs=(os.getpid(),)) if opts.processes > 1 else None
     try:
-        ids, hist, tokens, dropped, digest = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes,
-                                                        pool, opts.progress)
-        splits = _pass2(stage, ids, spill, buckets, schema, opts, pool, share)
+        # an array task of a source that can survey: everyone's ids and lengths, then only its share encoded
+        surveyed = share.tasks > 1 and source.survey is not None
+        if surveyed:
+            tally = survey_pass(source, opts.processes, pool, opts.progress)
+        else:
+            tally = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes, pool, opts.progress)
+        ids, hist, tokens, dropped, digest = tally.found(source)
+        members = _members(ids, opts)
+        writers = _writers(stage, members, schema, opts, pool, share)
+        spans = {name: w.span for name, w in writers.items()}
+        encoded = len(ids)
+        if surveyed:
+            wanted = np.concatenate([c.wanted for cut in cuts(ids, members, opts.seed, buckets, spans)
+                                     for c in cut.values()])
+            select = selection(ids, [len(i) for i in tally.ids], wanted)
+            encoded = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes, pool, opts.progress,
+                                  select).persons
+        splits = _pass2(writers, spill, cuts(ids, members, opts.seed, buckets, spans), schema, opts)
     except SourceError as e:
         raise ConvertError(str(e)) from None
     except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
@@ -217,7 +238,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     shutil.rmtree(tmp)
-    return _Passes(len(ids), tokens, hist, splits, dropped, digest)
+    return _Passes(len(ids), tokens, hist, splits, dropped, digest, encoded)
 
 
 def _manifest(schema: Sequence[Field], opts: ConvertOptions, passes: _Passes, input_rows: int,
@@ -247,17 +268,18 @@ def _die_with_parent(converter: int) -> None:
 # pass 2: shuffle each bucket and cut shards of exactly n persons
 
 
-def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[Field], opts: ConvertOptions,
-           pool: ProcessPoolExecutor | None, share: Share) -> dict[str, Split]:
-    is_val_id = _val_mask(ids, opts)
-    val_ids = np.sort(ids[is_val_id])
-    members = {"train": ~is_val_id, "val": is_val_id}
+def _members(ids: np.ndarray, opts: ConvertOptions) -> dict[str, np.ndarray]:
+    """Each split's persons: a mask over ``ids``."""
+    is_val = _val_mask(ids, opts)
+    members = {"train": ~is_val, "val": is_val}
     if opts.with_all:
         members["all"] = np.ones(len(ids), dtype=bool)
-    # each split's persons by bucket, from the ids alone: where each bucket's persons fall in the split's stream,
-    # so that a task skips the buckets that hold none of its shards' persons
-    bucket = bucket_of(ids, opts.seed, buckets)
-    per_bucket = {name: np.bincount(bucket[m], minlength=buckets) for name, m in members.items()}
+    return members
+
+
+def _writers(out: Path, members: dict[str, np.ndarray], schema: list[Field], opts: ConvertOptions,
+             pool: ProcessPoolExecutor | None, share: Share) -> dict[str, SplitWriter]:
+    """A writer (and its directory) for each split that has persons, set to write ``share``'s shards of it."""
     writers: dict[str, SplitWriter] = {}
     for name, member in members.items():
         n = int(member.sum())
@@ -268,24 +290,31 @@ def _pass2(out: Path, ids: np.ndarray, spill: Spill, buckets: int, schema: list[
         first, stop = share.shards(s)
         writers[name] = SplitWriter(name, out, s, n // s, schema, opts.block_persons, opts.zstd_level, pool,
                                     2 * opts.processes, first=first, stop=stop, remainder=share.last, persons=n)
+    return writers
+
+
+def _pass2(writers: dict[str, SplitWriter], spill: Spill, streams: Iterator[dict[str, Cut]], schema: list[Field],
+           opts: ConvertOptions) -> dict[str, Split]:
+    """Each bucket's spilled persons put in its cuts' order (share.py) and given to the writers; a bucket none of
+    whose persons a writer writes is not read."""
     total_shards = sum(w.stop - w.first + w.remainder for w in writers.values())
     with progress_bar(total=total_shards, desc="shards", unit="shard", disable=not opts.progress) as bar:
-        for b in range(buckets):
-            if not any(w.wants(int(per_bucket[name][b])) for name, w in writers.items()):
+        for b, cut in enumerate(streams):
+            if not any(c.hi > c.lo for c in cut.values()):
                 for name, w in writers.items():
-                    w.skip(int(per_bucket[name][b]))
+                    w.skip(len(cut[name].ids))
                 continue
-            blocks = spill.read(b)
-            if not blocks:
-                continue
-            merged = concat_blocks(blocks, schema)
-            merged = merged.take(np.random.default_rng([opts.seed, b, 7]).permutation(merged.n), schema)
-            is_val = np.isin(merged.columns["person_id"], val_ids, assume_unique=False)
+            merged = concat_blocks(spill.read(b), schema)
+            pid = merged.columns["person_id"]
+            by_id = np.argsort(pid)
             for name, w in writers.items():
-                sel = np.nonzero(is_val if name == "val" else ~is_val if name == "train" else np.ones_like(is_val))[0]
-                before = w.written
-                w.add(merged.take(sel, schema))
-                bar.update(w.written - before)
+                c = cut[name]
+                w.skip(c.lo)
+                if c.hi > c.lo:
+                    before = w.written
+                    w.add(merged.take(by_id[np.searchsorted(pid, c.wanted, sorter=by_id)], schema))
+                    bar.update(w.written - before)
+                w.skip(len(c.ids) - c.hi)
         for w in writers.values():
             w.finish()
         splits = {name: w.split() for name, w in writers.items()}

@@ -94,14 +94,14 @@ class SplitWriter:
             self.stop = self.shards
 
     @property
-    def _span(self) -> tuple[int, int]:
+    def span(self) -> tuple[int, int]:
         """[start, end) of the stream this writer writes."""
         end = self.persons if self.remainder else self.stop * self.per_shard
         return self.first * self.per_shard, end
 
     def wants(self, n: int) -> bool:
         """Whether the stream's next ``n`` persons hold any this writer writes."""
-        start, end = self._span
+        start, end = self.span
         return n > 0 and self.seen < end and self.seen + n > start
 
     def skip(self, n: int) -> None:
@@ -111,7 +111,7 @@ class SplitWriter:
         self.seen += n
 
     def add(self, block: Block) -> None:
-        start, end = self._span
+        start, end = self.span
         lo, hi = min(max(start - self.seen, 0), block.n), min(max(end - self.seen, 0), block.n)
         self.seen += block.n
         if lo or hi < block.n:

@@ -105,6 +105,29 @@ def test_array_tasks_merge_into_the_single_conversion(which: str, k: int, reques
     assert code == 0, text
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_each_task_encodes_only_the_persons_of_its_shards(k: int, synth_input: list[object], tmp_path: Path) -> None:
+    """An array task surveys everyone (ids and lengths) but tokenises only the persons its own shards hold: the
+    count each task records is its part's persons, less than all, and the tasks' counts add up to the dataset's
+    (every person encoded once, by one task). A task that encoded the whole input fails the first and the last."""
+    out = tmp_path / "ds"
+    for i in range(k):
+        code, text = shardify("convert", *synth_input, "-o", out, "--min-shard-persons", 100, "--task", i, "--tasks",
+                              k)
+        assert code == 0, text
+    encoded, held = [], []
+    for i in range(k):
+        part = out / TASKS / f"task-{i:04d}-of-{k:04d}"
+        encoded.append(json.loads((part / "task.json").read_text())["encoded"])
+        splits = json.loads((part / "manifest.json").read_text())["splits"].values()
+        held.append(sum(e["samples"] for s in splits for e in [*s["shards"], *([s["remainder"]] if s["remainder"]
+                                                                                else [])]))
+    persons = json.loads((out / TASKS / f"task-0000-of-{k:04d}" / "manifest.json").read_text())["totals"]["persons"]
+    assert encoded == held
+    assert max(encoded) < persons
+    assert sum(encoded) == persons
+
+
 KILL_IN_PASS2 = """
 import lifeseq_shards.convert.writers as w
 write = w._write_shard_job

@@ -13,7 +13,13 @@ from helpers import SeedRows, shardify
 from small_inputs import BG, SMALL_VOCAB, N, assert_refused, person_ids, write_h5, write_parquet
 
 from lifeseq_shards.convert.sources.errors import SourceError
-from lifeseq_shards.convert.sources.parquet import encode_parquet_task, parquet_tasks, read_vocab
+from lifeseq_shards.convert.sources.parquet import (
+    encode_parquet_task,
+    parquet_tasks,
+    read_vocab,
+    survey_parquet_task,
+)
+from lifeseq_shards.store.format import STAMPS, Block, Field
 
 VOCAB = (
     "TOKEN,CATEGORY,ID\n[PAD],G,0\n[CLS],G,1\n[SEP],G,2\n[MASK],G,3\n[UNK],G,4\n"
@@ -34,6 +40,29 @@ def test_sample_matches_seed_step5(sample: Path, nomlm_rows: SeedRows) -> None:
     for pid, row in nomlm_rows.row.items():
         assert nomlm_rows.cols["padding_mask"][row, : nomlm_rows.length[row]].all()  # the real tokens lead
         np.testing.assert_array_equal(got[pid], nomlm_rows.unpadded(pid), err_msg=f"person {pid}")
+
+
+@pytest.mark.parametrize("max_seq_len", [512, 40])
+def test_survey_and_a_selection_are_the_encodes_own(sample: Path, max_seq_len: int) -> None:
+    """An array task's two views of a row group of the sample (lengths cut by --max-seq-len too): the survey gives
+    the full encode's ids, lengths, rows and drop reasons without tokens; an encode with a selection gives exactly
+    the full encode's block of those persons (their tokens and stamps, in file order), and nobody else's."""
+    vocab = read_vocab(sample / "vocab.csv")
+    task = parquet_tasks(sample / "sequences.parquet")[0]
+    full = encode_parquet_task(task, vocab, max_seq_len)
+    survey = survey_parquet_task(task, max_seq_len)
+    assert sorted(survey.columns) == ["drop_reason", "every_id", "length", "person_id", "row"]
+    for name, col in survey.columns.items():
+        np.testing.assert_array_equal(col, full.columns[name], err_msg=name)
+    assert (full.columns["drop_reason"] != 0).any() and full.n > 10  # both kinds of row are there
+    at = np.arange(1, full.n, 3)  # every third kept person
+    chosen = encode_parquet_task(task, vocab, max_seq_len, select=np.sort(full.columns["person_id"][at]))
+    schema = [Field("person_id", "int64", "scalar"), Field("length", "int64", "scalar"),
+              *(Field(c, "int64", "ragged") for c in ("tokens", *STAMPS))]
+    want = full.take(at, schema)
+    assert isinstance(chosen, Block) and chosen.n == len(at)
+    for f in schema:
+        np.testing.assert_array_equal(chosen.columns[f.name], want.columns[f.name], err_msg=f.name)
 
 
 def write(path: Path, rows: list[dict[str, object]], row_group_size: int | None = None) -> Path:

@@ -36,6 +36,9 @@ class Source:
     offline_mlm: bool
     vocab_size: int | None  # None: unknown (an HDF5 input converted without --vocab)
     rows: int  # input rows (persons before filtering), for progress
+    # task -> the encode's block without its tokens (person_id, length, row, every_id, drop_reason), cheaper than the
+    # encode: what an array task needs of every person (convert/share.py); None: a kind without one (encode instead)
+    survey: Callable[[Any], Block] | None = None
 
 
 def open_sources(
@@ -64,7 +67,7 @@ def open_sources(
         return Source(kind, tasks, encode, infos[0][1], vocab_size, sum(i[0] for i in infos))
     if vocab is None:
         raise SourceError(f"{inputs[0]}: a parquet input needs --vocab VOCAB.csv")
-    from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks
+    from .parquet import PREFIX_LEN, encode_parquet_task, parquet_rows, parquet_tasks, survey_parquet_task
 
     if max_seq_len <= PREFIX_LEN:
         raise SourceError(f"--max-seq-len {max_seq_len}: a sequence must stay below it, and its {PREFIX_LEN}-token "
@@ -72,7 +75,9 @@ def open_sources(
     vocab_map = read_vocab(vocab)
     tasks = [t for p in inputs for t in parquet_tasks(p)]
     encode = partial(encode_parquet_task, vocab=vocab_map, max_seq_len=max_seq_len, time_range=time_range)
-    return Source(kind, tasks, encode, False, max(vocab_map.values()) + 1, sum(parquet_rows(p) for p in inputs))
+    survey = partial(survey_parquet_task, max_seq_len=max_seq_len, time_range=time_range)
+    return Source(kind, tasks, encode, False, max(vocab_map.values()) + 1, sum(parquet_rows(p) for p in inputs),
+                  survey)
 
 
 def input_kind(path: str) -> str:

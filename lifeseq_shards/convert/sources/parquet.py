@@ -31,6 +31,7 @@ from .exact import exact_int64
 
 PERSON, BACKGROUND, SENTENCE = "RINPERSOON", "background", "sentence"
 COLUMNS = (PERSON, BACKGROUND, SENTENCE, *STAMPS)
+SURVEY_COLUMNS = (PERSON, SENTENCE, "abspos")  # what a person's id, length and drop reason need
 BACKGROUND_ORDER = ("origin", "gender", "birth_month", "birth_year")  # order of the prefix after [CLS]
 PREFIX_LEN = 2 + len(BACKGROUND_ORDER)
 DEFAULT_TIME_RANGE: tuple[int | None, int | None] = (None, 16438)
@@ -230,28 +231,49 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return cum[ends] - cum[ends - counts]
 
 
-# One function, over 60 lines: one vectorised pass over a row group in the seed's step-5 order (read, check, time
-# slice, the events that fit, units, tokens), whose stages share a dozen offset and index arrays; each stage is a
-# commented paragraph, and the seed's encoded_nomlm.h5 checks the whole (tests/convert/test_parquet_source.py).
 def encode_parquet_task(
     task: tuple[str, int],
     vocab: dict[str, int],
     max_seq_len: int = 512,
     time_range: tuple[int | None, int | None] = DEFAULT_TIME_RANGE,
+    select: np.ndarray | None = None,
 ) -> Block:
-    """Tokenise one row group into a block (int64 columns) of the persons that survive the filters, in file order."""
+    """Tokenise one row group into a block (int64 columns) of the persons that survive the filters, in file order;
+    with ``select`` (person ids, sorted) only those of them (an array task's share: every row is still read and
+    checked, only the selected persons' tokens are built)."""
+    return _encode(task, vocab, max_seq_len, time_range, select)
+
+
+def survey_parquet_task(
+    task: tuple[str, int],
+    max_seq_len: int = 512,
+    time_range: tuple[int | None, int | None] = DEFAULT_TIME_RANGE,
+) -> Block:
+    """What an array task needs of every person of one row group, without tokenising anyone: the
+    :func:`encode_parquet_task` block's ``person_id``, ``length``, ``row``, ``every_id`` and ``drop_reason``, the
+    same values, from the id, sentence and abspos columns only."""
+    return _encode(task, None, max_seq_len, time_range, None)
+
+
+# One function, over 60 lines: one vectorised pass over a row group in the seed's step-5 order (read, check, time
+# slice, the events that fit, units, tokens), whose stages share a dozen offset and index arrays; each stage is a
+# commented paragraph, and the seed's encoded_nomlm.h5 checks the whole (tests/convert/test_parquet_source.py).
+# Without ``vocab`` it stops before the tokens (the survey), with ``select`` it tokenises those persons only.
+def _encode(task: tuple[str, int], vocab: dict[str, int] | None, max_seq_len: int,
+            time_range: tuple[int | None, int | None], select: np.ndarray | None) -> Block:
     path, group = task
     where = f"{path}: row group {group}"
+    columns = COLUMNS if vocab is not None else SURVEY_COLUMNS
     try:
         pf = _open(path, dictionary=True)
-        table = pf.read_row_group(group, columns=list(COLUMNS))
+        table = pf.read_row_group(group, columns=list(columns))
     except SourceError:
         raise
     except (OSError, pa.ArrowException) as e:
         raise SourceError(f"{where}: cannot be read ({_one_line(e)})") from None
     except KeyError as e:
         raise SourceError(f"{where}: missing column {e}") from None
-    cols = {c: table.column(c).combine_chunks() for c in COLUMNS}
+    cols = {c: table.column(c).combine_chunks() for c in columns}
     first = sum(pf.metadata.row_group(g).num_rows for g in range(group))  # the file row of the group's row 0
 
     def row(r: int) -> str:
@@ -265,10 +287,6 @@ def encode_parquet_task(
     def person_row(r: int) -> str:
         return f"{row(r)} (person {person[r]})"
 
-    keys = pa.array(list(vocab), type=pa.string())
-    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    unk, sep = vocab["[UNK]"], vocab["[SEP]"]
-
     # events: per-person offsets, per-event token offsets, per-token ids (as table[index])
     sentence = cols[SENTENCE]
     ev_off = _list_offsets(sentence)
@@ -278,15 +296,9 @@ def encode_parquet_task(
     def event_row(k: int) -> str:  # the person row of flat event k
         return person_row(int(np.searchsorted(ev_off, k, "right")) - 1)
 
-    strings = events.flatten()
-    bad_token = _first_invalid_utf8(strings)
-    if bad_token is not None:
-        k = int(np.searchsorted(tok_off, bad_token, "right")) - 1
-        raise SourceError(f"{event_row(k)}: column {SENTENCE!r} holds a token that is not UTF-8")
-    tok_table, tok_index = _token_index(strings, keys, ids, unk)
     n_events = np.diff(ev_off)
     per_event = {}
-    for c in STAMPS:
+    for c in (c for c in columns if c in STAMPS):  # the stamps read
         off = _list_offsets(cols[c])
         bad = np.flatnonzero(np.diff(off) != n_events)
         if bad.size:
@@ -318,6 +330,26 @@ def encode_parquet_task(
     fits = PREFIX_LEN + person_end - cum + ev_len < max_seq_len
     counts = _segment_sums(fits, counts)
     ev, ev_len = ev[fits], ev_len[fits]
+    # every input row and its person, kept or not: a duplicated id is refused even when the filter drops one
+    out = {"row": first + np.arange(len(person)), "every_id": person,
+           DROP_REASON: np.where(enough, KEPT, TOO_FEW_EVENTS)}
+    if vocab is None:
+        return Block({"person_id": person[persons], "length": PREFIX_LEN + _segment_sums(ev_len, counts), **out})
+    if select is not None:
+        chosen = np.isin(person[persons], select)
+        ev_chosen = np.repeat(chosen, counts)
+        persons, counts, ev, ev_len = persons[chosen], counts[chosen], ev[ev_chosen], ev_len[ev_chosen]
+
+    # the tokens: each string's vocabulary id (not UTF-8: an error naming the row)
+    keys = pa.array(list(vocab), type=pa.string())
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    unk, sep = vocab["[UNK]"], vocab["[SEP]"]
+    strings = events.flatten()
+    bad_token = _first_invalid_utf8(strings)
+    if bad_token is not None:
+        k = int(np.searchsorted(tok_off, bad_token, "right")) - 1
+        raise SourceError(f"{event_row(k)}: column {SENTENCE!r} holds a token that is not UTF-8")
+    tok_table, tok_index = _token_index(strings, keys, ids, unk)
 
     # units: per person its prefix (PREFIX_LEN tokens), then each kept event (its tokens, then [SEP])
     k, m = len(persons), len(ev)
@@ -341,11 +373,7 @@ def encode_parquet_task(
     tokens[unit_out[is_event] + ev_len - 1] = sep
     prefix_at = (unit_out[prefix_unit][:, None] + np.arange(PREFIX_LEN)).ravel()
     tokens[prefix_at] = _prefix(cols[BACKGROUND], keys, ids, vocab, person_row)[persons].ravel()
-    out = {"person_id": person[persons], "tokens": tokens,
-           # every input row and its person, kept or not: a duplicated id is refused even when the filter drops one
-           "row": first + np.arange(len(person)), "every_id": person,
-           DROP_REASON: np.where(enough, KEPT, TOO_FEW_EVENTS),
-           "length": PREFIX_LEN + _segment_sums(ev_len, counts)}
+    out.update(person_id=person[persons], tokens=tokens, length=PREFIX_LEN + _segment_sums(ev_len, counts))
     out_event = np.repeat(unit_event, unit_len)
     for c in STAMPS:
         values = np.take(per_event[c], out_event) if m else np.zeros(total, np.int64)
