@@ -17,7 +17,9 @@ saved after a mid-epoch validation: the steps after it read the same persons, wi
 and final weights, as the uninterrupted run's), ``predict`` (docs/reference/ddp.md's lines: everyone embedded once,
 ``shardify embeddings verify`` clean); with ``--against`` another stack's WORK, ``against`` (the uninterrupted runs
 read the same persons with the same learning rates at every step). What the run adds to theirs, and why:
-tools/seed_pretrain_rank.py.
+tools/seed_pretrain_rank.py. ``--packed 512`` (or ``unpadded``) runs it all on packed, token-balanced batches (the
+diff's hparams ``packed`` and ``tokens_per_batch``: ``--tokens-per-batch``); predict then checks that the embeddings
+record that mode.
 """
 
 from __future__ import annotations
