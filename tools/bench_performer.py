@@ -263,9 +263,9 @@ def page(rows: list[Row], args: argparse.Namespace, measured: str, load: tuple[f
         "the end)")
     return f"""# Their performer encoder, padded against packed (issue 39)
 
-Measured by `python -m tools.bench_performer --sizes {",".join(args.sizes)} --persons {args.persons} --batch \
-{args.batch} --rounds {args.rounds} --device {args.device} --precision {args.precision}` at commit {measured}, torch
-{torch.__version__}, on {where}.
+Measured by `python -m tools.bench_performer --sizes {",".join(args.sizes)} --populations \
+{",".join(args.populations)} --persons {args.persons} --batch {args.batch} --rounds {args.rounds} --device \
+{args.device} --precision {args.precision}` at commit {measured}, torch {torch.__version__}, on {where}.
 
 Method: their encoder's structure on their dependencies (tools/their_encoder.py `TheirEncoder`:
 performer-pytorch 1.1.4 + local-attention 1.9.14, their edits; 10 heads of which 7 local with window
