@@ -160,6 +160,12 @@ class PackedPerformer(nn.Module):
     def extra_repr(self) -> str:
         return f"pad_to={self.pad_to}"
 
+    @property
+    def padding(self) -> str:
+        """The mode as an embedding file records it (``EmbeddingWriter(padding=...)``): ``"packed pad_to=L"`` or
+        ``"packed unpadded"``."""
+        return "packed unpadded" if self.pad_to is None else f"packed pad_to={self.pad_to}"
+
     def forward(self, batch: Any) -> Tensor:
         """(N, hidden) states of the batch's N token rows (``input_ids`` (4, N): token, abspos, age, segment;
         ``cu_seqlens`` and the host int ``max_len``)."""

@@ -33,6 +33,8 @@ from lifeseq_shards.plan.partition import left_out_segments
 U16 = compat.torch_dtype("uint16")
 
 REPO = Path(__file__).resolve().parents[1]
+# the researchers' repository (odissei-lifecourse/life-sequencing-dutch), as the search tool's fetch lays it out
+THEIR_MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
 SMALL_SHARDS = {"min_shard_persons": 100}  # the sample's 5,845 persons in ~50 shards, not 4
 FIELDS = ("tokens", "abspos", "age", "segment")  # the rows of the seed's input_ids
 
@@ -151,6 +153,13 @@ def shardify(*args: object) -> tuple[int, str]:
 
 
 TIME_SCALE = "LIFESEQ_TEST_TIME_SCALE"
+
+
+def their_repo() -> Path | None:
+    """Their repository (a clone or a bare mirror) for the tests that check against their own code: ``THEIR_REPO``,
+    else :data:`THEIR_MIRROR`; None where it is absent (those tests skip)."""
+    repo = Path(os.environ.get("THEIR_REPO", THEIR_MIRROR))
+    return repo if repo.exists() else None
 
 
 def scaled(seconds: float) -> float:

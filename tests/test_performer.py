@@ -1,6 +1,6 @@
 """lifeseq_shards.performer.PackedPerformer against the researchers' padded encoder.
 
-Two references: their encoder's structure built on their dependencies (tools/bench_performer.py ``TheirEncoder``:
+Two references: their encoder's structure built on their dependencies (tools/their_encoder.py ``TheirEncoder``:
 performer-pytorch 1.1.4's ``SelfAttention`` with local-attention 1.9.14's ``LocalAttention``, the extra ``their``),
 with their edits reproduced as their code makes them (no rotary embedding on the local heads, the padding mask as
 the global heads' context mask); and, where their
@@ -11,7 +11,6 @@ at 884ef02. Tiny widths and few persons, their head layout (10 heads, 7 local, w
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import THEIR_MIRROR, their_repo
 from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
@@ -29,12 +29,11 @@ from lifeseq_shards.device.batch import PackedModelBatch
 from lifeseq_shards.device.build import StaticShape, count_tokens, host_sync_guard, model_batch
 from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
 from lifeseq_shards.reader import ShardedDataset
-from tools.bench_performer import SIZES, TheirEncoder
+from tools.their_encoder import SIZES, TheirEncoder
 
 TINY = SIZES["tiny"]
 HIDDEN, FF, LAYERS, HEADS, LOCAL, WINDOW, FEATURES, VOCAB = (TINY.hidden, TINY.ff, TINY.layers, TINY.heads, TINY.local,
                                                              TINY.window, TINY.features, TINY.vocab)
-MIRROR = Path("/work/.mirror/odissei-lifecourse+life-sequencing-dutch/repo")
 THEIR_COMMIT = "884ef02"
 
 
@@ -289,16 +288,11 @@ def test_a_batch_wider_than_pad_to_is_refused() -> None:
 
 # ---- their own modules at 884ef02, where their repository is at hand ----
 
-def _their_repo() -> Path | None:
-    repo = Path(os.environ.get("THEIR_REPO", MIRROR))
-    return repo if repo.exists() else None
-
-
 @pytest.fixture(scope="module")
 def their_transformer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type]:
-    repo = _their_repo()
+    repo = their_repo()
     if repo is None:
-        pytest.skip(f"their repository is not here ({MIRROR}, or THEIR_REPO): the package-built reference above "
+        pytest.skip(f"their repository is not here ({THEIR_MIRROR}, or THEIR_REPO): the package-built reference above "
                     "stands for their modules")
     dest = tmp_path_factory.mktemp("their")
     archive = subprocess.run(["git", "-C", str(repo), "archive", THEIR_COMMIT, "pop2vec/__init__.py",

@@ -19,6 +19,8 @@
 #   small     100   the masker's CUDA graph: the small preset's first points, its prep table, the CUDA tests
 #   base       80   BERT-base at 1,024: the base preset's first points, the plain loop's CUDA tests
 #   embed      60   the embedding writer at the large size, bf16 and fp32, verified (what is left of the 480)
+#   their      90   their performer encoder padded to 512 against PackedPerformer (tools/bench_performer.py),
+#                   train step and predict, fp32 + TF32 then bf16-mixed, small / medium / base, 256 persons
 #   tokens    120   token-budget batches (train_bench --preset tokens: small-tc and large-tc, bf16, L=512: padded,
 #                   padding-free by persons, by a budget eager and compiled with the graphed masker), then BERT-base
 #                   at 1,024 by persons and by a budget; whatever is left of the 480 (it runs last)
@@ -104,7 +106,7 @@ if [ ! -e ../shared/data/lifeseq-sample ]; then  # the tests read the sample whe
   mkdir -p ../shared/data && ln -s "$PWD/.devshared/lifeseq-sample" ../shared/data/lifeseq-sample
 fi
 DATA=${DATA:-.devshared/bench-data/shards}  # DATA=...: another converted dataset (a dry run's small one)
-case "$MODE" in all|all-cpu|seed|seed-cpu) ;;  # the seed stage reads its own data; `all`'s stages see to theirs
+case "$MODE" in all|all-cpu|seed|seed-cpu|their|their-cpu) ;;  # these read their own data; `all`'s stages see to theirs
 *) if [ ! -e "$DATA/manifest.json" ]; then
   stamp "no carried bench data: synthesising it"
   $PY -c 'from pathlib import Path; from tools.common import synth_dataset
@@ -119,9 +121,10 @@ case "$MODE" in all|all-cpu)  # every stage, most important first; the budget is
   WORK=${WORK:-/tmp/device-check}
   rm -rf "$WORK" && mkdir -p "$WORK"
   export DATA PYTHONUNBUFFERED  # PYTHONPATH (the wheels, this checkout) is exported above
-  for STAGE in ${STAGES:-seed pinned small base embed tokens}; do
+  for STAGE in ${STAGES:-seed pinned small base embed their tokens}; do
     VAR=B_${STAGE^^}
-    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; tokens) B=120;; *) B=60;;
+    case "$STAGE" in seed) B=210;; pinned) B=10;; small) B=100;; base) B=80;; embed) B=60;; their) B=90;;
+      tokens) B=120;; *) B=60;;
     esac
     B=${!VAR:-$B}
     [ -n "$SUFFIX" ] && B=${!VAR:-1800}  # CPU dry runs: minutes per stage on 2 shared cores
@@ -236,6 +239,33 @@ for name in ("cls", "mean"):
     cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-12)
     print(f"{name}: cosine bf16 vs fp32 min {cos.min():.4f} median {np.median(cos):.5f} over {len(cos)} persons")
 PYEOF
+  stamp done
+  exit 0;;
+esac
+
+case "$MODE" in their|their-cpu)  # their performer encoder padded to 512 against PackedPerformer, both precisions
+  # tools/bench_performer.py: their train step and predict pass, the sides alternating round by round, on the sample's
+  # lengths and a long tail; one page per precision. Dry run (tiny dims, a few persons, the same code paths):
+  #   PYTHON=.venv/bin/python OUT=/tmp/dct bash tools/device_check.sh their-cpu
+  if [ "$MODE" = their-cpu ]; then
+    BENCH=(--device cpu --sizes tiny --populations sample --persons 6 --batch 2 --rounds 1)
+    DEADLINE=$((T0 + ${DEADLINE_S:-900}))
+  else
+    BENCH=(--device cuda --sizes small,medium,base --persons 256 --batch 32 --rounds 3)
+    DEADLINE=$((T0 + ${DEADLINE_S:-90}))
+  fi
+  { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
+    $PY -c "import torch, performer_pytorch, local_attention; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  } >"$OUT/env.txt" 2>&1
+  stamp env; cat "$OUT/env.txt"
+  SHARE=2  # the first precision gets half of the stage's time, the second what is left
+  for P in tf32 bf16-mixed; do  # fp32 with TF32 matmuls (their PRECISION "32-true" + "medium"), then bf16 autocast
+    stamp "bench_performer $P"
+    timeout "$(cap $(((DEADLINE - SECONDS) / SHARE)) 2)" $PY -m tools.bench_performer "${BENCH[@]}" --precision "$P" \
+      --out "$OUT/performer-$P.md"
+    echo "their $P exit $?"
+    SHARE=1
+  done
   stamp done
   exit 0;;
 esac

@@ -17,7 +17,9 @@ saved after a mid-epoch validation: the steps after it read the same persons, wi
 and final weights, as the uninterrupted run's), ``predict`` (docs/reference/ddp.md's lines: everyone embedded once,
 ``shardify embeddings verify`` clean); with ``--against`` another stack's WORK, ``against`` (the uninterrupted runs
 read the same persons with the same learning rates at every step). What the run adds to theirs, and why:
-tools/seed_pretrain_rank.py.
+tools/seed_pretrain_rank.py. ``--packed 512`` (or ``unpadded``) runs it all on packed, token-balanced batches (the
+diff's hparams ``packed`` and ``tokens_per_batch``: ``--tokens-per-batch``); predict then checks that the embeddings
+record that mode.
 """
 
 from __future__ import annotations
@@ -81,6 +83,20 @@ stage: "pre_training"
 implementation: "v1"
 version: 1.0
 """
+
+
+def packed_hparams(args: argparse.Namespace) -> str:
+    """The diff's hparams for packed, token-balanced batches (``--packed``: 512 or unpadded); none without."""
+    if args.packed is None:
+        return ""
+    return f'packed: "{args.packed}"\ntokens_per_batch: {args.tokens_per_batch}\n'
+
+
+def expected_padding(packed: str | None) -> str:
+    """What the embeddings of a run with ``--packed`` must record (lifeseq_shards.embed.spec.Padding)."""
+    if packed is None:
+        return "padded pad_to=512"  # their max_length, the predict data padded to it
+    return "packed unpadded" if packed == "unpadded" else f"packed pad_to={packed}"
 
 
 class CheckFailed(Exception):
@@ -150,7 +166,7 @@ class Check:
         run.mkdir(parents=True)
         hparams = run / "hparams.txt"
         hparams.write_text(HPARAMS.format(vocab_size=data["vocab"], epochs=self.args.epochs,
-                                          batch_size=self.args.batch_size))
+                                          batch_size=self.args.batch_size) + packed_hparams(self.args))
         cfg = {"CHECKPOINT_DIR": str(run / "ckpt"), "SHARDS_PATH": str(data["dir"] / "mlm"),
                "HPARAMS_PATH": str(hparams), "VOCAB_PATH": str(Path(self.args.sample) / "vocab.csv")}
         if resume is not None:
@@ -234,7 +250,11 @@ class Check:
         ids = embedded_ids(self.args.python, emb, self.env)
         if len(ids) != len(set(ids)) or set(ids) != data["ids"]:
             raise CheckFailed(f"{len(ids)} rows, {len(set(ids))} persons, of {len(data['ids'])}")
-        return f"{ckpt.name}: all {len(ids)} persons embedded once each; shardify embeddings verify clean", None
+        padding = json.loads((emb / "_embeddings.json").read_text()).get("padding")
+        if padding != expected_padding(self.args.packed):
+            raise CheckFailed(f"the embeddings record padding {padding!r}, not {expected_padding(self.args.packed)!r}")
+        return (f"{ckpt.name}: all {len(ids)} persons embedded once each, padding {padding!r}; shardify embeddings "
+                "verify clean", None)
 
     # -- against another stack ------------------------------------------------------------------------------------
     def against(self, full: dict[str, Any], other: Path) -> tuple[str, None]:
@@ -410,6 +430,11 @@ def main() -> None:
     p.add_argument("--every", type=int, default=4, help="ModelCheckpoint(every_n_train_steps=...)")
     p.add_argument("--against", help="another stack's --work, whose uninterrupted run this one's must match")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one run")
+    p.add_argument("--packed", help="train on packed batches (the diff's hparams `packed`): 512 (their model padded "
+                                    "to 512) or unpadded")
+    p.add_argument("--tokens-per-batch", type=int, default=2048, help="with --packed: each rank's token budget")
+    p.add_argument("--resume", choices=("both", "steps"), default="both",
+                   help="resume from both kinds of checkpoint, or from the every_n_train_steps one only")
     args = p.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -426,7 +451,8 @@ def main() -> None:
     resumed = None
     if killed:
         resumed = check.step("resume (every_n_train_steps checkpoint)", check.resume, data, full, killed, "steps")
-        check.step("resume (their ModelCheckpoint)", check.resume, data, full, killed, "theirs")
+        if args.resume == "both":
+            check.step("resume (their ModelCheckpoint)", check.resume, data, full, killed, "theirs")
     if resumed:
         check.step("predict", check.predict, data, resumed)
     if full and args.against:

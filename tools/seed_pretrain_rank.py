@@ -83,10 +83,14 @@ def predict(config: str, checkpoint: str, emb: str, data: str) -> None:
     from lifeseq_shards.pl import EmbeddingWriter, LifeSeqDataModule
 
     cfg = read_json(config)
-    dm = LifeSeqDataModule(data, batch_size=512, num_workers=2)  # as converted (--workers 2): guides/tune-gpu.md
     model = TransformerEncoder.load_from_checkpoint(checkpoint, hparams=read_hparams(cfg["HPARAMS_PATH"]))
+    # as converted (--workers 2): guides/tune-gpu.md; padded to their max_length, or packed as the model trained
+    padded = model.packed_encoder() is None
+    dm = LifeSeqDataModule(data, batch_size=512, num_workers=2, layout="padded" if padded else "packed",
+                           pad_to=model.hparams["max_length"] if padded else None)
     width = model.hparams["hidden_size"]
-    writer = EmbeddingWriter(emb, fields={"cls_emb": width, "mean_emb": width}, dtype="float16", id_key="sequence_id")
+    writer = EmbeddingWriter(emb, fields={"cls_emb": width, "mean_emb": width}, dtype="float16", id_key="sequence_id",
+                             padding=model.embedding_padding())
     trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp", logger=False,
                          callbacks=[writer])
     trainer.predict(model, datamodule=dm, return_predictions=False)

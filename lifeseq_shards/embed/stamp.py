@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .spec import ID_COLUMN, EmbeddingSpec
+from .spec import ID_COLUMN, EmbeddingsError, EmbeddingSpec, Padding
 
 OUT_MANIFEST = "_embeddings.json"  # "_": pyarrow, pandas and polars read the directory as one table without it
 STAMP_KEY = b"lifeseq_shards.embedding"
@@ -36,9 +36,10 @@ class Stamp:
     shard: str  # the input shard (its manifest path)
     persons: int
     digest: str  # sha256 of the contents, see content_digest
+    padding: Padding = Padding()  # how the model saw the persons (a stamp without it: plain "padded")
 
     def metadata(self) -> dict[bytes, bytes]:
-        return {STAMP_KEY: json.dumps(asdict(self), sort_keys=True).encode()}
+        return {STAMP_KEY: json.dumps({**asdict(self), "padding": str(self.padding)}, sort_keys=True).encode()}
 
     @classmethod
     def of(cls, metadata: dict[bytes, bytes] | None) -> Stamp | None:
@@ -48,7 +49,8 @@ class Stamp:
             return None
         try:
             d = json.loads(raw)
-            return cls(str(d["dataset"]), str(d["model"]), str(d["shard"]), int(d["persons"]), str(d["digest"]))
+            return cls(str(d["dataset"]), str(d["model"]), str(d["shard"]), int(d["persons"]), str(d["digest"]),
+                       Padding.from_json(d.get("padding"), "stamp"))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -76,14 +78,17 @@ def content_digest(batches: Iterable[pa.RecordBatch], spec: EmbeddingSpec) -> st
 
 def stamp_table(table: pa.Table, spec: EmbeddingSpec, shard: str) -> pa.Table:
     """``table`` (one input shard's rows, as written) with its stamp in the schema's metadata."""
-    stamp = Stamp(spec.dataset, spec.model, shard, table.num_rows, content_digest(table.to_batches(), spec))
+    stamp = Stamp(spec.dataset, spec.model, shard, table.num_rows, content_digest(table.to_batches(), spec),
+                  spec.padding)
     return table.replace_schema_metadata(stamp.metadata())
 
 
 def provenance_problem(path: Path, rel: str, spec: EmbeddingSpec, listed: int) -> tuple[str | None, Stamp | None]:
     """From the footer only: the first way the file at ``path`` (``rel`` in its directory) is not the one
     ``_embeddings.json`` (``spec``, ``listed`` persons) expects there, as one line naming it, or None; and its
-    stamp. Files without a stamp (written before stamps existed) are refused with how to embed them again."""
+    stamp. Files without a stamp (written before stamps existed) are refused with how to embed them again. A file
+    embedded with another :class:`Padding` than the directory's is not a problem to list but a mix to refuse:
+    :class:`EmbeddingsError` (one line naming it)."""
     try:
         meta = pq.read_metadata(path)
     except (OSError, pa.ArrowException) as e:
@@ -96,6 +101,10 @@ def provenance_problem(path: Path, rel: str, spec: EmbeddingSpec, listed: int) -
         if got != want:
             return (f"{rel}: embeddings of {what} {got} (its stamp), but {OUT_MANIFEST} says {want}: a file of "
                     f"another run; {REEMBED}"), stamp
+    if stamp.padding != spec.padding:
+        raise EmbeddingsError(f"{path}: embedded with padding {stamp.padding!r} (its stamp), but {OUT_MANIFEST} "
+                              f"says {spec.padding!r}: embeddings of one model in two padding modes differ, and are "
+                              f"never mixed; {REEMBED} with padding={str(spec.padding)!r}")
     if not meta.schema.to_arrow_schema().equals(spec.schema()):
         return f"{rel}: its columns are not the ones {OUT_MANIFEST} names: {REEMBED}", stamp
     if output_of(stamp.shard) != rel:

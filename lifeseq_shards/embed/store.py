@@ -83,7 +83,7 @@ def shard_files(out: Path) -> dict[str, int]:
 
 def _differences(old: EmbeddingSpec, new: EmbeddingSpec) -> list[str]:
     names = {"dataset": "dataset fingerprint", "splits": "splits", "model": "model", "fields": "fields",
-             "dtype": "dtype"}
+             "dtype": "dtype", "padding": "padding"}
     return [f"{names[k]} {getattr(old, k)!r}, not {getattr(new, k)!r}" for k in names
             if getattr(old, k) != getattr(new, k)]
 

@@ -28,6 +28,7 @@ from ..reader.options import predict_splits
 from ..reader.stages import SHARD_FIELD
 from ..store.manifest import Manifest, ShardEntry
 from ..store.remote import read_manifest
+from .spec import Padding
 from .store import (
     ID_COLUMN,
     EmbeddingsError,
@@ -68,8 +69,11 @@ class EmbeddingWriterHooks:
     ``fields``: name -> width of what the model's predict step returns besides the id (default: the model's
     ``embedding_fields()``, as :class:`lifeseq_shards.model.PretrainSteps` has: ``cls`` and ``mean``); ``id_key``
     names the id in its output (the seed's ``predict_step`` says ``"sequence_id"``); ``model`` names the model in
-    the output manifest (default: the fingerprint of its weights). A directory holding another dataset's, model's,
-    fields' or dtype's embeddings is refused.
+    the output manifest (default: the fingerprint of its weights). ``padding``: how the model sees each person,
+    recorded in the manifest and every file's stamp (:class:`~lifeseq_shards.embed.spec.Padding`: ``"padded
+    pad_to=512"``, ``"packed pad_to=512"``, ``"packed unpadded"``; a ``PackedPerformer``'s ``.padding`` says its
+    own; default ``"padded"``, the length not recorded). A directory holding another dataset's, model's, fields',
+    dtype's or padding's embeddings is refused.
 
     Lightning: add it to the Trainer's callbacks and predict with :class:`LifeSeqDataModule`, which asks it which
     shards are left (``trainer.predict(model, datamodule=dm, return_predictions=False)``). A plain loop:
@@ -78,13 +82,14 @@ class EmbeddingWriterHooks:
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], fields: Mapping[str, int] | None = None,
-                 dtype: str = "float32", *, model: str | None = None, id_key: str = ID_COLUMN) -> None:
+                 dtype: str = "float32", *, model: str | None = None, id_key: str = ID_COLUMN,
+                 padding: str = "padded") -> None:
         super().__init__(write_interval="batch")  # type: ignore[call-arg]  # BasePredictionWriter's
         check_dtype(dtype)
         if fields is not None:
             check_fields(fields)
         self.out_dir, self.fields, self.dtype = Path(out_dir), dict(fields) if fields else None, dtype
-        self.model_name, self.id_key = model, id_key
+        self.model_name, self.id_key, self.padding = model, id_key, Padding.parse(padding)
         self.spec: EmbeddingSpec | None = None
         self.manifest: Manifest | None = None  # the data's, read once by open
         self._entries: dict[int, ShardEntry] = {}  # position among the manifest's shards -> entry, to be written
@@ -120,7 +125,7 @@ class EmbeddingWriterHooks:
                 raise EmbeddingsError("EmbeddingWriter: pass the model (its weights' fingerprint names it in the "
                                       "output manifest) or model='a name'")
             name = self.model_name if self.model_name is not None else model_fingerprint(model)
-            spec = EmbeddingSpec(manifest.fingerprint, names, name, tuple(fields.items()), self.dtype)
+            spec = EmbeddingSpec(manifest.fingerprint, names, name, tuple(fields.items()), self.dtype, self.padding)
             return spec, open_output(self.out_dir, spec, manifest)
 
         self.spec, done = _on_rank_zero(look, world)

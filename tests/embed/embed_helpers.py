@@ -23,10 +23,11 @@ def model_for(root: Path) -> LifeSeqPretrainModule:
 
 
 def embed_in_process(root: Path, out: Path, dtype: str = "float32", batch_size: int = 64,
-                     model: LifeSeqPretrainModule | None = None) -> EmbeddingWriter:
-    """The plain loop of docs/reference/ddp.md: one process, no Trainer (``model``: model_for's by default)."""
+                     model: LifeSeqPretrainModule | None = None, padding: str = "padded") -> EmbeddingWriter:
+    """The plain loop of docs/reference/ddp.md: one process, no Trainer (``model``: model_for's by default;
+    ``padding``: what the writer records)."""
     model = model_for(root) if model is None else model
-    writer = EmbeddingWriter(out, dtype=dtype)
+    writer = EmbeddingWriter(out, dtype=dtype, padding=padding)
     dataset = writer.dataset(root, batch_size=batch_size, model=model, world=World(0, 1))
     builder = BatchBuilder()
     with torch.no_grad():

@@ -1,0 +1,123 @@
+"""docs/seed-pretrain.diff's packed option on the researchers' own code (their repository at 884ef02, as
+tests/test_performer.py finds it; skipped only where it is absent): their ``TransformerEncoder``, patched, computes
+the same MLM and CLS losses (and gradients) on a packed batch with ``packed: 512`` as on the padded batch of the same
+persons, and their ``pretrain.py``, patched, trains packed on 2 DDP ranks (a real Lightning Trainer over torchrun,
+gloo), is SIGKILLed mid-epoch, resumes exactly and predicts (tools/seed_pretrain_check.py, with --packed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from helpers import REPO, scaled, their_repo
+
+from lifeseq_shards.device.build import count_tokens, model_batch
+from lifeseq_shards.reader import ShardedDataset
+from tools.seed_pretrain_check import HPARAMS, their_copy
+
+# what their code imports that the test stacks lack (docs/results/seed-pretrain.md, "DEPS"): their pins on numpy 1
+THEIR_DEPS = {1: ["pandas==2.0.3", "polars==1.23.0", "pytz==2023.3", "six==1.16.0"],
+              2: ["pandas", "polars", "pytz", "tzdata"]}
+CHECK_S = 900  # the check below: data, fit, kill, resume and predict of 200 persons on 2 loaded cores
+
+
+def needs_their_repo() -> Path:
+    repo = their_repo()
+    if repo is None:
+        pytest.skip("their repository is not here (the fetched mirror, or THEIR_REPO): docs/results/seed-pretrain.md "
+                    "has the check's runs")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def their_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Their models.py at 884ef02 with docs/seed-pretrain.diff applied, imported from a copy."""
+    dest = tmp_path_factory.mktemp("their")
+    their_copy(needs_their_repo(), "884ef02", dest, patch=True, paths=("pop2vec/__init__.py", "pop2vec/llm/src"))
+    sys.path.insert(0, str(dest))
+    try:
+        from pop2vec.llm.src.transformer import models
+        yield models
+    finally:
+        sys.path.remove(str(dest))
+
+
+def their_model(models: Any, vocab: int, packed: object) -> Any:
+    """Their TransformerEncoder with the check's tiny hparams (dropouts 0), ReZero gains away from their 0 start so
+    that attention counts; ``packed`` as the diff's hparams say it (False: padded)."""
+    torch.manual_seed(0)
+    hparams = yaml.safe_load(HPARAMS.format(vocab_size=vocab, epochs=1, batch_size=12)) | {"packed": packed}
+    model = models.TransformerEncoder(hparams)
+    with torch.no_grad():
+        for name, p in model.transformer.named_parameters():
+            if name.endswith(".weights"):
+                p.fill_(0.5)
+    return model
+
+
+def their_losses(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Their training_step's two losses (its own loss modules, on what their forward returns)."""
+    mlm, cls = model(batch)
+    return model.mlm_loss(mlm.permute(0, 2, 1), target=batch["target_tokens"].long()), \
+        model.cls_loss(cls, target=batch["target_cls"].long())
+
+
+def test_their_losses_on_packed_batches_mean_what_they_meant(their_models: Any, mlm_dataset: Path) -> None:
+    """The same 12 persons, padded to 512 as before and packed: with ``packed: 512`` the MLM loss (mean over the
+    masked tokens) and the CLS loss (over the persons) equal the padded ones to 1e-5, and so do the gradients (1e-4);
+    with ``packed: unpadded`` (no padding keys) the losses differ (their global heads no longer count the padding)."""
+    host = next(iter(ShardedDataset(mlm_dataset, "train", batch_size=12, seed=0, packed=True)))
+    counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)))
+    padded, flat = model_batch(counted, layout="padded", max_len=512), model_batch(counted, layout="packed")
+    assert int((padded["target_tokens"] != 0).sum()) > 12 and int(padded["lengths"].max()) < 512
+    vocab = int(max(padded["input_ids"][:, 0].max(), padded["target_tokens"].max())) + 1
+    runs = {}
+    for packed, batch in ((False, padded), (512, flat), ("unpadded", flat)):
+        model = their_model(their_models, vocab, packed)
+        mlm, cls = their_losses(model, batch)
+        (0.8 * mlm + 0.2 * cls).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs[packed] = (float(mlm.detach()), float(cls.detach()), grads)
+    (mlm0, cls0, g0), (mlm1, cls1, g1), (mlm2, cls2, _) = runs[False], runs[512], runs["unpadded"]
+    assert abs(mlm1 - mlm0) <= 1e-5 * abs(mlm0) and abs(cls1 - cls0) <= 1e-5 * abs(cls0), (mlm0, mlm1, cls0, cls1)
+    assert sorted(g1) == sorted(g0)
+    for name, g in g0.items():
+        assert float((g1[name] - g).norm()) <= 1e-4 * max(float(g.norm()), 1e-12), name
+    assert abs(mlm2 - mlm0) > 1e-4 * abs(mlm0) or abs(cls2 - cls0) > 1e-4 * abs(cls0)
+
+
+def their_deps(dest: Path) -> Path:
+    """A directory with what their code imports that this stack lacks (pip --target, never into the stack)."""
+    if all(importlib.util.find_spec(m) for m in ("pandas", "polars")):
+        return dest
+    pins = THEIR_DEPS[int(np.__version__.split(".")[0])]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest), *pins],
+                   check=True, timeout=scaled(300))
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(CHECK_S + 360)
+def test_their_pretrain_trains_packed_on_two_ranks_resumes_and_predicts(tmp_path: Path) -> None:
+    """Their pretrain.py, patched, with ``packed: 512`` and 1,200-token batches: 2 ranks (torchrun, their
+    DDPStrategy over gloo) read every train person once per epoch in the same number of steps, a run SIGKILLed after
+    a mid-epoch checkpoint resumes with the same persons, losses and learning rates as the uninterrupted one and the
+    same final weights, and predict embeds every person once, recording padding 'packed pad_to=512'."""
+    repo = needs_their_repo()
+    cmd = [sys.executable, "-m", "tools.seed_pretrain_check", str(repo), "--deps", str(their_deps(tmp_path / "deps")),
+           "--work", str(tmp_path / "work"), "--persons", "200", "--batch-size", "8", "--packed", "512",
+           "--tokens-per-batch", "1200", "--resume", "steps", "--timeout", str(scaled(CHECK_S / 3))]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=scaled(CHECK_S), check=False)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    for step in ("apply", "data", "fit", "kill", "resume (every_n_train_steps checkpoint)", "predict"):
+        assert any(line.startswith(f"PASS {step}:") for line in lines), (step, out.stdout)
+    assert any("padding 'packed pad_to=512'" in line for line in lines), out.stdout
