@@ -462,6 +462,7 @@ def test_a_checkpoint_saved_at_a_batch_end_resumes_after_that_batch(vocab_datase
     assert trainer.global_step == full_trainer.global_step == 12
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_fit_whose_checkpoint_cannot_resume_exactly_starts_its_epoch_over_when_asked(vocab_dataset: Path,
                                                                                       tmp_path: Path) -> None:

@@ -360,6 +360,7 @@ def test_static_shapes_give_every_training_batch_one_shape(vocab_dataset: Path) 
         data(vocab_dataset, layout="packed", pad_to=512, static_shapes=True)
 
 
+@pytest.mark.slow
 def test_a_position_that_cannot_resume_exactly_starts_its_epoch_over_when_asked(vocab_dataset: Path) -> None:
     """Issue 40: a mid-epoch state of another balance is refused in one line that names the way to start the epoch
     over in this front end's terms (it said "without the loader's state"); restart_epoch=True does: the state's

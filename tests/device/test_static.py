@@ -204,6 +204,7 @@ def test_cuda_static_batch_in_bf16(vocab_dataset: Path) -> None:
         assert torch.isfinite(a).all() and (a - b).norm() <= 5e-2 * b.norm() + 1e-6
 
 
+@pytest.mark.slow
 def test_a_compiled_step_compiles_once_over_a_static_epoch(vocab_dataset: Path) -> None:
     """The reference training step (LifeSeqPretrainModule.training_step, backward, AdamW) compiled (aot_eager:
     dynamo and autograd's tracing, no code generation) over a whole token-budget epoch of the val split: one

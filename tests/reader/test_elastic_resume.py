@@ -105,6 +105,7 @@ def test_the_rest_of_the_epoch_in_another_layout_reads_everyone_else_once(
     assert fresh.position.epoch == 1 and ids(list(loaders[0])) == ids(list(fresh))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_nobody_left_out_of_a_rest_is_left_out_of_the_next_epoch(ds8: Path) -> None:
     """The sample in 8 shards, 2 ranks x 2 workers stopped after 5 batches, resumed on 3 x 2 (before: remainder
@@ -131,6 +132,7 @@ def test_nobody_left_out_of_a_rest_is_left_out_of_the_next_epoch(ds8: Path) -> N
     assert len(everyone - epoch1) < 6 and len(epoch1) == sum(map(len, going_on))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_rest_stopped_again_resumes_exactly_in_its_layout_and_in_a_third(nomlm_dataset: Path) -> None:
     """2x2 -> 3 ranks x 2 workers, stopped after 4 batches of the rest: the same layout goes on with exactly the

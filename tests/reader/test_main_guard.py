@@ -52,6 +52,7 @@ def test_an_unguarded_script_is_told_to_add_the_main_guard(root: Path, tmp_path:
     assert r.stderr.count("Traceback") == 1 and "DataLoader worker (pid" not in r.stderr, r.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["in the block", "loader built at the top level, read in the block"])
 def test_a_guarded_script_reads_its_batches(root: Path, tmp_path: Path, how: str) -> None:
     if how == "in the block":
@@ -62,6 +63,7 @@ def test_a_guarded_script_reads_its_batches(root: Path, tmp_path: Path, how: str
     assert r.returncode == 0 and r.stdout.strip().endswith("batches"), r.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guard", [
     'if __name__ == "__main__" and len(sys.argv) == 1:\n',
     'if __name__ != "__main__":\n    pass\nelse:\n',
@@ -76,6 +78,7 @@ def test_every_guard_the_main_script_alone_reaches_reads_its_batches(root: Path,
     assert r.returncode == 0 and r.stdout.strip().endswith("batches"), r.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_guard_a_worker_also_passes_is_still_refused(root: Path, tmp_path: Path) -> None:
     """`or` lets a worker (`__mp_main__`) in: refused as before."""
     body = "import sys\n" + 'if __name__ == "__main__" or len(sys.argv) == 1:\n    ' + READ.format(root=str(root)) \
@@ -84,6 +87,7 @@ def test_a_guard_a_worker_also_passes_is_still_refused(root: Path, tmp_path: Pat
     assert r.returncode != 0 and 'if __name__ == "__main__":' in last_line(r.stderr), r.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_a_script_from_stdin_is_refused_whatever_context_it_names(root: Path, context: str) -> None:
     """Issue 40: `python -` was refused only when the caller named no context; naming spawn ended in 79 lines and

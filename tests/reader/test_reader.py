@@ -216,6 +216,7 @@ def test_epochs_reshuffle_and_reproduce(mlm_dataset: Path) -> None:
     assert not np.array_equal(ids_of(fresh(0, seed=1)), ids_of(e0)), "the seed does not change the order"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_persistent_workers_see_each_epoch(mlm_dataset: Path, context: str) -> None:
@@ -551,6 +552,7 @@ def stalling_http_root() -> Iterator[str]:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_stalled_http_body_fails_instead_of_hanging(nomlm_dataset: Path, stalling_http_root: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -706,6 +708,7 @@ def test_abandoned_iterator_frees_workers_waiting_on_their_rings(nomlm_dataset: 
     assert len(list(ld)) == len(probe)  # and the next pass reads the epoch whole
 
 
+@pytest.mark.slow
 def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """...and a resumed run on a node with less shared memory still gets the same message size (the batch order)."""
@@ -722,6 +725,7 @@ def test_rings_fall_back_to_the_pipe_when_shared_memory_is_short(nomlm_dataset: 
     assert sorted(got.tolist()) == sorted(everyone - left)
 
 
+@pytest.mark.slow
 def test_shared_memory_short_on_a_later_pass_moves_to_the_pipe(nomlm_dataset: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers that restart each pass get no rings once /dev/shm runs short: the whole epoch comes through the pipes."""
@@ -800,6 +804,7 @@ def test_old_mode_names_and_reader_names_fail_plainly(nomlm_dataset: Path) -> No
             getattr(reader, name)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_script_read_from_stdin_is_refused_in_one_line(mlm_dataset: Path) -> None:
     """The forkserver re-runs the main script in each worker, and `python - <<EOF` has none to re-run: its workers

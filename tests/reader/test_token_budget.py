@@ -112,6 +112,7 @@ def resume(root: Path, state: dict[str, Any], world: int, workers: int,
     return [[ids(b) for b in ld] for ld in loaders], loaders, said
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_in_the_same_layout_gives_the_batches_not_yet_given(nomlm_dataset: Path) -> None:
     whole, _ = epoch(nomlm_dataset, 2, 2, batches_per_message=2)
