@@ -296,3 +296,19 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
                          f"{mode} pass (ranks of unequal lengths) resumes only in its own layout")
     return changed
+
+def budget_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
+    """What a token budget's plan depends on beside the readers (:data:`BUDGET_KEYS`) that changed since ``saved``,
+    each as ``"key old -> new"``: only between two budgets (a layout of batches of persons stores none)."""
+    then, now = saved.layout, {**OPTIONAL, **now}
+    both = then["tokens_per_batch"] and now["tokens_per_batch"]
+    return [f"{k} {then[k]!r} -> {now[k]!r}" for k in BUDGET_KEYS if both and then[k] != now[k]]
+
+
+def kept_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
+    """What must stay throughout an epoch but changed since ``saved``: whether it is read by persons or by a budget
+    (``tokens_per_batch``), and a budget's :func:`budget_changes`; each as ``"key old -> new"``."""
+    then, now = saved.layout, {**OPTIONAL, **now}
+    switched = (then["tokens_per_batch"] == 0) != (now["tokens_per_batch"] == 0)
+    kind = [f"tokens_per_batch {then['tokens_per_batch']!r} -> {now['tokens_per_batch']!r}"] if switched else []
+    return [*kind, *budget_changes(now, saved)]
