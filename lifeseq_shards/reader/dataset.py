@@ -1,5 +1,5 @@
-"""The dataset: its configuration (from the manifest and the arguments), the plan's queries, the epoch control
-that reaches persistent workers, and ``__iter__``, which composes the stages for this rank and worker.
+"""The dataset: its configuration (from the manifest and the arguments), its epoch plan's queries, and
+``__iter__``, which composes the stages for this rank and worker.
 
 The :class:`~.launch.World` (rank and world size) is fixed at construction in the launching process, so spawned
 DataLoader workers (where ``torch.distributed`` is not initialised and RANK is unset) cannot lose it.
@@ -7,6 +7,7 @@ DataLoader workers (where ``torch.distributed`` is not initialised and RANK is u
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Collection, Iterator, Sequence
@@ -21,71 +22,17 @@ from ..plan import order as plan_order
 from ..plan.balance import BALANCES
 from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
 from ..plan.partition import BALANCED, Partition
-from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
+from ..plan.resume import Layout, Position, Stage
 from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
+from .control import EpochControl
 from .launch import World
 from .options import ReadOptions
 from .stages import load_windows, messages, sized_batches, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
-
-MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
-MAX_KEEP = 8192  # persons the epoch before left out that the next reads: fewer than two layouts' slots
-
-
-class EpochControl:
-    """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
-    epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
-    (:mod:`lifeseq_shards.plan.resume`; none for an ordinary epoch), the persons the epoch before left out that it
-    reads (``Position.left_out_before``; none in a run that stays in one layout), and the passes each worker started
-    since then (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
-
-    _EPOCH, _SKIP, _STAGES, _KEPT, _HISTORY = 0, 1, 2, 3, 4
-    _STAGE_INTS = len(LAYOUT_KEYS) + 1  # the layout, then the batches taken in it
-    _KEEP = _HISTORY + MAX_STAGES * _STAGE_INTS
-    _PASSES = _KEEP + MAX_KEEP
-
-    def __init__(self, num_workers: int) -> None:
-        self._t = torch.zeros(self._PASSES + max(1, num_workers), dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, at: Position) -> None:
-        if len(at.history) > MAX_STAGES:
-            raise ValueError(f"an epoch resumed in {len(at.history)} layouts: at most {MAX_STAGES} are kept; resume "
-                             "in the checkpoint's layout")
-        if len(at.left_out_before) > MAX_KEEP:  # fewer than the slots of two layouts
-            raise ValueError(f"{len(at.left_out_before)} persons left out of the epoch before: at most {MAX_KEEP} "
-                             "are kept")
-        self._t.zero_()
-        t = self._t
-        t[self._EPOCH], t[self._SKIP], t[self._STAGES], t[self._KEPT] = (
-            at.epoch, at.batches, len(at.history), len(at.left_out_before))
-        for i, stage in enumerate(at.history):
-            first = self._HISTORY + i * self._STAGE_INTS
-            values = [int(getattr(stage.layout, k)) for k in LAYOUT_KEYS] + [stage.batches]
-            t[first : first + self._STAGE_INTS] = torch.tensor(values)
-        if at.left_out_before:
-            t[self._KEEP : self._KEEP + len(at.left_out_before)] = torch.tensor(at.left_out_before)
-
-    def loaded(self) -> Position:
-        """Where the first pass since :meth:`set_epoch` starts."""
-        t = self._t
-        rows = t[self._HISTORY : self._HISTORY + int(t[self._STAGES]) * self._STAGE_INTS].view(-1, self._STAGE_INTS)
-        history = tuple(Stage(Layout.of(row[:-1]), row[-1]) for row in rows.tolist())
-        keep = tuple(t[self._KEEP : self._KEEP + int(t[self._KEPT])].tolist())
-        return Position(int(t[self._EPOCH]), int(t[self._SKIP]), history, keep)
-
-    def passes(self, worker: int = 0) -> int:
-        """The passes ``worker`` started since :meth:`set_epoch`."""
-        return int(self._t[self._PASSES + worker])
-
-    def claim_pass(self, worker: int) -> int:
-        """:meth:`passes`, and count the pass as started."""
-        n = self.passes(worker)
-        self._t[self._PASSES + worker] += 1
-        return n
 
 
 class ShardedDataset(IterableDataset):
@@ -115,8 +62,8 @@ class ShardedDataset(IterableDataset):
     of the split once an epoch (nobody left out), the same steps on every rank. ``batch_size`` then plays no part in
     this dataset (a front end's validation and predict loaders still read ``batch_size`` persons a batch).
 
-    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`, checked
-    once (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
+    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`
+    (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
@@ -133,20 +80,6 @@ class ShardedDataset(IterableDataset):
                               seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
                               pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field,
                               tokens_per_batch=tokens_per_batch, balance=balance, crop=crop)
-        self._build(path, options, world, manifest)
-
-    @classmethod
-    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
-           manifest: Manifest | None = None) -> ShardedDataset:
-        """The dataset of ``options`` (checked once, where they were built): what ``ShardedDataset(path, ...)``
-        builds from its arguments. A front end builds its options once and passes the manifest it has read."""
-        dataset = cls.__new__(cls)
-        IterableDataset.__init__(dataset)
-        dataset._build(path, options, world, manifest)
-        return dataset
-
-    def _build(self, path: str | os.PathLike[str], options: ReadOptions, world: World | None,
-               manifest: Manifest | None) -> None:
         self.options = options
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         if world is not None and not isinstance(world, World):
@@ -209,6 +142,14 @@ class ShardedDataset(IterableDataset):
             lengths = np.minimum(lengths, options.budget_crop)
         schedule = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled, BALANCES[options.balance])
         return BudgetPlan(self.partition, self.rank, self._layout(), name, schedule)
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
+           manifest: Manifest | None = None) -> ShardedDataset:
+        """The dataset of ``options``: what ``ShardedDataset(path, ...)`` builds from its arguments. A front end
+        builds its options once and passes the manifest it has read."""
+        settings = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+        return cls(path, **settings, world=world, manifest=manifest)
 
     # -- the plan: its settings are the partition's, stored there only -------------------------------------------
     @property
