@@ -1,7 +1,8 @@
 """The DDP reader: a webdataset pipeline whose node/worker split comes from the pure plan, not from the environment.
 
 One concern per module: :mod:`.options` (the dataset's arguments as one frozen value), :mod:`.dataset`
-(configuration from the manifest, plan queries, epoch control, ``__iter__``), :mod:`.stages` (the pipeline's
+(configuration from the manifest, plan queries, ``__iter__``), :mod:`.control` (the epoch and resume point of the
+next pass, where persistent workers see it), :mod:`.stages` (the pipeline's
 generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSpec`), :mod:`.transport` (the
 workers' shared-memory rings and process context), :mod:`.launch` (rank and world size from the launcher's
 variables), :mod:`.mainguard` (a script that starts workers outside ``if __name__ == "__main__":`` told what to do,

@@ -1,5 +1,5 @@
-"""The dataset: its configuration (from the manifest and the arguments), the plan's queries, the epoch control
-that reaches persistent workers, and ``__iter__``, which composes the stages for this rank and worker.
+"""The dataset: its configuration (from the manifest and the arguments), its epoch plan's queries, and
+``__iter__``, which composes the stages for this rank and worker.
 
 The :class:`~.launch.World` (rank and world size) is fixed at construction in the launching process, so spawned
 DataLoader workers (where ``torch.distributed`` is not initialised and RANK is unset) cannot lose it.
@@ -7,6 +7,7 @@ DataLoader workers (where ``torch.distributed`` is not initialised and RANK is u
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Collection, Iterator, Sequence
@@ -18,76 +19,20 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..plan import order as plan_order
-from ..plan import partition as plan
-from ..plan import resume as plan_resume
-from ..plan import slots as plan_slots
-from ..plan.balance import BALANCES, TokenPlan
-from ..plan.partition import BALANCED
-from ..plan.resume import LAYOUT_KEYS, Layout, Position, RestPlan, Stage
-from ..plan.tokens import TokenSchedule, stream_window
+from ..plan.balance import BALANCES
+from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
+from ..plan.partition import BALANCED, Partition
+from ..plan.resume import Layout, Position, Stage
+from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
+from .control import EpochControl
 from .launch import World
 from .options import ReadOptions
-from .stages import batches, load_windows, messages, planned_windows, sized_batches, slot_windows, with_shard_field
+from .stages import load_windows, messages, sized_batches, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
-
-MAX_STAGES = 32  # layouts one epoch may be resumed in (each requeue on another allocation adds one)
-MAX_KEEP = 8192  # persons the epoch before left out that the next reads: fewer than two layouts' slots
-
-
-class EpochControl:
-    """The epoch and the resume point, in a small shared-memory tensor so that persistent workers see them: the
-    epoch of the next pass, the batches of it to skip (resume), the stages that read its start in other layouts
-    (:mod:`lifeseq_shards.plan.resume`; none for an ordinary epoch), the persons the epoch before left out that it
-    reads (``Position.left_out_before``; none in a run that stays in one layout), and the passes each worker started
-    since then (a worker's n-th pass is epoch + n; :func:`plan_order.pass_start`)."""
-
-    _EPOCH, _SKIP, _STAGES, _KEPT, _HISTORY = 0, 1, 2, 3, 4
-    _STAGE_INTS = len(LAYOUT_KEYS) + 1  # the layout, then the batches taken in it
-    _KEEP = _HISTORY + MAX_STAGES * _STAGE_INTS
-    _PASSES = _KEEP + MAX_KEEP
-
-    def __init__(self, num_workers: int) -> None:
-        self._t = torch.zeros(self._PASSES + max(1, num_workers), dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, at: Position) -> None:
-        if len(at.history) > MAX_STAGES:
-            raise ValueError(f"an epoch resumed in {len(at.history)} layouts: at most {MAX_STAGES} are kept; resume "
-                             "in the checkpoint's layout")
-        if len(at.left_out_before) > MAX_KEEP:  # fewer than the slots of two layouts
-            raise ValueError(f"{len(at.left_out_before)} persons left out of the epoch before: at most {MAX_KEEP} "
-                             "are kept")
-        self._t.zero_()
-        t = self._t
-        t[self._EPOCH], t[self._SKIP], t[self._STAGES], t[self._KEPT] = (
-            at.epoch, at.batches, len(at.history), len(at.left_out_before))
-        for i, stage in enumerate(at.history):
-            first = self._HISTORY + i * self._STAGE_INTS
-            values = [int(getattr(stage.layout, k)) for k in LAYOUT_KEYS] + [stage.batches]
-            t[first : first + self._STAGE_INTS] = torch.tensor(values)
-        if at.left_out_before:
-            t[self._KEEP : self._KEEP + len(at.left_out_before)] = torch.tensor(at.left_out_before)
-
-    def loaded(self) -> Position:
-        """Where the first pass since :meth:`set_epoch` starts."""
-        t = self._t
-        rows = t[self._HISTORY : self._HISTORY + int(t[self._STAGES]) * self._STAGE_INTS].view(-1, self._STAGE_INTS)
-        history = tuple(Stage(Layout.of(row[:-1]), row[-1]) for row in rows.tolist())
-        keep = tuple(t[self._KEEP : self._KEEP + int(t[self._KEPT])].tolist())
-        return Position(int(t[self._EPOCH]), int(t[self._SKIP]), history, keep)
-
-    def passes(self, worker: int = 0) -> int:
-        """The passes ``worker`` started since :meth:`set_epoch`."""
-        return int(self._t[self._PASSES + worker])
-
-    def claim_pass(self, worker: int) -> int:
-        """:meth:`passes`, and count the pass as started."""
-        n = self.passes(worker)
-        self._t[self._PASSES + worker] += 1
-        return n
 
 
 class ShardedDataset(IterableDataset):
@@ -117,8 +62,8 @@ class ShardedDataset(IterableDataset):
     of the split once an epoch (nobody left out), the same steps on every rank. ``batch_size`` then plays no part in
     this dataset (a front end's validation and predict loaders still read ``batch_size`` persons a batch).
 
-    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`, checked
-    once (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
+    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`
+    (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
@@ -135,20 +80,6 @@ class ShardedDataset(IterableDataset):
                               seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
                               pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field,
                               tokens_per_batch=tokens_per_batch, balance=balance, crop=crop)
-        self._build(path, options, world, manifest)
-
-    @classmethod
-    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
-           manifest: Manifest | None = None) -> ShardedDataset:
-        """The dataset of ``options`` (checked once, where they were built): what ``ShardedDataset(path, ...)``
-        builds from its arguments. A front end builds its options once and passes the manifest it has read."""
-        dataset = cls.__new__(cls)
-        IterableDataset.__init__(dataset)
-        dataset._build(path, options, world, manifest)
-        return dataset
-
-    def _build(self, path: str | os.PathLike[str], options: ReadOptions, world: World | None,
-               manifest: Manifest | None) -> None:
         self.options = options
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         if world is not None and not isinstance(world, World):
@@ -184,19 +115,11 @@ class ShardedDataset(IterableDataset):
             self.sizes, remainder = [e.samples for e in entries], 0
 
         window = options.window if options.window is not None else plan_order.default_window(self.sizes)
-        self.partition = plan.Partition(tuple(self.sizes), self.world.size, options.num_workers, options.mode,
+        self.partition = Partition(tuple(self.sizes), self.world.size, options.num_workers, options.mode,
                                         options.seed, options.shuffled, options.batch_size, options.drop_last, window,
                                         remainder)
-        # a token budget: every person's length, read once here (in the split's order, as self.shards lists them)
-        self.tokens: TokenSchedule | None = None
-        if options.tokens_per_batch:
-            lengths, sizes = split_lengths(self.root, self.manifest, splits[0])
-            if options.budget_crop:  # a longer person costs the model only the tokens it sees
-                lengths = np.minimum(lengths, options.budget_crop)
-            self.tokens = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled,
-                                        BALANCES[options.balance])
-        self._stage: tuple[tuple[int, tuple[Stage, ...], Layout], tuple[TokenPlan, int]] | None = None
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
+        self.plan = self._epoch_plan()
         try:  # exact mode and a budget refuse a layout here, not in a worker
             len(self)
         except ValueError as e:
@@ -206,8 +129,27 @@ class ShardedDataset(IterableDataset):
                               self.root)
         self._control = EpochControl(options.num_workers)
         self._ring_writer: RingWriter | None = None  # this worker's, kept across its passes
-        self._rest: tuple[tuple[int, tuple[Stage, ...]], RestPlan] | None = None  # the last rest of an epoch planned
-        self._warn_static_balance(remainder)
+        self._warn_static_balance()
+
+    def _epoch_plan(self) -> EpochPlan:
+        """The plan of this dataset's epochs, the one place that chooses it: with a token budget, from every
+        person's length, read once here (in the split's order, as self.shards lists them)."""
+        options, name = self.options, f"{self.root}: split {self.split}"
+        if not options.tokens_per_batch:
+            return PersonsPlan(self.partition, self.rank, self._layout(), name)
+        lengths, sizes = split_lengths(self.root, self.manifest, options.splits[0])
+        if options.budget_crop:  # a longer person costs the model only the tokens it sees
+            lengths = np.minimum(lengths, options.budget_crop)
+        schedule = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled, BALANCES[options.balance])
+        return BudgetPlan(self.partition, self.rank, self._layout(), name, schedule)
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
+           manifest: Manifest | None = None) -> ShardedDataset:
+        """The dataset of ``options``: what ``ShardedDataset(path, ...)`` builds from its arguments. A front end
+        builds its options once and passes the manifest it has read."""
+        settings = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+        return cls(path, **settings, world=world, manifest=manifest)
 
     # -- the plan: its settings are the partition's, stored there only -------------------------------------------
     @property
@@ -274,34 +216,18 @@ class ShardedDataset(IterableDataset):
     @property
     def batch_persons(self) -> int:
         """Persons of a typical batch: ``batch_size``, or the persons a budget holds on average."""
-        if self.tokens is None:
-            return self.batch_size
-        return max(1, round(self.options.tokens_per_batch * len(self.tokens.lengths) / self.tokens.total))
+        return self.plan.batch_persons
 
-    def _warn_static_balance(self, remainder: int) -> None:
+    def _warn_static_balance(self) -> None:
         """Say once a job, on rank 0 (every rank has the same layout), when the workers do not divide the shards as
         converted, and which worker counts would."""
-        if self.mode != BALANCED or not self.sizes or self.rank != 0 or self.tokens is not None:
-            return
-        slots = plan_slots.num_slots(self.world_size, self.num_workers)
-        lost = plan.left_out(self.sizes, self.world_size, self.num_workers, self.mode, remainder)
-        if len(self.sizes) % slots:
-            lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
-                         if lost else "no person is left out, but some shards are split between readers")
-            fits = ", ".join(map(str, plan_slots.dividing_workers(len(self.sizes), self.world_size))) or "none"
-            warnings.warn(
-                f"{self.split}: {len(self.sizes)} shards do not divide {slots} readers ({self.world_size} ranks x "
-                f"{max(1, self.num_workers)} workers); balancing statically from the manifest, the {remainder}-person "
-                f"remainder shard included: {lost_text}. num_workers that divide them on {self.world_size} ranks: "
-                f"{fits}; or convert with --workers as you run (docs/guides/tune-gpu.md: 2 a GPU).",
-                stacklevel=3,
-            )
+        said = self.plan.shard_warning() if self.rank == 0 else None
+        if said:
+            warnings.warn(f"{self.split}: {said}", stacklevel=3)
 
     def per_worker_batches(self) -> list[int]:
         """Batches each worker of this rank yields per epoch (the same every epoch)."""
-        if self.tokens is not None:
-            return [self.tokens.steps(self.layout) // max(1, self.num_workers)] * max(1, self.num_workers)
-        return self.partition.worker_batches(self.rank)
+        return self.plan.worker_batches()
 
     def __len__(self) -> int:
         return sum(self.per_worker_batches())
@@ -322,7 +248,7 @@ class ShardedDataset(IterableDataset):
         at = Position(epoch, batches, tuple(history), tuple(left_out_before))
         if epoch < 0:
             raise ValueError(f"{self.root}: epoch {epoch}: epochs are numbered from 0")
-        first = self._first_batch(at)
+        first = self.plan.first_batch(at)
         if not first <= batches <= len(self):
             raise ValueError(f"{self.root}: cannot resume epoch {epoch} after {batches} batches: this rank's epoch "
                              f"has {len(self)} (resume at {first}..{len(self)}, or set_epoch({epoch + 1}) for the "
@@ -332,61 +258,29 @@ class ShardedDataset(IterableDataset):
     def next_position(self, worker: int = 0) -> Position:
         """Where ``worker``'s next pass starts (worker 0's: the loader's next pass), as the workers compute it: the
         loaded position, else the start of a later epoch (:func:`plan_resume.next_epoch`)."""
-        return self._pass_position(self._control.loaded(), self._control.passes(worker))
-
-    def _pass_position(self, at: Position, n: int) -> Position:
-        """Where the ``n``-th pass after the one starting at ``at`` starts."""
-        if n == 0:
-            return at
-        while self.tokens is None and n and (at.history or at.left_out_before) and self.mode == BALANCED:
-            at, n = plan_resume.next_epoch(self.partition, at, self.layout), n - 1
-        return at if not n else Position(*plan_order.pass_start(at.epoch, at.batches, n))  # ordinary from here
+        return self.plan.pass_position(self._control.loaded(), self._control.passes(worker))
 
     def after(self, at: Position, epoch_batches: int) -> Position:
         """Where the pass after ``at`` resumes: ``at`` itself until its epoch's ``epoch_batches`` are taken, then
-        the next epoch's start (reading those the epoch left out, :func:`plan_resume.next_epoch`)."""
-        nxt = at.resumed(epoch_batches)
-        if nxt.epoch == at.epoch or self.mode != BALANCED or epoch_batches < len(self) or self.tokens is not None:
-            return nxt
-        return plan_resume.next_epoch(self.partition, at, self.layout)
+        the next epoch's start (:meth:`EpochPlan.after`)."""
+        return self.plan.after(at, epoch_batches)
 
     @property
     def layout(self) -> Layout:
         """This dataset's readers, as a stage of an epoch records them."""
+        return self.plan.layout
+
+    def _layout(self) -> Layout:
+        """The readers of the partition, with the loader's batches per message and the budget."""
         return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1,
                                    self.options.tokens_per_batch or 0)
-
-    def _first_batch(self, at: Position) -> int:
-        """The first batch of ``at``'s pass in this layout's numbering: 0, or where the rest of an epoch begun in
-        other layouts starts."""
-        if not at.history:
-            return 0
-        return self.token_stage(at)[1] if self.tokens is not None else self.rest_plan(at).base
-
-    def token_stage(self, at: Position) -> tuple[TokenPlan, int]:
-        """The token-budget plan this layout reads of ``at``'s epoch after its history, and the batch it starts at
-        (:meth:`TokenSchedule.stage`; computed once per pass and kept)."""
-        assert self.tokens is not None
-        key = at.epoch, at.history, self.layout
-        if self._stage is None or self._stage[0] != key:
-            try:
-                self._stage = key, self.tokens.stage(at.epoch, at.history, self.layout)
-            except ValueError as e:
-                raise ValueError(f"{self.root}: split {self.split}: epoch {at.epoch}: {e}") from None
-        return self._stage[1]
-
-    def rest_plan(self, at: Position) -> RestPlan:
-        """The rest of ``at``'s epoch in this layout after its history (computed once per pass and kept)."""
-        key = at.epoch, at.history, at.left_out_before
-        if self._rest is None or self._rest[0] != key:
-            self._rest = key, RestPlan(self.partition, at.epoch, at.history, self.layout, at.left_out_before)
-        return self._rest[1]
 
     # -- the loader's side ------------------------------------------------------------------------------------
     def attach(self, link: WorkerLink) -> None:
         """Take a loader's message size, rings and owner process (:class:`ShardedLoader` calls it before its
         workers start)."""
         self._link = link
+        self.plan = self.plan.arranged(self._layout())
 
     @property
     def batches_per_message(self) -> int:
@@ -412,50 +306,18 @@ class ShardedDataset(IterableDataset):
                 f"num_workers={k}: the plan would overlap or miss persons. Pass the same num_workers to both "
                 "(ShardedLoader does it for you)."
             )
-        at = self._pass_position(self._control.loaded(), self._control.claim_pass(worker))
-        epoch, skip_total, history, keep = at.epoch, at.batches, at.history, at.left_out_before
-        per_message = self._link.batches_per_message if k else 1
-        if self.tokens is not None:
-            stages, skip = self._token_stages(at, worker)
-        else:
-            if history:  # the rest of an epoch begun in another layout
-                rest = self.rest_plan(at)
-                per_worker, skip_total = rest.worker_batches, skip_total - rest.base
-            else:
-                per_worker = self.per_worker_batches()
-            role, skip = plan_order.pass_roles(skip_total, self.num_workers, per_worker, per_message)[worker]
-            slot = plan_slots.slot_index(self.rank, role, self.num_workers)
-            source = ((lambda: rest.ordered_pieces(slot, skip)) if history
-                      else (lambda: slot_windows(self.partition, slot, epoch, skip, keep)))
-            stages = [
-                source,
-                lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
-                lambda src: batches(src, self.spec, self.batch_size, self.drop_last, skip),
-            ]
+        at = self.plan.pass_position(self._control.loaded(), self._control.claim_pass(worker))
+        read = self.plan.read(at, worker)
+        per_message = self.layout.batches_per_message
+        stages: list[Any] = [
+            lambda: slot_windows(read),
+            lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),
+            lambda src: sized_batches(src, self.spec, read.sizes, read.drop_last),
+        ]
         writer = self._writer(worker)
         if per_message > 1 or writer is not None:
-            stages.append(lambda src: messages(src, per_message, skip, writer))
+            stages.append(lambda src: messages(src, per_message, read.skip, writer))
         return iter(wds.DataPipeline(*stages))
-
-    def _token_stages(self, at: Position, worker: int) -> tuple[list[Any], int]:
-        """The stages of a token-budget pass of ``worker`` (the windows its batches' persons lie in, loaded, cut
-        into the plan's batches) and the batches of its role it skips."""
-        assert self.tokens is not None
-        window, epoch = stream_window(at.history, self.layout), at.epoch
-        if at.history or self.tokens.cost[1]:  # the rest of an epoch, or the deal: planned whole
-            plan, base = self.token_stage(at)
-            role, skip = plan.pass_roles(at.batches - base)[worker]
-            persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
-        else:  # an ordinary epoch in slots: only this worker's own (the same batches, a fraction of the work)
-            role, skip = plan_order.pass_roles(at.batches, self.num_workers, self.per_worker_batches(),
-                                               self.batches_per_message if self.num_workers else 1)[worker]
-            persons = self.tokens.slot(epoch, self.layout,
-                                       plan_slots.slot_index(self.rank, role, self.num_workers))[skip:]
-        return [
-            lambda: planned_windows(self.tokens, epoch, window, persons),
-            lambda src: load_windows(src, self.shards, self.schema),
-            lambda src: sized_batches(src, self.spec, [len(b) for b in persons]),
-        ], skip
 
     def _writer(self, worker: int) -> RingWriter | None:
         """This worker's ring writer, set for a new pass; None without rings (no workers, or batches not packed)."""

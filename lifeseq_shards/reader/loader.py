@@ -17,16 +17,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..device.batch import HostBatch, PackedBatch
-from ..plan.resume import Position, start_in
+from ..plan.resume import Position
 from .dataset import ShardedDataset
 from .mainguard import refuse_a_main_script_from_stdin, refuse_an_unguarded_main
 from .state import (
-    BUDGET_KEYS,
-    OPTIONAL,
     START_OVER,
     DatasetChanged,
     EpochReadChanged,
-    SavedState,
+    budget_changes,
+    kept_changes,
     layout_changes,
     read_state,
     saved_layout,
@@ -268,56 +267,26 @@ class ShardedLoader(DataLoader):
                 f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {saved.fingerprint}"
                 ": the data changed since the checkpoint, so its position in the epoch means nothing here"
             )
-        changed = layout_changes(self._layout(), saved, str(ds.root), ds.mode)
+        now = self._layout()
+        changed, kept = [*layout_changes(now, saved, str(ds.root), ds.mode), *budget_changes(now, saved)], []
         at = saved.position
-        budget_then = saved.layout["tokens_per_batch"]
-        if budget_then or ds.tokens is not None:
-            at = self._token_position(saved, changed)
-        elif changed and (at.batches or at.history):
+        if changed and not (at.batches or at.history):  # nothing of the epoch trained on: this layout's own epoch
+            at = ds.plan.start_in(at, saved.stage.layout)  # reading whom the last left out, where it left any out
+        elif changed:
+            kept = kept_changes(now, saved)
+            if kept:  # named: what is refused, not the layout (another one alone is resumed)
+                raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(kept)} "
+                                       "since the checkpoint, and an epoch is read by persons or by a token budget of "
+                                       "one balance and crop throughout; resume with the checkpoint's "
+                                       "tokens_per_batch, balance and pad_to until the epoch ends, or " + START_OVER)
             at = dataclasses.replace(at, history=(*at.history, saved.stage))
-            rest = ds.rest_plan(at)
-            at = dataclasses.replace(at, batches=rest.base)
-            dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
-            warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): "
-                          f"{rest.trained} persons trained on before, the rest once in "
-                          f"{sum(rest.worker_batches)} batches per rank (batches {rest.base}..{len(ds)} of this "
-                          f"layout's epoch); {rest.left_out} persons are left out of this epoch (those of the rest "
-                          f"that do not divide among {ds.layout.slots} readers){dropped}", stacklevel=2)
-        elif changed:  # nothing of the epoch was trained on: this layout's own epoch, reading whom the last left out
-            at = start_in(ds.partition, at, saved.stage.layout, ds.layout)
+            base, said = ds.plan.rest(at)
+            at = dataclasses.replace(at, batches=base)
+            warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): {said}",
+                          stacklevel=2)
         ds.resume_at(at.epoch, at.batches, at.history, at.left_out_before)
         self._position = at
         self._loaded = True
-
-    def _token_position(self, saved: SavedState, changed: list[str]) -> Position:
-        """Where a pass resumes when the saved epoch or this one is read with a token budget: the saved position
-        in its own layout; the rest of its epoch, planned for this layout or budget (:mod:`lifeseq_shards.plan.tokens`);
-        or at an epoch's start, this layout's ordinary epoch (a budget's epoch leaves nobody out, so none is owed).
-        Refused inside an epoch read by persons on one side and by a budget on the other, or balanced otherwise."""
-        ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        at, then = saved.position, saved.layout
-        now = {**OPTIONAL, **self._layout()}  # a layout of batches of persons stores no budget keys
-        budget = [k for k in BUDGET_KEYS if ds.tokens is not None and then["tokens_per_batch"] and then[k] != now[k]]
-        switched = ["tokens_per_batch"] if (then["tokens_per_batch"] == 0) != (ds.tokens is None) else []
-        def moved(keys: list[str]) -> list[str]:
-            return [f"{k} {then[k]!r} -> {now[k]!r}" for k in keys]
-
-        changed = [*changed, *moved(budget)]
-        if not changed or not (at.batches or at.history):
-            return at if not changed else Position(at.epoch, 0)
-        if switched or budget:  # named: what is refused, not the layout (another one alone is resumed)
-            raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: "
-                                   f"{'; '.join(moved([*switched, *budget]))} since the checkpoint, and an epoch is "
-                                   "read by persons or by a token budget of one balance and crop throughout; resume "
-                                   "with the checkpoint's tokens_per_batch, balance and pad_to until the epoch ends, "
-                                   "or " + START_OVER)
-        at = dataclasses.replace(at, history=(*at.history, saved.stage))
-        plan, base = ds.token_stage(at)
-        warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): the "
-                      f"{len(plan.persons)} persons it had not trained on are planned again, once each, in "
-                      f"{plan.steps} steps per rank (batches {base}..{len(ds)} of this layout's epoch); nobody is "
-                      "left out", stacklevel=3)
-        return dataclasses.replace(at, batches=base)
 
     def _layout(self) -> dict[str, Any]:
         """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""

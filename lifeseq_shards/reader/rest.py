@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from ..plan.report import describe_resume
 from .dataset import ShardedDataset
 from .launch import World
 from .loader import DatasetChanged, ShardedLoader
@@ -50,21 +49,11 @@ def rest_of_epoch(root: str, checkpoint: str, world: int, workers: int, batch_si
         except (ValueError, DatasetChanged) as e:
             raise RestRefused(str(e)) from None
     at = loader.position
-    epoch, batches = at.epoch, at.batches
     if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
-        return (f"{', '.join(then['split'])} split: resumes at batch {batches} of epoch {epoch}, as an ordinary epoch "
-                "of this layout", 0)
-    if ds.tokens is not None:  # a token budget's rest: every person not yet trained on, once
-        plan, base = ds.token_stage(at)
-        return (f"{', '.join(then['split'])} split, epoch {epoch}: saved after batch {state.stage.batches} "
-                f"({then['world_size']} ranks x {then['num_workers']} worker(s), budget "
-                f"{then['tokens_per_batch']}); resumed on {world} ranks x {workers} worker(s), budget "
-                f"{tokens_per_batch}\ntrained on before: {len(ds.tokens.lengths) - len(plan.persons)} persons; "
-                f"the rest: {len(plan.persons)} persons in {plan.steps} steps a rank (all equal), batches "
-                f"{base}..{len(ds)} of this layout's epoch; then this layout's own epochs\nleft out of epoch "
-                f"{epoch}: nobody", 0)
-    report = describe_resume(ds.rest_plan(at), state.stage, epoch, len(ds), ", ".join(then["split"]))
-    return report.text, 0 if report.ok else 1
+        return (f"{', '.join(then['split'])} split: resumes at batch {at.batches} of epoch {at.epoch}, as an ordinary "
+                "epoch of this layout", 0)
+    text, ok = ds.plan.describe_rest(at, ", ".join(then["split"]))
+    return text, 0 if ok else 1
 
 
 def _read_by(layout: dict[str, Any]) -> str:

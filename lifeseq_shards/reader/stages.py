@@ -1,42 +1,38 @@
 """The reader's pipeline stages, each a small generator taking what it needs (the plan's inputs, the shard files,
 a :class:`BatchSpec`), composed by ``ShardedDataset.__iter__`` in a ``webdataset.DataPipeline``:
 
-``slot_windows`` (which persons this rank+worker reads this epoch, in which order, cut into windows; no I/O; with a
-token budget ``planned_windows``, the windows of the plan's batches)
+``slot_windows`` (the windows, or pieces of windows, holding the persons this rank+worker reads this pass, in the
+order it reads them: the epoch plan's :class:`~lifeseq_shards.plan.epoch.WorkerRead`; no I/O)
 -> ``load_windows`` (stream the needed tar members, opened at the I/O edge (:mod:`lifeseq_shards.store.remote`): a
 local or shared filesystem, http(s), or a ``pipe:`` command; decode only the blocks needed)
--> ``batches`` (gather each batch's persons in narrow dtypes: padded, or packed into one buffer of real tokens;
-``sized_batches`` for the budget's batches of varying persons)
+-> ``sized_batches`` (gather each batch's persons, as many as the plan says, in narrow dtypes: padded, or packed
+into one buffer of real tokens)
 -> ``messages`` (in DataLoader workers: a few batches per item, packed buffers moved into the worker's ring).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import zstandard
 
 from ..device.batch import HostBatch, PackedBatch
+from ..plan.epoch import Ordered, WorkerRead
 from ..plan.order import Window
-from ..plan.partition import Partition
 from ..plan.slots import Segment
-from ..plan.tokens import TokenSchedule
 from ..store.format import SCALAR, Block, Field, concat_blocks, decode_member
 from ..store.remote import close_file, open_file
 from ..store.shardfile import ShardFile, iter_tar_members
 from .collate import BatchSpec, collate
 from .transport import RingWriter
 
-Ordered = tuple[Window, np.ndarray]  # a window and the order its persons are yielded in (indices into it)
 
-
-def slot_windows(partition: Partition, slot: int, epoch: int, skip: int,
-                 keep: Sequence[int] = ()) -> Iterator[Ordered]:
-    """Stage 1: the windows of this slot's stream that hold its batches from ``skip`` on, each with its order
-    (``keep``: the persons the epoch before left out that this one reads, ``Position.left_out_before``)."""
-    return partition.ordered_windows(slot, epoch, skip, keep)
+def slot_windows(read: WorkerRead) -> Iterator[Ordered]:
+    """Stage 1: the windows of a worker's ``read`` that hold its batches, each with its order, from person
+    ``read.first`` of its stream on (a resumed pass may start inside the first window)."""
+    for win, order in read.windows():
+        yield win, order[max(read.first - win.start, 0):]
 
 
 SHARD_FIELD = Field("shard", "int32", SCALAR)  # a person's shard, when the dataset is asked for it (predict)
@@ -95,15 +91,6 @@ def read_segment(segment: Segment[ShardFile], schema: Sequence[Field]) -> list[B
     return blocks
 
 
-def batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, size: int, drop_last: bool,
-            skip: int) -> Iterator[HostBatch]:
-    """Stage 3: cut the permuted stream into batches of ``size`` from batch ``skip`` on (the last, shorter one
-    dropped when ``drop_last``) and collate them (:func:`sized_batches`)."""
-    first = skip * size  # resume may start inside the first window
-    trimmed = ((win, order[max(first - win.start, 0):], block) for win, order, block in src)
-    return sized_batches(trimmed, spec, itertools.repeat(size), drop_last)
-
-
 def sized_batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSpec, sizes: Iterable[int],
                   drop_last: bool = False) -> Iterator[HostBatch]:
     """Stage 3: cut a stream of persons (each item: a window, the indices of its ``block``'s persons in the order
@@ -130,14 +117,6 @@ def sized_batches(src: Iterator[tuple[Window, np.ndarray, Block]], spec: BatchSp
             carry = block.take(order[i:], schema)
     if carry is not None and not drop_last:
         yield collate(carry, spec)
-
-
-def planned_windows(schedule: TokenSchedule, epoch: int, window: int,
-                    persons: Sequence[np.ndarray]) -> Iterator[Ordered]:
-    """Stage 1 of a token-budget pass: the windows of ``epoch``'s stream (``window`` positions each) that hold the
-    persons of a worker's batches (``persons``, one array a batch, from the plan), each once, with the order its
-    persons are yielded in (:meth:`TokenSchedule.ordered_windows`; no I/O)."""
-    return schedule.ordered_windows(epoch, window, persons)
 
 
 def messages(src: Iterator[HostBatch], per_message: int, first: int,

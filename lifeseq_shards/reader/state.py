@@ -128,14 +128,34 @@ def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, 
     """A loader's checkpoint state (the module's contract): ``history`` and ``left_out_before`` only where the
     position has them, so that an ordinary epoch's state holds the keys it always held, and ``version``."""
     version = VERSION if layout.get("tokens_per_batch") else PERSONS_VERSION
+    keys = _position_keys(position)
     state: dict[str, Any] = {"version": version, "fingerprint": fingerprint, "split": split,
-                             "epoch": position.epoch, "batches": position.batches, "layout": layout}
-    if position.history:
-        state["history"] = [{**_stored(stage.layout), "batches": stage.batches}
-                            for stage in position.history]
-    if position.left_out_before:
-        state["left_out_before"] = list(position.left_out_before)
+                             "epoch": keys.pop("epoch"), "batches": keys.pop("batches"), "layout": layout, **keys}
     return {**state, "digest": state_digest(state)}
+
+
+def _position_keys(position: Position) -> dict[str, Any]:
+    """A position's keys as a state holds them: ``epoch``, ``batches``, and ``history`` and ``left_out_before``
+    only where the position has them."""
+    keys: dict[str, Any] = {"epoch": position.epoch, "batches": position.batches}
+    if position.history:
+        keys["history"] = [{**_stored(stage.layout), "batches": stage.batches} for stage in position.history]
+    if position.left_out_before:
+        keys["left_out_before"] = list(position.left_out_before)
+    return keys
+
+
+def position_text(position: Position) -> str:
+    """A position as a state holds its keys, in JSON: how the dataset hands it to its workers
+    (:mod:`lifeseq_shards.reader.control`), read back by :func:`position_of`."""
+    return json.dumps(_position_keys(position), separators=(",", ":"), default=lambda v: v.item())
+
+
+def position_of(text: str) -> Position:
+    """The position :func:`position_text` wrote (written by this process, so not checked again)."""
+    keys = json.loads(text)
+    return Position(keys["epoch"], keys["batches"], _stages(keys.get("history", [])),
+                    tuple(keys.get("left_out_before", ())))
 
 
 def state_digest(state: dict[str, Any]) -> str:
@@ -251,9 +271,14 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         if not same:
             raise StateError(f"{said} does not match its digest: it was edited or damaged after it was saved; "
                              "resume from the checkpoint as saved, or " + START_OVER)
-    stages = tuple(Stage(Layout.of([s[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
-    position = Position(int(state["epoch"]), int(state["batches"]), stages, tuple(sorted(int(p) for p in before)))
+    position = Position(int(state["epoch"]), int(state["batches"]), _stages(history),
+                        tuple(sorted(int(p) for p in before)))
     return SavedState(state["fingerprint"], layout, position)
+
+
+def _stages(history: list[dict[str, Any]]) -> tuple[Stage, ...]:
+    """The stages of a state's ``history`` (a budget's keys as :data:`OPTIONAL` where a stage has none)."""
+    return tuple(Stage(Layout.of([{**OPTIONAL, **s}[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
 
 
 def saved_epoch(saved: Any, source: str) -> tuple[int, int]:
@@ -296,3 +321,20 @@ def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str)
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
                          f"{mode} pass (ranks of unequal lengths) resumes only in its own layout")
     return changed
+
+
+def budget_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
+    """What a token budget's plan depends on beside the readers (:data:`BUDGET_KEYS`) that changed since ``saved``,
+    each as ``"key old -> new"``: only between two budgets (a layout of batches of persons stores none)."""
+    then, now = saved.layout, {**OPTIONAL, **now}
+    both = then["tokens_per_batch"] and now["tokens_per_batch"]
+    return [f"{k} {then[k]!r} -> {now[k]!r}" for k in BUDGET_KEYS if both and then[k] != now[k]]
+
+
+def kept_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
+    """What must stay throughout an epoch but changed since ``saved``: whether it is read by persons or by a budget
+    (``tokens_per_batch``), and a budget's :func:`budget_changes`; each as ``"key old -> new"``."""
+    then, now = saved.layout, {**OPTIONAL, **now}
+    switched = (then["tokens_per_batch"] == 0) != (now["tokens_per_batch"] == 0)
+    kind = [f"tokens_per_batch {then['tokens_per_batch']!r} -> {now['tokens_per_batch']!r}"] if switched else []
+    return [*kind, *budget_changes(now, saved)]

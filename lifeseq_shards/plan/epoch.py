@@ -1,0 +1,272 @@
+"""One interface for every way of forming an epoch's batches (:class:`EpochPlan`), so that the reader, the loader's
+resume and ``shardify plan --resume`` ask the same questions of each and never ask which plan it is: the batches each
+reader (rank x worker) yields, where a pass resumes, what is left of an epoch after a stop in another arrangement, and
+the pieces a worker reads. Two plans implement it: batches of ``batch_size`` persons (:class:`PersonsPlan`, the
+arithmetic of :mod:`.partition` and :mod:`.resume`) and batches of a token budget (:class:`BudgetPlan`, of
+:mod:`.tokens`). A new way of forming batches is one more class. Pure, like the rest of plan/: a plan keeps only the
+last rest of an epoch it computed, so that a pass asks for it once.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import order as plan_order
+from . import partition as plan_partition
+from . import resume as plan_resume
+from .balance import TokenPlan
+from .order import Window
+from .partition import BALANCED, Partition
+from .report import describe_resume
+from .resume import Layout, Position, RestPlan
+from .slots import dividing_workers, slot_index
+from .tokens import TokenSchedule, stream_window
+
+Ordered = tuple[Window, np.ndarray]  # a window and the order its persons are yielded in (indices into it)
+
+
+@dataclass(frozen=True)
+class WorkerRead:
+    """What one worker reads of a pass: ``windows()`` (the windows, or pieces of old ones, holding its batches'
+    persons, each with the order they are yielded in; no I/O), from person ``first`` of that stream on, cut into
+    batches of ``sizes`` persons in turn (the last, shorter one dropped when ``drop_last``); ``skip``: the batches
+    of its role before its first (the numbering its messages are cut in)."""
+
+    windows: Callable[[], Iterator[Ordered]]
+    sizes: Iterable[int]
+    drop_last: bool
+    skip: int
+    first: int = 0
+
+
+class EpochPlan(ABC):
+    """The epochs of one split as ``rank`` of the readers of ``layout`` reads them (``layout`` also records a stage
+    of an epoch: the readers and the batches per message; :meth:`arranged` gives the plan in another one)."""
+
+    def __init__(self, partition: Partition, rank: int, layout: Layout, name: str) -> None:
+        self.partition, self.rank, self.layout = partition, rank, layout
+        self.name = name  # what refusals name first (the dataset's path and split)
+        self._kept: tuple[Any, Any] | None = None  # (key, value): the last rest of an epoch planned
+
+    def arranged(self, layout: Layout) -> EpochPlan:
+        """This plan read by the readers of ``layout``."""
+        plan = copy.copy(self)
+        plan.layout, plan._kept = layout, None
+        return plan
+
+    def _kept_as(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per ``key`` (a pass asks the same rest several times)."""
+        if self._kept is None or self._kept[0] != key:
+            self._kept = key, make()
+        return self._kept[1]
+
+    @abstractmethod
+    def worker_batches(self) -> list[int]:
+        """Batches each worker of this rank yields in an ordinary epoch (``len()`` is their sum; the same every
+        epoch). ValueError for an arrangement the plan refuses."""
+
+    def __len__(self) -> int:
+        return sum(self.worker_batches())
+
+    @property
+    @abstractmethod
+    def batch_persons(self) -> int:
+        """Persons of a typical batch."""
+
+    def shard_warning(self) -> str | None:
+        """What to say once a job when the readers do not divide the shards as converted (None: nothing)."""
+        return None
+
+    @abstractmethod
+    def first_batch(self, at: Position) -> int:
+        """The first batch of ``at``'s pass in this arrangement's numbering: 0, or where the rest of an epoch begun
+        in other arrangements (``at.history``) starts."""
+
+    @abstractmethod
+    def next_epoch(self, at: Position) -> Position:
+        """The start of the epoch after ``at``'s, read in this arrangement to its end: with the persons ``at``'s
+        epoch left out that the next one owes (``Position.left_out_before``) where the plan leaves any out."""
+
+    def owes(self, at: Position) -> bool:
+        """Whether the epoch after ``at``'s may read persons an ordinary one would not (:meth:`next_epoch`)."""
+        return False
+
+    def pass_position(self, at: Position, n: int) -> Position:
+        """Where the ``n``-th pass after the one starting at ``at`` starts."""
+        while n and self.owes(at):
+            at, n = self.next_epoch(at), n - 1
+        return at if not n else Position(*plan_order.pass_start(at.epoch, at.batches, n))  # ordinary from here
+
+    def after(self, at: Position, epoch_batches: int) -> Position:
+        """Where the pass after ``at`` resumes: ``at`` itself until its epoch's ``epoch_batches`` are taken, then
+        the next epoch's start (:meth:`next_epoch`)."""
+        nxt = at.resumed(epoch_batches)
+        if nxt.epoch == at.epoch or epoch_batches < len(self):
+            return nxt
+        return self.next_epoch(at)
+
+    @abstractmethod
+    def start_in(self, at: Position, then: Layout) -> Position:
+        """``at``, the start of an epoch as ``then`` would have read it, read in this arrangement instead."""
+
+    @abstractmethod
+    def rest(self, at: Position) -> tuple[int, str]:
+        """The rest of ``at``'s epoch after its history (the last stage: the saving arrangement's): the batch it
+        starts at in this arrangement's numbering, and what a resume says of it."""
+
+    @abstractmethod
+    def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
+        """The rest of ``at``'s epoch as ``shardify plan --resume`` prints it, and whether nobody is left out."""
+
+    @abstractmethod
+    def read(self, at: Position, worker: int) -> WorkerRead:
+        """What ``worker`` of this rank reads of the pass that starts at ``at``."""
+
+
+class PersonsPlan(EpochPlan):
+    """Batches of ``batch_size`` persons: each reader's slots of the shards (:class:`Partition`), and after a
+    resume in another arrangement the rest of the epoch (:class:`RestPlan`)."""
+
+    def worker_batches(self) -> list[int]:
+        return self.partition.worker_batches(self.rank)
+
+    @property
+    def batch_persons(self) -> int:
+        return self.partition.batch_size
+
+    def shard_warning(self) -> str | None:
+        p = self.partition
+        slots = self.layout.slots
+        if p.mode != BALANCED or not p.sizes or not len(p.sizes) % slots:
+            return None
+        lost = plan_partition.left_out(p.sizes, p.world_size, p.num_workers, p.mode, p.remainder)
+        lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
+                     if lost else "no person is left out, but some shards are split between readers")
+        fits = ", ".join(map(str, dividing_workers(len(p.sizes), p.world_size))) or "none"
+        return (f"{len(p.sizes)} shards do not divide {slots} readers ({p.world_size} ranks x "
+                f"{max(1, p.num_workers)} workers); balancing statically from the manifest, the {p.remainder}-person "
+                f"remainder shard included: {lost_text}. num_workers that divide them on {p.world_size} ranks: "
+                f"{fits}; or convert with --workers as you run (docs/guides/tune-gpu.md: 2 a GPU).")
+
+    def _rest(self, at: Position) -> RestPlan:
+        return self._kept_as((at.epoch, at.history, at.left_out_before),
+                             lambda: RestPlan(self.partition, at.epoch, at.history, self.layout, at.left_out_before))
+
+    def first_batch(self, at: Position) -> int:
+        return self._rest(at).base if at.history else 0
+
+    def owes(self, at: Position) -> bool:
+        return bool(at.history or at.left_out_before) and self.partition.mode == BALANCED
+
+    def next_epoch(self, at: Position) -> Position:
+        if self.partition.mode != BALANCED:  # nobody is left out
+            return Position(at.epoch + 1, 0)
+        return plan_resume.next_epoch(self.partition, at, self.layout)
+
+    def start_in(self, at: Position, then: Layout) -> Position:
+        if then.tokens_per_batch:  # a budget's epoch leaves nobody out: nobody is owed
+            return Position(at.epoch, 0)
+        return plan_resume.start_in(self.partition, at, then, self.layout)
+
+    def rest(self, at: Position) -> tuple[int, str]:
+        rest = self._rest(at)
+        dropped = f", and drop_last drops {rest.dropped}" if rest.dropped else ""
+        return rest.base, (f"{rest.trained} persons trained on before, the rest once in {sum(rest.worker_batches)} "
+                           f"batches per rank (batches {rest.base}..{len(self)} of this layout's epoch); "
+                           f"{rest.left_out} persons are left out of this epoch (those of the rest that do not divide "
+                           f"among {self.layout.slots} readers){dropped}")
+
+    def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
+        report = describe_resume(self._rest(at), at.history[-1], at.epoch, len(self), split)
+        return report.text, report.ok
+
+    def read(self, at: Position, worker: int) -> WorkerRead:
+        p, lay = self.partition, self.layout
+        rest = self._rest(at) if at.history else None  # the rest of an epoch begun in another arrangement
+        if rest is not None:
+            per_worker, skip_total = rest.worker_batches, at.batches - rest.base
+        else:
+            per_worker, skip_total = self.worker_batches(), at.batches
+        role, skip = plan_order.pass_roles(skip_total, p.num_workers, per_worker, lay.batches_per_message)[worker]
+        slot = slot_index(self.rank, role, p.num_workers)
+
+        def windows() -> Iterator[Ordered]:
+            if rest is not None:
+                return rest.ordered_pieces(slot, skip)
+            return p.ordered_windows(slot, at.epoch, skip, at.left_out_before)
+
+        return WorkerRead(windows, itertools.repeat(p.batch_size), p.drop_last, skip, skip * p.batch_size)
+
+
+class BudgetPlan(EpochPlan):
+    """Batches of at most ``tokens_per_batch`` real tokens a rank, planned from every person's length
+    (``schedule``): nobody left out, the same steps on every rank; after a resume in another arrangement or budget,
+    the persons not yet trained on, planned again (:meth:`TokenSchedule.stage`)."""
+
+    def __init__(self, partition: Partition, rank: int, layout: Layout, name: str, schedule: TokenSchedule) -> None:
+        super().__init__(partition, rank, layout, name)
+        self.schedule = schedule
+
+    def worker_batches(self) -> list[int]:
+        workers = self.layout.workers
+        return [self.schedule.steps(self.layout) // workers] * workers
+
+    @property
+    def batch_persons(self) -> int:
+        return max(1, round(self.layout.tokens_per_batch * len(self.schedule.lengths) / self.schedule.total))
+
+    def _stage(self, at: Position) -> tuple[TokenPlan, int]:
+        """The plan this arrangement reads of ``at``'s epoch after its history, and the batch it starts at."""
+        def make() -> tuple[TokenPlan, int]:
+            try:
+                return self.schedule.stage(at.epoch, at.history, self.layout)
+            except ValueError as e:
+                raise ValueError(f"{self.name}: epoch {at.epoch}: {e}") from None
+
+        return self._kept_as((at.epoch, at.history, self.layout), make)
+
+    def first_batch(self, at: Position) -> int:
+        return self._stage(at)[1] if at.history else 0
+
+    def next_epoch(self, at: Position) -> Position:
+        return Position(at.epoch + 1, 0)  # nobody is left out, so none is owed
+
+    def start_in(self, at: Position, then: Layout) -> Position:
+        return Position(at.epoch, 0)
+
+    def rest(self, at: Position) -> tuple[int, str]:
+        plan, base = self._stage(at)
+        return base, (f"the {len(plan.persons)} persons it had not trained on are planned again, once each, in "
+                      f"{plan.steps} steps per rank (batches {base}..{len(self)} of this layout's epoch); nobody is "
+                      "left out")
+
+    def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
+        plan, base = self._stage(at)
+        then, now = at.history[-1], self.layout
+        return (f"{split} split, epoch {at.epoch}: saved after batch {then.batches} ({then.layout.world_size} ranks x "
+                f"{then.layout.num_workers} worker(s), budget {then.layout.tokens_per_batch}); resumed on "
+                f"{now.world_size} ranks x {now.num_workers} worker(s), budget {now.tokens_per_batch}\ntrained on "
+                f"before: {len(self.schedule.lengths) - len(plan.persons)} persons; the rest: {len(plan.persons)} "
+                f"persons in {plan.steps} steps a rank (all equal), batches {base}..{len(self)} of this layout's "
+                f"epoch; then this layout's own epochs\nleft out of epoch {at.epoch}: nobody"), True
+
+    def read(self, at: Position, worker: int) -> WorkerRead:
+        lay, schedule, workers = self.layout, self.schedule, self.partition.num_workers
+        if at.history or schedule.cost[1]:  # the rest of an epoch, or the deal: planned whole
+            plan, base = self._stage(at)
+            role, skip = plan.pass_roles(at.batches - base)[worker]
+            persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
+        else:  # an ordinary epoch in slots: only this worker's own (the same batches, a fraction of the work)
+            role, skip = plan_order.pass_roles(at.batches, workers, self.worker_batches(),
+                                               lay.batches_per_message)[worker]
+            persons = schedule.slot(at.epoch, lay, slot_index(self.rank, role, workers))[skip:]
+        window = stream_window(at.history, lay)
+        return WorkerRead(lambda: schedule.ordered_windows(at.epoch, window, persons), [len(b) for b in persons],
+                          False, skip)
