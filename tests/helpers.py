@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import struct
+import sys
 import tarfile
 import threading
 import time
@@ -160,6 +161,27 @@ def their_repo() -> Path | None:
     else :data:`THEIR_MIRROR`; None where it is absent (those tests skip)."""
     repo = Path(os.environ.get("THEIR_REPO", THEIR_MIRROR))
     return repo if repo.exists() else None
+
+
+@contextlib.contextmanager
+def their_code(dest: Path) -> Iterator[None]:
+    """Their ``pop2vec`` package importable from ``dest`` (a copy of their code) for the duration: every ``pop2vec``
+    module imported before is set aside, so an earlier test's copy (unpatched, say) is never the one imported here,
+    and this copy's modules are dropped afterwards."""
+    def theirs() -> dict[str, Any]:
+        return {k: m for k, m in sys.modules.items() if k == "pop2vec" or k.startswith("pop2vec.")}
+
+    before = theirs()
+    for name in before:
+        del sys.modules[name]
+    sys.path.insert(0, str(dest))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(dest))
+        for name in theirs():
+            del sys.modules[name]
+        sys.modules.update(before)
 
 
 def scaled(seconds: float) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import THEIR_MIRROR, their_repo
+from helpers import THEIR_MIRROR, their_code, their_repo
 from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
@@ -298,12 +297,9 @@ def their_transformer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type
     archive = subprocess.run(["git", "-C", str(repo), "archive", THEIR_COMMIT, "pop2vec/__init__.py",
                               "pop2vec/llm/src"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-    sys.path.insert(0, str(dest))
-    try:
+    with their_code(dest):
         from pop2vec.llm.src.transformer.transformer import Transformer
         yield Transformer
-    finally:
-        sys.path.remove(str(dest))
 
 
 def their_hparams(**over: object) -> SimpleNamespace:

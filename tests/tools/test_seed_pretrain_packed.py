@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import REPO, scaled, their_repo
+from helpers import REPO, scaled, their_code, their_repo
 
 from lifeseq_shards.device.build import count_tokens, model_batch
 from lifeseq_shards.reader import ShardedDataset
@@ -42,12 +42,10 @@ def their_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Their models.py at 884ef02 with docs/seed-pretrain.diff applied, imported from a copy."""
     dest = tmp_path_factory.mktemp("their")
     their_copy(needs_their_repo(), "884ef02", dest, patch=True, paths=("pop2vec/__init__.py", "pop2vec/llm/src"))
-    sys.path.insert(0, str(dest))
-    try:
+    with their_code(dest):
         from pop2vec.llm.src.transformer import models
+        assert Path(models.__file__).is_relative_to(dest), models.__file__  # the patched copy, not an earlier one
         yield models
-    finally:
-        sys.path.remove(str(dest))
 
 
 def their_model(models: Any, vocab: int, packed: object) -> Any:
