@@ -51,7 +51,7 @@ check: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow and not bench"
 
 ## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
-## pins' side by side, one process each (each is mostly one core's work: 52 min together on the 2-core machine,
+## pins' side by side, one process each (each is mostly one core's work: 59 min together on the 2-core machine,
 ## against about 70 one after the other, estimated); each one's output is printed whole once both are done, and
 ## either failing fails.
 TESTLOGS ?= .test-logs
