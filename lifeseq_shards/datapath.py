@@ -174,7 +174,7 @@ class DataParts:
         self.predict_builder = BatchBuilder(None, layout, padding.max_len)  # predict embeds the sequences as they are
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
-        # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
+        # (epoch, the checkpoint's batch, this arrangement's batch) of a position restored from another arrangement
         self._renumber: tuple[int, int, int] | None = None
         # a checkpoint's position is not resumed: its epoch starts over (for one that cannot be resumed exactly)
         self.restart_epoch = restart_epoch
@@ -225,8 +225,8 @@ class DataParts:
         return loader
 
     def _load_position(self, loader: ShardedLoader | DevicePrefetcher, state: dict[str, Any]) -> None:
-        """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
-        (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``). With
+        """Load a saved position; one saved in another arrangement starts the rest of its epoch at another batch number
+        (this arrangement's), which a front end with a count of its own (Lightning's) moves to (``_renumber``). With
         ``restart_epoch`` only the saved epoch is read, and that epoch starts over at its first batch."""
         if self.restart_epoch:
             epoch, then = saved_epoch(state, str(self.data_dir))

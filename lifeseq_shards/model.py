@@ -170,8 +170,8 @@ class PretrainSteps:
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """A fit resumed in another layout (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
-        than the checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
+        """A fit resumed in another arrangement (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
+        than the checkpoint's OneCycleLR was sized for: fit it to this arrangement's (nothing changes otherwise)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "schedule_steps"):
             resize_one_cycle(self.lr_schedulers(), *datamodule.schedule_steps())

@@ -452,7 +452,7 @@ def markdown(summary: list[dict[str, Any]], fits: list[dict[str, Any]], argv: st
         *table(fits, fit_cols),
         "",
         "![Left: the mean step split into compute, wait and the all-reduce's own cost, per plan. Right: compute "
-        "(CPU seconds) against tokens of the first layout's steps, and the fits.](balance-ddp.png)",
+        "(CPU seconds) against tokens of the first arrangement's steps, and the fits.](balance-ddp.png)",
         "",
     ])
 

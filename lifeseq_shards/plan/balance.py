@@ -1,5 +1,5 @@
 """Token-budget steps: which persons each rank trains on at each step of an epoch, so that every rank carries close to
-the same work and never more than a budget of real tokens. A pure function of the persons' lengths, the layout, the
+the same work and never more than a budget of real tokens. A pure function of the persons' lengths, the arrangement, the
 seed and the epoch (:func:`plan_epoch`): every rank and DataLoader worker computes the same plan, nothing is
 exchanged.
 
@@ -42,15 +42,15 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   holds at most (T / G + m) / R + m <= B tokens. Worker w of every rank owns groups [w G / K, (w+1) G / K) and keeps
   its own persons of them: each block is decoded R times in all, the price of balancing len^2 from one pool.
 * **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
-  split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
+  split is read exactly once each epoch. An arrangement whose steps might not give every rank a person is refused
   (ValueError, :func:`~lifeseq_shards.plan.budget.epoch_steps`, the same answer every epoch: a slot's batch share
   must hold a longest person, so that every batch keeps the first person of its run), as is a budget under
   :data:`~lifeseq_shards.plan.budget.MIN_BUDGET_PERSONS` longest persons (the margin of one longest person that
   guarantees the budget would leave too little).
 * **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
   (:meth:`TokenPlan.remaining`) and each worker's pass resumes in the role and batch :meth:`TokenPlan.pass_roles`
-  says: an exact mid-epoch resume in the same layout. In another layout or budget the rest is planned as a split of
-  its own (:mod:`lifeseq_shards.plan.tokens`).
+  says: an exact mid-epoch resume in the same arrangement. In another arrangement or budget the rest is planned as a
+  split of its own (:mod:`lifeseq_shards.plan.tokens`).
 """
 
 from __future__ import annotations

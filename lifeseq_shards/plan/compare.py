@@ -22,7 +22,7 @@ def persons_plan_costs(lengths: np.ndarray, shard_sizes: Sequence[int], world_si
     Args:
         lengths: each person's length, shards in manifest order then the remainder (as plan_epoch takes them).
         shard_sizes: persons of each shard, all equal but the remainder's, which comes last.
-        world_size, num_workers, batch_size, seed, epoch, window: the reader's layout and shuffle.
+        world_size, num_workers, batch_size, seed, epoch, window: the reader's arrangement and shuffle.
         cost: (a, b) of a len + b len^2.
     """
     part = Partition(tuple(shard_sizes[:-1]), world_size, num_workers, BALANCED, seed, True, batch_size, False,

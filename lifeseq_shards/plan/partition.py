@@ -17,7 +17,7 @@ the same person and every person is read in one of any two consecutive epochs (`
 
 In exact mode (validation) every person of the split, remainder included, is read once, and every rank yields the
 same number of batches: the shards are read as one stream cut into per-slot runs whose batch counts add up to the
-same number on every rank (:mod:`lifeseq_shards.plan.exact`); a layout where that cannot be had is refused, saying
+same number on every rank (:mod:`lifeseq_shards.plan.exact`); an arrangement where that cannot be had is refused, saying
 what to change.
 
 The units (``Segment``, slots, batch counts) are :mod:`lifeseq_shards.plan.slots`'; the order within a slot's stream,
@@ -44,7 +44,7 @@ from .slots import Segment, _cut, num_batches, num_slots, slot_index, slot_perso
 BALANCED, COMPLETE, EXACT = "balanced", "complete", "exact"
 MODES = (BALANCED, COMPLETE, EXACT)
 _RENAMED = {"train": BALANCED, "inference": COMPLETE}  # old names: refused, naming the new one
-# the names a checkpoint's loader layout records: the old ones, so that states saved before the rename resume
+# the names a checkpoint's loader arrangement records: the old ones, so that states saved before the rename resume
 STORED_MODE = {**{mode: old for old, mode in _RENAMED.items()}, EXACT: EXACT}
 # Mixed into the shard order's RNG seeds, unlike plan_order's _WINDOW_TAG, so the shard order and the window
 # shuffles never share a stream.
@@ -186,7 +186,7 @@ def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: 
     ``left_out`` consecutive persons of the split counted remainder first (shard number ``len(shard_sizes)``),
     then the shards in manifest order, starting ``epoch * left_out`` persons in (cyclically).
 
-    ``keep``: persons (counted so) that the epoch before left out in another layout (:mod:`.resume`), none of whom
+    ``keep``: persons (counted so) that the epoch before left out in another arrangement (:mod:`.resume`), none of whom
     may be left out again. When the run holds one, the ``left_out`` persons nearest before the next epoch's run
     that are not in ``keep`` are left out instead, so that the next epoch's own run still leaves out others."""
     slots = num_slots(world_size, num_workers)

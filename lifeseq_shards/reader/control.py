@@ -40,7 +40,7 @@ class EpochControl:
         if len(text) > self.room:
             raise ValueError(f"epoch {at.epoch}'s position ({len(at.history)} stages, {len(at.left_out_before)} "
                              f"persons owed) takes {len(text):,} bytes, more than the {self.room:,} the workers share "
-                             "(reader/control.py POSITION_BYTES); resume in the checkpoint's layout, or start the "
+                             "(reader/control.py POSITION_BYTES); resume in the checkpoint's arrangement, or start the "
                              "epoch over")
         self._bytes[_LENGTH : _LENGTH + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         self._bytes[:_LENGTH] = torch.tensor([len(text)], dtype=torch.int64).view(torch.uint8)

@@ -30,7 +30,7 @@ def test_every_planned_batch_fits_the_slots(case: tuple[np.ndarray, int], world:
     slots = person_slots(lengths, budget)
     try:
         plan = plan_epoch(lengths, [len(lengths)], budget, world, workers, seed=1, epoch=epoch, window=5)
-    except ValueError:  # a layout the plan refuses: nothing to bound
+    except ValueError:  # an arrangement the plan refuses: nothing to bound
         return
     assert plan.batch_sizes().max() <= slots
 

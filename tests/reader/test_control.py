@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from lifeseq_shards.plan.resume import Layout, Position, Stage
+from lifeseq_shards.plan.resume import Arrangement, Position, Stage
 from lifeseq_shards.reader.control import EpochControl
 from lifeseq_shards.reader.state import position_text
 
@@ -29,7 +29,7 @@ class Passes(IterableDataset):
 def big_position(epoch: int) -> Position:
     """A position far past the old caps: 40 stages (ranks 1..40, budgets and batches of persons) and 20,000
     persons owed."""
-    stages = tuple(Stage(Layout(r, r % 3, 8 + r, bool(r % 2), 4096, 1 + r % 4, 0 if r % 5 else 1000 * r), 7 * r)
+    stages = tuple(Stage(Arrangement(r, r % 3, 8 + r, bool(r % 2), 4096, 1 + r % 4, 0 if r % 5 else 1000 * r), 7 * r)
                    for r in range(1, 41))
     return Position(epoch, 123, stages, tuple(range(5, 100_005, 5)))
 

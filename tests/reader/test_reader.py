@@ -140,11 +140,11 @@ def test_train_ranks_read_every_person_once_the_remainder_too(mlm_dataset: Path,
 
 def test_a_non_dividing_worker_count_is_said_once_on_rank_0_with_the_counts_that_divide(mlm_dataset: Path) -> None:
     """Workers that do not divide the shards as converted: rank 0 says so at construction, naming the worker counts
-    that divide them on this many ranks; the other ranks, in the same layout, say nothing (one line a job, not one a
-    rank)."""
+    that divide them on this many ranks; the other ranks, in the same arrangement, say nothing (one line a job, not one
+    a rank)."""
     shards = len(read_manifest(str(mlm_dataset)).splits["train"].shards)
     world, workers = 2, 5
-    assert shards % (world * workers), "the layout must not divide for this test"
+    assert shards % (world * workers), "the arrangement must not divide for this test"
     fits = [w for w in range(1, 17) if shards % (world * w) == 0]  # counted here, not by the reader
     with pytest.warns(UserWarning, match=rf"num_workers that divide them on {world} ranks: "
                                          rf"{', '.join(map(str, fits))};.*tune-gpu\.md") as said:
@@ -157,7 +157,7 @@ def test_a_non_dividing_worker_count_is_said_once_on_rank_0_with_the_counts_that
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world", "workers"), [(7, 0), (5, 2)])
-def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
+def test_train_non_dividing_arrangement_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
     slots = world * max(1, workers)
     shards, rem = split_ids(mlm_dataset, "train")
     total = TRAIN_READ + len(rem)

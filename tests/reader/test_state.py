@@ -99,7 +99,7 @@ def damaged(state: dict[str, Any], edit: Any) -> dict[str, Any]:
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_damaged_state_is_refused_naming_the_key(nomlm_dataset: Path, state: dict[str, Any], edit: Any,
                                                    needle: str) -> None:
-    """Before: KeyError: 'layout', invalid literal for int(), and a saved layout of 0 ranks read as the user's own
+    """Before: KeyError: 'layout', invalid literal for int(), and a saved arrangement of 0 ranks read as the user's own
     setting (world_size must be >= 1, got 0)."""
     for value, where in ((damaged(state, edit), ""), ({"data": {"train": damaged(state, edit)}}, " ['data']['train']")):
         said = refused(nomlm_dataset, value, needle)
