@@ -48,7 +48,7 @@ class WorkerRead:
 
 class EpochPlan(ABC):
     """The epochs of one split as ``rank`` of the readers of ``arrangement`` reads them (``arrangement`` also records a
-    stage of an epoch: the readers and the batches per message; :meth:`arranged` gives the plan in another one)."""
+    leg of an epoch: the readers and the batches per message; :meth:`arranged` gives the plan in another one)."""
 
     def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str) -> None:
         self.partition, self.rank, self.arrangement = partition, rank, arrangement
@@ -118,7 +118,7 @@ class EpochPlan(ABC):
 
     @abstractmethod
     def rest(self, at: Position) -> tuple[int, str]:
-        """The rest of ``at``'s epoch after its history (the last stage: the saving arrangement's): the batch it
+        """The rest of ``at``'s epoch after its history (the last leg: the saving arrangement's): the batch it
         starts at in this arrangement's numbering, and what a resume says of it."""
 
     @abstractmethod
@@ -209,7 +209,7 @@ class PersonsPlan(EpochPlan):
 class BudgetPlan(EpochPlan):
     """Batches of at most ``tokens_per_batch`` real tokens a rank, planned from every person's length
     (``schedule``): nobody left out, the same steps on every rank; after a resume in another arrangement or budget,
-    the persons not yet trained on, planned again (:meth:`TokenSchedule.stage`)."""
+    the persons not yet trained on, planned again (:meth:`TokenSchedule.leg`)."""
 
     def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str, schedule: TokenSchedule
                  ) -> None:
@@ -224,18 +224,18 @@ class BudgetPlan(EpochPlan):
     def batch_persons(self) -> int:
         return max(1, round(self.arrangement.tokens_per_batch * len(self.schedule.lengths) / self.schedule.total))
 
-    def _stage(self, at: Position) -> tuple[TokenPlan, int]:
+    def _leg(self, at: Position) -> tuple[TokenPlan, int]:
         """The plan this arrangement reads of ``at``'s epoch after its history, and the batch it starts at."""
         def make() -> tuple[TokenPlan, int]:
             try:
-                return self.schedule.stage(at.epoch, at.history, self.arrangement)
+                return self.schedule.leg(at.epoch, at.history, self.arrangement)
             except ValueError as e:
                 raise ValueError(f"{self.name}: epoch {at.epoch}: {e}") from None
 
         return self._kept_as((at.epoch, at.history, self.arrangement), make)
 
     def first_batch(self, at: Position) -> int:
-        return self._stage(at)[1] if at.history else 0
+        return self._leg(at)[1] if at.history else 0
 
     def next_epoch(self, at: Position) -> Position:
         return Position(at.epoch + 1, 0)  # nobody is left out, so none is owed
@@ -244,13 +244,13 @@ class BudgetPlan(EpochPlan):
         return Position(at.epoch, 0)
 
     def rest(self, at: Position) -> tuple[int, str]:
-        plan, base = self._stage(at)
+        plan, base = self._leg(at)
         return base, (f"the {len(plan.persons)} persons it had not trained on are planned again, once each, in "
                       f"{plan.steps} steps per rank (batches {base}..{len(self)} of this layout's epoch); nobody is "
                       "left out")
 
     def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
-        plan, base = self._stage(at)
+        plan, base = self._leg(at)
         then, now = at.history[-1], self.arrangement
         was = then.arrangement
         return (f"{split} split, epoch {at.epoch}: saved after batch {then.batches} ({was.world_size} ranks x "
@@ -263,7 +263,7 @@ class BudgetPlan(EpochPlan):
     def read(self, at: Position, worker: int) -> WorkerRead:
         lay, schedule, workers = self.arrangement, self.schedule, self.partition.num_workers
         if at.history or schedule.cost[1]:  # the rest of an epoch, or the deal: planned whole
-            plan, base = self._stage(at)
+            plan, base = self._leg(at)
             role, skip = plan.pass_roles(at.batches - base)[worker]
             persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
         else:  # an ordinary epoch in slots: only this worker's own (the same batches, a fraction of the work)

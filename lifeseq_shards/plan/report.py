@@ -13,7 +13,7 @@ from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
 from .order import default_window
 from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
-from .resume import Arrangement, RestPlan, Stage
+from .resume import Arrangement, Leg, RestPlan
 from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
 
 _MAX_SLOT_LINES = 16
@@ -178,7 +178,7 @@ def _verdict(ok: bool, mode: str, shard_sizes: Sequence[int], remainder: int, no
     return []
 
 
-def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:
+def describe_resume(rest: RestPlan, old: Leg, epoch: int, epoch_batches: int, split: str) -> PlanReport:
     """The rest of ``epoch`` in ``rest``'s arrangement after ``old`` (the arrangement a checkpoint was saved in and its
     position), as `shardify plan --resume` prints it, the persons left out counted against the split. ok: nobody of
     the first arrangement's epoch is left out of its rest."""

@@ -11,7 +11,7 @@ positions, old slot after old slot, in the order the old slot would have yielded
 contiguous parts of it, less the fewer than ``N'`` persons that do not divide (left out of this epoch: the last
 ones that the epoch before did not leave out), so every new rank gets the same number of batches; no one is read
 twice. A run resumed again in yet another arrangement before the epoch ends repeats this on the rest stream (a history
-of stages).
+of legs).
 
 Nobody is left out two epochs running, whatever the arrangements: the next epoch is the new arrangement's ordinary one
 but for whom it leaves out. An epoch whose left-out persons are not those its next arrangement would have left out of it
@@ -40,14 +40,14 @@ from .order import Window, worker_batches_consumed
 from .partition import BALANCED, Partition, position_runs
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
-# the settings a stage may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
+# the settings a leg may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 ARRANGEMENT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message",
                "tokens_per_batch")
 
 
 @dataclass(frozen=True)
 class Arrangement:
-    """The readers of one stage: ranks, workers, batch size, drop_last, shuffle window, batches per message, and
+    """The readers of one leg: ranks, workers, batch size, drop_last, shuffle window, batches per message, and
     the token budget of a rank's batch (0: batches of ``batch_size`` persons; else :mod:`lifeseq_shards.plan.tokens`
     plans the epoch and ``batch_size`` and ``drop_last`` play no part)."""
 
@@ -86,8 +86,8 @@ class Arrangement:
 
 
 @dataclass(frozen=True)
-class Stage:
-    """An arrangement that read part of the epoch and the batches each rank had taken, in that stage's numbering."""
+class Leg:
+    """An arrangement that read part of the epoch and the batches each rank had taken, in that leg's numbering."""
 
     arrangement: Arrangement
     batches: int
@@ -96,14 +96,14 @@ class Stage:
 @dataclass(frozen=True)
 class Position:
     """Where an epoch stands: ``batches`` of ``epoch`` taken, in this arrangement's numbering, after the ``history`` of
-    stages that read its start in other arrangements (none for an ordinary epoch). ``left_out_before``: the persons the
+    legs that read its start in other arrangements (none for an ordinary epoch). ``left_out_before``: the persons the
     epoch before left out (:meth:`Partition.person` numbers), when they are not those the arrangement that reads this
     epoch's start leaves out of the epoch before (none in a run that stays in one arrangement): this epoch reads
     them."""
 
     epoch: int
     batches: int
-    history: tuple[Stage, ...] = ()
+    history: tuple[Leg, ...] = ()
     left_out_before: tuple[int, ...] = ()
 
     def resumed(self, epoch_batches: int) -> Position:
@@ -117,7 +117,7 @@ class Position:
 
 def epoch_left_out(base: Partition, at: Position, arrangement: Arrangement) -> tuple[int, ...]:
     """The persons ``at``'s epoch leaves out (:meth:`Partition.person` numbers, sorted), read to its end in
-    ``arrangement`` after ``at.history``: its first stage's own and, after a resume in another arrangement, those of the
+    ``arrangement`` after ``at.history``: its first leg's own and, after a resume in another arrangement, those of the
     rest (:attr:`RestPlan.left_out`). drop_last's dropped tails are not counted."""
     if at.history:
         return RestPlan(base, at.epoch, at.history, arrangement, at.left_out_before).left_out_persons()
@@ -147,10 +147,10 @@ def start_in(base: Partition, at: Position, then: Arrangement, now: Arrangement)
 
 
 class _Level:
-    """One stage's streams: slot totals, the batches each rank took (from its numbering's base on), and how a range
-    of a slot's stream maps onto the streams of the stage before (level 0: the epoch's ordinary partition, less the
-    persons it leaves out). A later stage reads the *rest stream*: each slot's unconsumed positions, slot after
-    slot, then the persons the stage below left out of its own rest; the fewer than its slots that do not divide,
+    """One leg's streams: slot totals, the batches each rank took (from its numbering's base on), and how a range
+    of a slot's stream maps onto the streams of the leg before (level 0: the epoch's ordinary partition, less the
+    persons it leaves out). A later leg reads the *rest stream*: each slot's unconsumed positions, slot after
+    slot, then the persons the leg below left out of its own rest; the fewer than its slots that do not divide,
     its *holes*, are left out: the last ones not in ``before`` (the persons the epoch before left out). ``keep``:
     the epoch's ``Position.left_out_before``, which level 0's partition reads."""
 
@@ -176,7 +176,7 @@ class _Level:
                                  f"epoch of this arrangement ({self.base + self.rank_batches()})")
             self.starts = np.concatenate([[0], np.cumsum(parts)])
             self.holes = self._holes(rest_total, rest_total - q * arrangement.slots)
-        self.consumed: np.ndarray | None = None  # persons of each slot taken, once this stage's batches are known
+        self.consumed: np.ndarray | None = None  # persons of each slot taken, once this leg's batches are known
 
     def _holes(self, total: int, count: int) -> np.ndarray:
         """The ``count`` positions of the rest stream (``total`` long) left out: the last ones whose persons are
@@ -203,10 +203,10 @@ class _Level:
         return sum(self.worker_batches(0))
 
     def take(self, batches: int) -> None:
-        """Record that every rank took ``batches`` (this stage's numbering) before the next stage."""
+        """Record that every rank took ``batches`` (this leg's numbering) before the next leg."""
         taken = batches - self.base
         if not 0 <= taken <= self.rank_batches():
-            raise ValueError(f"batch {batches} is outside this stage's epoch (batches {self.base}.."
+            raise ValueError(f"batch {batches} is outside this leg's epoch (batches {self.base}.."
                              f"{self.base + self.rank_batches()})")
         lay = self.arrangement
         per_message = lay.batches_per_message if lay.num_workers else 1
@@ -251,7 +251,7 @@ class _Level:
             yield from self.rest_ranges(lo, hi)
 
     def rest_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        """Positions [lo, hi) of this stage's rest stream as level-0 ranges, in order."""
+        """Positions [lo, hi) of this leg's rest stream as level-0 ranges, in order."""
         below = self.below
         assert below is not None and below.consumed is not None
         j = int(np.searchsorted(self.starts, lo, side="right")) - 1
@@ -262,13 +262,13 @@ class _Level:
                 if j < below.arrangement.slots:
                     first = int(below.consumed[j]) + at
                     yield from below.ranges(j, first, first + take)
-                else:  # the persons the stage below left out: its holes
+                else:  # the persons the leg below left out: its holes
                     yield from below.hole_ranges(at, at + take)
                 lo += take
             j += 1
 
     def persons(self, lo: int, hi: int) -> list[int]:
-        """The persons (:meth:`Partition.person` numbers) at positions [lo, hi) of this stage's rest stream."""
+        """The persons (:meth:`Partition.person` numbers) at positions [lo, hi) of this leg's rest stream."""
         zero = self.zero
         out: list[int] = []
         for j, a, b in self.rest_ranges(lo, hi):
@@ -290,28 +290,28 @@ class _Level:
 
 
 class RestPlan:
-    """The rest of ``epoch`` for ``arrangement``, after the ``history`` of stages that read its start (oldest first).
+    """The rest of ``epoch`` for ``arrangement``, after the ``history`` of legs that read its start (oldest first).
 
     ``base`` is the batch the rest starts at in this arrangement's numbering; ``worker_batches`` the rest's batches per
     worker (equal on every rank); ``trained`` the persons already trained this epoch; ``left_out`` the persons of
     the rest that do not divide among this arrangement's slots (fewer than them; none of ``keep``, the persons the epoch
     before left out, unless the rest holds too few others: ``forced``); ``dropped`` those drop_last drops."""
 
-    def __init__(self, base: Partition, epoch: int, history: Sequence[Stage], arrangement: Arrangement,
+    def __init__(self, base: Partition, epoch: int, history: Sequence[Leg], arrangement: Arrangement,
                  keep: Sequence[int] = ()) -> None:
         if base.mode != BALANCED:
             raise ValueError("only a balanced (training) epoch resumes in another layout")
         if not history:
-            raise ValueError("a rest of the epoch needs the stages that read its start")
+            raise ValueError("a rest of the epoch needs the legs that read its start")
         level: _Level | None = None
         trained = 0
         kept = tuple(sorted(keep))
         # the rest leaves out none of the persons the epoch before left out: ``keep``, or (an ordinary run until
-        # now) those the first stage's arrangement left out of it
+        # now) those the first leg's arrangement left out of it
         before = kept or (history[0].arrangement.partition(base).left_out_persons(epoch - 1) if epoch else ())
-        for stage in history:
-            level = _Level(base, epoch, stage.arrangement, level, kept, before)
-            level.take(stage.batches)
+        for leg in history:
+            level = _Level(base, epoch, leg.arrangement, level, kept, before)
+            level.take(leg.batches)
             assert level.consumed is not None
             trained += int(level.consumed.sum())
         self.level = _Level(base, epoch, arrangement, level, kept, before)
@@ -320,7 +320,7 @@ class RestPlan:
         self.slot_persons = self.level.totals[0]
 
     def left_out_persons(self) -> tuple[int, ...]:
-        """The persons this epoch leaves out (:meth:`Partition.person` numbers, sorted): those its first stage's
+        """The persons this epoch leaves out (:meth:`Partition.person` numbers, sorted): those its first leg's
         partition leaves out, and the rest's :attr:`left_out`."""
         zero = self.level.zero
         rest = [p for lo, hi in position_runs(self.level.holes.tolist()) for p in self.level.persons(lo, hi)]

@@ -1,10 +1,10 @@
 """The token-budget epoch as the reader runs it: the split's fixed inputs (:class:`TokenSchedule`), the plan of the
-stage that reads now, and where its persons lie in the shards. Pure, like the rest of plan/.
+leg that reads now, and where its persons lie in the shards. Pure, like the rest of plan/.
 
 Contract. An epoch read in one arrangement is :func:`~lifeseq_shards.plan.balance.plan_epoch`'s plan; ``len()`` is
 :meth:`TokenSchedule.steps` of the arrangement, the same every epoch. A checkpoint says how many steps of the epoch each
-stage took (``Position.history``, then ``batches`` in the reading arrangement's numbering): the persons of the later
-steps of each stage's plan are the *rest*, kept in the epoch's stream order, and the next stage plans them as a split of
+leg took (``Position.history``, then ``batches`` in the reading arrangement's numbering): the persons of the later
+steps of each leg's plan are the *rest*, kept in the epoch's stream order, and the next leg plans them as a split of
 its own (:func:`~lifeseq_shards.plan.balance.plan_persons`), in another arrangement (ranks, workers, batches per
 message) or another budget alike. The rest's G steps are numbered to end where an ordinary epoch of the arrangement
 ends: its first is ``base = steps - G``. So every person is trained on exactly once an epoch however often it is
@@ -18,7 +18,7 @@ its persons' windows only grow from batch to batch except across a window edge n
 :func:`TokenSchedule.ordered_windows` yields each window once (such neighbours joined as one), with the persons of it
 to yield (each batch's persons by stream position), and only the places from its first such person to its last. A
 window that a slot edge cuts is split by place before planning (:func:`~lifeseq_shards.plan.stream.split_edges`,
-:meth:`TokenSchedule.stage` as :func:`~lifeseq_shards.plan.balance.plan_epoch`), so each of its two slots reads
+:meth:`TokenSchedule.leg` as :func:`~lifeseq_shards.plan.balance.plan_epoch`), so each of its two slots reads
 only its own places.
 """
 
@@ -34,12 +34,12 @@ from .balance import TOKENS, TokenPlan, plan_persons, plan_slot
 from .budget import epoch_steps
 from .order import Window
 from .partition import epoch_shard_order
-from .resume import Arrangement, Stage
+from .resume import Arrangement, Leg
 from .slots import Segment, _cut
 from .stream import epoch_stream, split_edges, stream_places
 
 
-def stream_window(history: Sequence[Stage], arrangement: Arrangement) -> int:
+def stream_window(history: Sequence[Leg], arrangement: Arrangement) -> int:
     """The window of the epoch's stream: the one of the arrangement that read its start."""
     return (history[0].arrangement if history else arrangement).window
 
@@ -79,17 +79,17 @@ class TokenSchedule:
         return epoch_steps(self.total, self.longest, arrangement.tokens_per_batch, arrangement.world_size,
         arrangement.num_workers)
 
-    def stage(self, epoch: int, history: Sequence[Stage], arrangement: Arrangement) -> tuple[TokenPlan, int]:
-        """(the plan ``arrangement`` reads of ``epoch`` after the stages of ``history``, the step it starts at in
+    def leg(self, epoch: int, history: Sequence[Leg], arrangement: Arrangement) -> tuple[TokenPlan, int]:
+        """(the plan ``arrangement`` reads of ``epoch`` after the legs of ``history``, the step it starts at in
         ``arrangement``'s numbering): the whole epoch at 0 without a history, else the rest (module docstring)."""
         window = stream_window(history, arrangement)
         order = epoch_stream(self.shard_sizes, self.seed, epoch, window, self.shuffle)
-        for i, stage in enumerate(history):
-            plan = self._plan(epoch, order, stage.arrangement, window)
-            base = self.steps(stage.arrangement) - plan.steps if i else 0
-            taken = stage.batches - base
+        for i, leg in enumerate(history):
+            plan = self._plan(epoch, order, leg.arrangement, window)
+            base = self.steps(leg.arrangement) - plan.steps if i else 0
+            taken = leg.batches - base
             if not 0 <= taken <= plan.steps:
-                raise ValueError(f"a stage took batch {stage.batches} of epoch {epoch}, whose steps in its arrangement "
+                raise ValueError(f"a leg took batch {leg.batches} of epoch {epoch}, whose steps in its arrangement "
                                  f"are {base}..{base + plan.steps}: the checkpoint is not of this dataset's plan")
             left = np.zeros(len(self.lengths), dtype=bool)
             left[plan.remaining(taken)] = True
@@ -99,10 +99,10 @@ class TokenSchedule:
 
     def slot(self, epoch: int, arrangement: Arrangement, slot: int) -> list[np.ndarray]:
         """Each batch's persons of slot ``slot`` (rank r's worker w: r K + w) of an ordinary ``epoch`` in
-        ``arrangement`` (no history): the stage's plan for that slot, planned from the slot's own windows
+        ``arrangement`` (no history): the leg's plan for that slot, planned from the slot's own windows
         (:func:`~lifeseq_shards.plan.balance.plan_slot`). A cost in tokens only: the deal pools the ranks' persons."""
         if self.cost[1]:
-            raise ValueError("a cost with a len^2 term deals every step's persons to the ranks: plan the stage whole")
+            raise ValueError("a cost with a len^2 term deals every step's persons to the ranks: plan the leg whole")
         return plan_slot(self.lengths, self.shard_sizes, arrangement.tokens_per_batch, arrangement.world_size,
                          arrangement.num_workers, slot, seed=self.seed, epoch=epoch, window=arrangement.window,
                          shuffle=self.shuffle)

@@ -22,7 +22,7 @@ from ..plan import order as plan_order
 from ..plan.balance import BALANCES
 from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
 from ..plan.partition import BALANCED, Partition
-from ..plan.resume import Arrangement, Position, Stage
+from ..plan.resume import Arrangement, Leg, Position
 from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
@@ -237,10 +237,10 @@ class ShardedDataset(IterableDataset):
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
         self.resume_at(epoch, 0)
 
-    def resume_at(self, epoch: int, batches: int, history: Sequence[Stage] = (),
+    def resume_at(self, epoch: int, batches: int, history: Sequence[Leg] = (),
                   left_out_before: Sequence[int] = ()) -> None:
         """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned; with a
-        ``history``, the stages that read its start in other arrangements, ``batches`` counts from the start of this
+        ``history``, the legs that read its start in other arrangements, ``batches`` counts from the start of this
         arrangement's epoch (:class:`plan_resume.RestPlan`'s ``base`` on); ``left_out_before``: the persons the epoch
         before left out that this one reads (``Position.left_out_before``). Refused outside the epoch (a negative
         epoch, or more batches than this rank's ``len()``): the pass would be empty or fail in the workers, not say
@@ -267,7 +267,7 @@ class ShardedDataset(IterableDataset):
 
     @property
     def arrangement(self) -> Arrangement:
-        """This dataset's readers, as a stage of an epoch records them."""
+        """This dataset's readers, as a leg of an epoch records them."""
         return self.plan.arrangement
 
     def _arrangement(self) -> Arrangement:

@@ -272,7 +272,7 @@ class ShardedLoader(DataLoader):
         changed, kept = [*arrangement_changes(now, saved, str(ds.root), ds.mode), *budget_changes(now, saved)], []
         at = saved.position
         if changed and not (at.batches or at.history):  # nothing of the epoch trained on: this arrangement's own epoch
-            at = ds.plan.start_in(at, saved.stage.arrangement)  # reading whom the last left out, where it left any out
+            at = ds.plan.start_in(at, saved.leg.arrangement)  # reading whom the last left out, where it left any out
         elif changed:
             kept = kept_changes(now, saved)
             if kept:  # named: what is refused, not the arrangement (another one alone is resumed)
@@ -280,7 +280,7 @@ class ShardedLoader(DataLoader):
                                        "since the checkpoint, and an epoch is read by persons or by a token budget of "
                                        "one balance and crop throughout; resume with the checkpoint's "
                                        "tokens_per_batch, balance and pad_to until the epoch ends, or " + START_OVER)
-            at = dataclasses.replace(at, history=(*at.history, saved.stage))
+            at = dataclasses.replace(at, history=(*at.history, saved.leg))
             base, said = ds.plan.rest(at)
             at = dataclasses.replace(at, batches=base)
             warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): {said}",

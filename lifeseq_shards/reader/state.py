@@ -8,11 +8,11 @@ pass starts after ``batches`` batches of ``epoch``, in the saving arrangement's 
 that decides which persons a position holds: the splits read, the readers of
 :data:`~lifeseq_shards.plan.resume.ARRANGEMENT_KEYS` and the order of :data:`FIXED_KEYS`, the mode under its pre-rename
 name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another
-arrangement, ``history`` (the stages that read its start, oldest first), and, only when the epoch before left out
+arrangement, ``history`` (the legs that read its start, oldest first), and, only when the epoch before left out
 persons the
 arrangement reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
 ``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
-records in its arrangement and stages ``tokens_per_batch`` and, in its arrangement, ``balance`` (what the deal evens
+records in its arrangement and legs ``tokens_per_batch`` and, in its arrangement, ``balance`` (what the deal evens
 out) and ``crop`` (the most tokens a person is counted for), and
 is version 5 (4 before the digest, read as before; 3 before a fix of the slot edges: refused inside an epoch), which
 an install that predates the budget refuses instead of resuming in another order; a state
@@ -43,7 +43,7 @@ import numpy as np
 from ..plan import partition as plan
 from ..plan.balance import BALANCES
 from ..plan.partition import Partition
-from ..plan.resume import ARRANGEMENT_KEYS, Arrangement, Position, Stage
+from ..plan.resume import ARRANGEMENT_KEYS, Arrangement, Leg, Position
 
 # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets; 4: token budgets
 # whose slot edges cut a window's places consistently (a version 3 position inside an epoch means another plan); 5:
@@ -58,7 +58,7 @@ BUDGET_KEYS = ("balance", "crop")
 # the Partition's fields a saved state records beside the readers (its shard sizes and remainder are the dataset's,
 # which the fingerprint covers)
 FIXED_KEYS = ("seed", "mode", "shuffle")
-# (key, what it must be, its check) of an arrangement's readers and order, and of a stage's batches
+# (key, what it must be, its check) of an arrangement's readers and order, and of a leg's batches
 _NATURAL = "an integer >= 0"
 _POSITIVE = "an integer >= 1"
 _FLAG = "True or False"
@@ -140,7 +140,7 @@ def _position_keys(position: Position) -> dict[str, Any]:
     only where the position has them."""
     keys: dict[str, Any] = {"epoch": position.epoch, "batches": position.batches}
     if position.history:
-        keys["history"] = [{**_stored(stage.arrangement), "batches": stage.batches} for stage in position.history]
+        keys["history"] = [{**_stored(leg.arrangement), "batches": leg.batches} for leg in position.history]
     if position.left_out_before:
         keys["left_out_before"] = list(position.left_out_before)
     return keys
@@ -155,7 +155,7 @@ def position_text(position: Position) -> str:
 def position_of(text: str) -> Position:
     """The position :func:`position_text` wrote (written by this process, so not checked again)."""
     keys = json.loads(text)
-    return Position(keys["epoch"], keys["batches"], _stages(keys.get("history", [])),
+    return Position(keys["epoch"], keys["batches"], _legs(keys.get("history", [])),
                     tuple(keys.get("left_out_before", ())))
 
 
@@ -175,10 +175,10 @@ class SavedState:
     position: Position
 
     @property
-    def stage(self) -> Stage:
-        """The saving arrangement and the batches it took (the last stage, when the next pass is in another
+    def leg(self) -> Leg:
+        """The saving arrangement and the batches it took (the last leg, when the next pass is in another
         arrangement)."""
-        return Stage(Arrangement.of([self.arrangement[k] for k in ARRANGEMENT_KEYS]), self.position.batches)
+        return Leg(Arrangement.of([self.arrangement[k] for k in ARRANGEMENT_KEYS]), self.position.batches)
 
     @property
     def split(self) -> str | tuple[str, ...]:
@@ -252,14 +252,14 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         _check_value(arrangement, key, said, "layout")
     history = state.get("history", [])
     if not isinstance(history, list):
-        raise StateError(f"{said} has history {history!r}, not a list of stages")
+        raise StateError(f"{said} has history {history!r}, not a list of legs")
     given, history = history, [{**OPTIONAL, **s} if isinstance(s, dict) else s for s in history]
-    for i, stage in enumerate(history):
-        if not isinstance(stage, dict) or any(k not in stage for k in (*ARRANGEMENT_KEYS, "batches")):
-            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a stage (the "
+    for i, leg in enumerate(history):
+        if not isinstance(leg, dict) or any(k not in leg for k in (*ARRANGEMENT_KEYS, "batches")):
+            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a leg (the "
                              f"{', '.join(ARRANGEMENT_KEYS)} and batches of an arrangement)")
         for key in (*ARRANGEMENT_KEYS, "batches"):
-            _check_value(stage, key, said, f"history[{i}]")
+            _check_value(leg, key, said, f"history[{i}]")
     before = state.get("left_out_before", [])
     if not (isinstance(before, list) and all(_is_int(p) and p >= 0 for p in before)):
         raise StateError(f"{said} has left_out_before {before!r}, not a list of person numbers")
@@ -273,14 +273,14 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         if not same:
             raise StateError(f"{said} does not match its digest: it was edited or damaged after it was saved; "
                              "resume from the checkpoint as saved, or " + START_OVER)
-    position = Position(int(state["epoch"]), int(state["batches"]), _stages(history),
+    position = Position(int(state["epoch"]), int(state["batches"]), _legs(history),
                         tuple(sorted(int(p) for p in before)))
     return SavedState(state["fingerprint"], arrangement, position)
 
 
-def _stages(history: list[dict[str, Any]]) -> tuple[Stage, ...]:
-    """The stages of a state's ``history`` (a budget's keys as :data:`OPTIONAL` where a stage has none)."""
-    return tuple(Stage(Arrangement.of([{**OPTIONAL, **s}[k] for k in ARRANGEMENT_KEYS]), int(s["batches"])) for s in
+def _legs(history: list[dict[str, Any]]) -> tuple[Leg, ...]:
+    """The legs of a state's ``history`` (a budget's keys as :data:`OPTIONAL` where a leg has none)."""
+    return tuple(Leg(Arrangement.of([{**OPTIONAL, **s}[k] for k in ARRANGEMENT_KEYS]), int(s["batches"])) for s in
     history)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lifeseq_shards.plan.order import worker_batches_consumed
 from lifeseq_shards.plan.partition import BALANCED, COMPLETE, Partition, assign
-from lifeseq_shards.plan.resume import Arrangement, Position, RestPlan, Stage, next_epoch, start_in
+from lifeseq_shards.plan.resume import Arrangement, Leg, Position, RestPlan, next_epoch, start_in
 from lifeseq_shards.plan.slots import Segment, num_batches
 
 Person = tuple[int, int]  # (shard, index in it)
@@ -104,7 +104,7 @@ def test_rest_of_epoch_reads_everyone_not_yet_trained_once(base, old, new, epoch
     per_worker = p0.worker_batches(0)
     batches = round(at * sum(per_worker))
     trained = taken([stream(p0, j, epoch) for j in range(old.slots)], old, per_worker, batches)
-    rest = RestPlan(base, epoch, (Stage(old, batches),), new)
+    rest = RestPlan(base, epoch, (Leg(old, batches),), new)
     streams = check_rest(rest, epoch_persons(p0, epoch), trained, base)
     # resumed again in the same arrangement, ``skip`` batches into the rest: the same streams from there on
     skip = min(skip, max(rest.worker_batches, default=0))
@@ -118,10 +118,10 @@ def test_a_rest_resumed_in_a_third_arrangement_still_reads_everyone_once(base, f
     p0 = first.partition(base)
     b1 = round(at1 * sum(p0.worker_batches(0)))
     trained = taken([stream(p0, j, epoch) for j in range(first.slots)], first, p0.worker_batches(0), b1)
-    rest = RestPlan(base, epoch, (Stage(first, b1),), second)
+    rest = RestPlan(base, epoch, (Leg(first, b1),), second)
     taken2 = round(at2 * sum(rest.worker_batches))
     trained |= taken(rest_streams(rest), second, rest.worker_batches, taken2)
-    rest3 = RestPlan(base, epoch, (Stage(first, b1), Stage(second, rest.base + taken2)), third)
+    rest3 = RestPlan(base, epoch, (Leg(first, b1), Leg(second, rest.base + taken2)), third)
     check_rest(rest3, epoch_persons(p0, epoch), trained, base)
 
 
@@ -130,7 +130,7 @@ def test_rest_by_hand() -> None:
     After 2 batches each slot trained its first 4; the 16 others, over 3 ranks, are 5 each and 1 left out."""
     base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
     old, new = Arrangement(2, 0, 2, False, 100, 1), Arrangement(3, 0, 2, False, 100, 1)
-    rest = RestPlan(base, 0, (Stage(old, 2),), new)
+    rest = RestPlan(base, 0, (Leg(old, 2),), new)
     streams = rest_streams(rest)
     assert streams == [[(0, 4), (0, 5), (2, 0), (2, 1), (2, 2)],
                        [(2, 3), (2, 4), (2, 5), (1, 4), (1, 5)],
@@ -142,9 +142,9 @@ def test_what_cannot_continue_is_refused() -> None:
     base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
     lay = Arrangement(2, 0, 2, False, 100, 1)
     with pytest.raises(ValueError, match="only a balanced"):
-        RestPlan(dataclasses.replace(base, mode=COMPLETE), 0, (Stage(lay, 1),), lay)
-    with pytest.raises(ValueError, match="outside this stage's epoch"):
-        RestPlan(base, 0, (Stage(lay, 7),), lay)
+        RestPlan(dataclasses.replace(base, mode=COMPLETE), 0, (Leg(lay, 1),), lay)
+    with pytest.raises(ValueError, match="outside this leg's epoch"):
+        RestPlan(base, 0, (Leg(lay, 7),), lay)
 
 
 # -- nobody left out two epochs running, across any sequence of arrangements
@@ -156,12 +156,12 @@ def everyone(base: Partition) -> set[Person]:
 
 
 def read_epoch(base: Partition, start: Position,
-               stages: list[tuple[Arrangement, float]]) -> tuple[set[Person], Position, int]:
-    """The persons an epoch reads from ``start`` through ``stages`` (each arrangement takes a fraction of what is left
+               legs: list[tuple[Arrangement, float]]) -> tuple[set[Person], Position, int]:
+    """The persons an epoch reads from ``start`` through ``legs`` (each arrangement takes a fraction of what is left
     to it, the last reads to the end), as a loader resumed in each arrangement would; where it ends; and how many
     persons the epoch before left out its rests had to leave out too (a rest shorter than them)."""
     at, read, forced = start, set(), 0
-    for i, (arrangement, fraction) in enumerate(stages):
+    for i, (arrangement, fraction) in enumerate(legs):
         if at.history:
             rest = RestPlan(base, at.epoch, at.history, arrangement, at.left_out_before)
             forced += rest.forced
@@ -170,14 +170,14 @@ def read_epoch(base: Partition, start: Position,
             part = arrangement.partition(base)
             streams = [stream(part, j, at.epoch, at.left_out_before) for j in range(arrangement.slots)]
             per_worker, first = part.worker_batches(0), 0
-        last = i == len(stages) - 1
+        last = i == len(legs) - 1
         batches = sum(per_worker) if last else round(fraction * sum(per_worker))
         read |= taken(streams, arrangement, per_worker, batches)
         if not last and (batches or at.history):  # the next arrangement resumes from a checkpoint here: the rest
-            at = Position(at.epoch, first + batches, (*at.history, Stage(arrangement, first + batches)),
+            at = Position(at.epoch, first + batches, (*at.history, Leg(arrangement, first + batches)),
                           at.left_out_before)
         elif not last:  # nothing of the epoch trained yet: the next arrangement's own epoch
-            at = start_in(base, at, arrangement, stages[i + 1][0])
+            at = start_in(base, at, arrangement, legs[i + 1][0])
     return read, at, forced
 
 
@@ -199,17 +199,17 @@ def test_nobody_is_left_out_two_epochs_running_across_arrangements(base, plan, f
     split = everyone(base)
     at = Position(first_epoch, 0)
     before: set[Person] | None = None
-    for i, stages in enumerate(plan):
+    for i, legs in enumerate(plan):
         if i:  # the previous epoch's last arrangement saved the start of this one; this epoch's first resumes it
-            at = start_in(base, at, plan[i - 1][-1][0], stages[0][0]) if stages[0][0] != plan[i - 1][-1][0] else at
-        read, end, forced = read_epoch(base, at, stages)
+            at = start_in(base, at, plan[i - 1][-1][0], legs[0][0]) if legs[0][0] != plan[i - 1][-1][0] else at
+        read, end, forced = read_epoch(base, at, legs)
         assume(not forced)  # a rest begun at the epoch's very end, shorter than the persons to keep in
         left = split - read
-        assert len(left) < sum(arr.slots for arr, _ in stages) + 1, "more left out than the arrangements leave"
+        assert len(left) < sum(arr.slots for arr, _ in legs) + 1, "more left out than the arrangements leave"
         if before is not None:
             assert not left & before, f"left out two epochs running: {sorted(left & before)}"
         before = left
-        at = next_epoch(base, end, stages[-1][0])
+        at = next_epoch(base, end, legs[-1][0])
 
 
 @settings(max_examples=200, deadline=None)
@@ -227,7 +227,7 @@ def test_a_rest_in_another_arrangement_then_its_next_epoch_by_hand() -> None:
     base = Partition((20,) * 6, 1, 0, BALANCED, 3, True, 1, False, 1, 7)
     old, new = Arrangement(2, 2, 4, False, 16, 1), Arrangement(3, 2, 4, False, 16, 1)
     read, end, forced = read_epoch(base, Position(0, 0), [(old, 5 / 16), (new, 0.0)])
-    assert end == Position(0, 5, (Stage(old, 5),)) and not forced
+    assert end == Position(0, 5, (Leg(old, 5),)) and not forced
     nxt = next_epoch(base, end, new)
     again, _, _ = read_epoch(base, nxt, [(new, 0.0)])
     split = everyone(base)

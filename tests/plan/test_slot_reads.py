@@ -20,7 +20,7 @@ def test_each_place_is_decoded_once(seed: int, ranks: int, workers: int, window:
     sched = TokenSchedule(rng.integers(1, 61, sum(sizes)), sizes, seed=seed % 7)
     lay = Arrangement(ranks, workers, 1, False, window, 1, 8 * 60)
     try:
-        plan, _ = sched.stage(epoch, (), lay)
+        plan, _ = sched.leg(epoch, (), lay)
     except ValueError:  # a split too small for the arrangement: refused
         return
     decoded = np.zeros(sum(sizes), dtype=np.int64)
