@@ -23,7 +23,7 @@ from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
 from .device.shape import PACKED, PADDED, Padding, StaticShape
 from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
-from .plan.balance import person_slots
+from .plan.balance import person_rows
 from .plan.partition import BALANCED, COMPLETE, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
@@ -136,14 +136,14 @@ class DataConfig:
 def static_shape(config: DataConfig, tokens_per_batch: int | None) -> StaticShape:
     """The one shape of every training batch of a token budget (``static_shapes=True``): the budget's token
     positions and room for the most persons a batch of the train split can hold
-    (:func:`~lifeseq_shards.plan.balance.person_slots`, each person counted up to the crop, as the plan counts)."""
+    (:func:`~lifeseq_shards.plan.balance.person_rows`, each person counted up to the crop, as the plan counts)."""
     padding = config.padding
     if not tokens_per_batch or padding.layout != PACKED or padding.pad_to is None:
         raise ValueError("static_shapes=True pads each training batch to the token budget: it needs "
                          "tokens_per_batch, layout='packed' and pad_to (the width, part of the step's shape); got "
                          f"tokens_per_batch={tokens_per_batch}, layout={padding.layout!r}, pad_to={padding.pad_to}")
     lengths, _ = split_lengths(config.reading.data_dir, config.manifest, "train")
-    return StaticShape(tokens_per_batch, person_slots(np.minimum(lengths, padding.pad_to), tokens_per_batch))
+    return StaticShape(tokens_per_batch, person_rows(np.minimum(lengths, padding.pad_to), tokens_per_batch))
 
 
 class DataParts:

@@ -85,7 +85,7 @@ class ConvertOptions:
 
     @property
     def readers(self) -> int:
-        """nodes x gpus x workers, each 1 when not given: the slots a split's shards must divide among."""
+        """nodes x gpus x workers, each 1 when not given: the readers a split's shards must divide among."""
         return (self.nodes or 1) * (self.gpus or 1) * (self.workers or 1)
 
 
@@ -180,11 +180,11 @@ def check_dtypes(dtypes: dict[str, str]) -> None:
 
 def _check_shards(opts: ConvertOptions) -> None:
     """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
-    slots = opts.readers
-    if opts.shards and opts.shards % slots:
+    readers = opts.readers
+    if opts.shards and opts.shards % readers:
         raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
-                           f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
-                           f"{slots}, or only one of the two")
+                           f"{opts.workers or 1} = {readers} readers (nodes x gpus x workers); give a multiple of "
+                           f"{readers}, or only one of the two")
 
 
 @dataclass(frozen=True)
@@ -350,9 +350,9 @@ def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
             raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
         return opts.shards
     default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
-    slots = opts.readers
-    if slots == 1:
+    readers = opts.readers
+    if readers == 1:
         return default
-    if slots > persons:
-        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
-    return slots * max(1, default // slots)
+    if readers > persons:
+        raise ConvertError(f"{readers} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
+    return readers * max(1, default // readers)

@@ -334,10 +334,10 @@ def _segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return cum[bounds[1:]] - cum[bounds[:-1]]
 
 
-def person_slots(lengths: np.ndarray, tokens_per_batch: int) -> int:
+def person_rows(lengths: np.ndarray, tokens_per_batch: int) -> int:
     """The most persons any batch of at most ``tokens_per_batch`` real tokens can hold: how many of the shortest
     ``lengths`` add up to at most the budget. A function of the lengths and the budget alone, so the same every epoch,
-    on every rank and after every resume: the person slots of a static batch shape (device.shape.StaticShape).
+    on every rank and after every resume: the person rows of a static batch shape (device.shape.StaticShape).
 
     Args:
         lengths: real tokens of each person of the split (the lengths :func:`plan_epoch` plans with), all >= 1.

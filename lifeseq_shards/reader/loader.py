@@ -31,11 +31,11 @@ from .state import (
     saved_arrangement,
     saved_state,
 )
-from .transport import RingReader, RingSlot, WorkerLink, worker_context
+from .transport import RingEntry, RingReader, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
 # Persons per worker message; the main process pays the DataLoader's per-item costs once per message. Through the
-# rings only slots cross the pipe; through the pipe a message crosses in one write only if the pipe holds it.
+# rings only ring entries cross the pipe; through the pipe a message crosses in one write only if the pipe holds it.
 RING_MESSAGE_PERSONS = 4096
 PIPE_MESSAGE_PERSONS = 1024
 RING_PERSON_BYTES = 1024  # ring bytes per person in flight: above a packed person, offline MLM fields included
@@ -210,7 +210,7 @@ class ShardedLoader(DataLoader):
             if not isinstance(batch, PackedBatch):
                 continue
             packed = batch.buffer
-            if isinstance(packed, RingSlot):
+            if isinstance(packed, RingEntry):
                 assert rings is not None
                 group[i] = batch.with_buffer(rings.take(packed, self.pin_memory))
             elif isinstance(packed, np.ndarray):

@@ -50,7 +50,7 @@ def digest(batches: Iterable[Any]) -> str:
             widths = {"width": value.width}
             if value.targets_width is not None:
                 widths["targets_width"] = value.targets_width
-            add({"packed": value.buffer, "fields": tuple((s.name, s.dtype, s.offset, s.count) for s in value.slots),
+            add({"packed": value.buffer, "fields": tuple((s.name, s.dtype, s.offset, s.count) for s in value.spans),
                  **widths})
         elif isinstance(value, PaddedBatch):
             views = {c.name for c in value.columns if compat.is_view(c.dtype)}

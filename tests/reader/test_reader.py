@@ -99,7 +99,7 @@ def values_of(batch: Batch | dict[str, torch.Tensor]) -> dict[str, Any]:
     if isinstance(batch, PaddedBatch):
         return {**batch.tensors, "columns": batch.columns}
     if isinstance(batch, PackedBatch):
-        return {"packed": batch.buffer, "slots": batch.slots, "width": batch.width,
+        return {"packed": batch.buffer, "spans": batch.spans, "width": batch.width,
                 "targets_width": batch.targets_width}
     return batch
 
@@ -110,7 +110,7 @@ def assert_same_batches(got: list, want: list) -> None:
         a, b = values_of(a), values_of(b)
         assert a.keys() == b.keys(), i
         for k in a:
-            if not isinstance(a[k], torch.Tensor):  # the layout: columns, slots, widths
+            if not isinstance(a[k], torch.Tensor):  # the layout: columns, spans, widths
                 assert a[k] == b[k], f"batch {i} {k}: {a[k]} != {b[k]}"
                 continue
             assert a[k].dtype == b[k].dtype, f"batch {i} field {k}: {a[k].dtype} != {b[k].dtype}"
