@@ -24,7 +24,7 @@ from .device.shape import PACKED, PADDED, Padding, StaticShape
 from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
 from .plan.balance import person_rows
-from .plan.partition import BALANCED, COMPLETE, EXACT
+from .plan.partition import COMPLETE, EVEN, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
 from .reader.state import read_state, saved_epoch
@@ -161,7 +161,7 @@ class DataParts:
                  balance: str = "tokens", static_shapes: bool = False, restart_epoch: bool = False) -> None:
         super().__init__()
         padding = Padding(layout, pad_to)
-        train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
+        train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=EVEN,
                             shuffle=True, seed=seed, drop_last=drop_last, pad_to=padding.host_pad_to,
                             packed=padding.host_packed, tokens_per_batch=tokens_per_batch, balance=balance,
                             crop=padding.max_len)

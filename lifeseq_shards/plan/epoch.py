@@ -23,7 +23,7 @@ from . import partition as plan_partition
 from . import resume as plan_resume
 from .balance import TokenPlan
 from .order import Window
-from .partition import BALANCED, Partition
+from .partition import EVEN, Partition
 from .report import describe_resume
 from .resume import Arrangement, Position, RestPlan
 from .slots import dividing_workers, slot_index
@@ -144,7 +144,7 @@ class PersonsPlan(EpochPlan):
     def shard_warning(self) -> str | None:
         p = self.partition
         slots = self.arrangement.slots
-        if p.mode != BALANCED or not p.sizes or not len(p.sizes) % slots:
+        if p.mode != EVEN or not p.sizes or not len(p.sizes) % slots:
             return None
         lost = plan_partition.left_out(p.sizes, p.world_size, p.num_workers, p.mode, p.remainder)
         lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
@@ -164,10 +164,10 @@ class PersonsPlan(EpochPlan):
         return self._rest(at).base if at.history else 0
 
     def owes(self, at: Position) -> bool:
-        return bool(at.history or at.left_out_before) and self.partition.mode == BALANCED
+        return bool(at.history or at.left_out_before) and self.partition.mode == EVEN
 
     def next_epoch(self, at: Position) -> Position:
-        if self.partition.mode != BALANCED:  # nobody is left out
+        if self.partition.mode != EVEN:  # nobody is left out
             return Position(at.epoch + 1, 0)
         return plan_resume.next_epoch(self.partition, at, self.arrangement)
 

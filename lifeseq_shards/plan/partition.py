@@ -38,12 +38,13 @@ from .exact import exact_slot_persons
 from .order import Window, _shuffled, windows
 from .slots import Segment, _cut, num_batches, num_slots, slot_index, slot_persons
 
-# balanced: every rank the same number of batches (training); fewer than N persons that do not divide are left
-# out, others each epoch. complete: every person exactly once (inference); ranks may yield different counts.
-# exact: every person exactly once and every rank the same number of batches (validation), or refused.
-BALANCED, COMPLETE, EXACT = "balanced", "complete", "exact"
-MODES = (BALANCED, COMPLETE, EXACT)
-_RENAMED = {"train": BALANCED, "inference": COMPLETE}  # old names: refused, naming the new one
+# even (the value "balanced", which saved states and the CLI keep): every rank the same number of batches
+# (training); fewer than N persons that do not divide are left out, others each epoch. complete: every person exactly
+# once (inference); ranks may yield different counts. exact: every person exactly once and every rank the same number of
+# batches (validation), or refused.
+EVEN, COMPLETE, EXACT = "balanced", "complete", "exact"
+MODES = (EVEN, COMPLETE, EXACT)
+_RENAMED = {"train": EVEN, "inference": COMPLETE}  # old names: refused, naming the new one
 # the names a checkpoint's loader arrangement records: the old ones, so that states saved before the rename resume
 STORED_MODE = {**{mode: old for old, mode in _RENAMED.items()}, EXACT: EXACT}
 # Mixed into the shard order's RNG seeds, unlike plan_order's _WINDOW_TAG, so the shard order and the window
@@ -56,7 +57,7 @@ def mode_name(mode: str) -> str:
     if mode in _RENAMED:
         raise ValueError(f"mode={mode!r} is renamed: use mode={_RENAMED[mode]!r}")
     if mode not in MODES:
-        raise ValueError(f"mode must be {BALANCED!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
+        raise ValueError(f"mode must be {EVEN!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
     return mode
 
 
@@ -138,8 +139,8 @@ def slot_streams(
     mode = mode_name(mode)
     if remainder < 0:
         raise ValueError(f"remainder must be >= 0, got {remainder}")
-    if mode == BALANCED:
-        return _balanced_streams(shard_sizes, slots, seed, epoch, shuffle, remainder, keep)
+    if mode == EVEN:
+        return _even_streams(shard_sizes, slots, seed, epoch, shuffle, remainder, keep)
     if any(size < 0 for size in shard_sizes):
         raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
     if remainder:
@@ -156,7 +157,7 @@ def slot_streams(
     return [(_cut(stream, lo, hi), hi - lo) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
+def _even_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
                       remainder: int, keep: Sequence[int] = ()) -> list[tuple[list[Segment[int]], int]]:
     n = _train_size(shard_sizes)
     num_shards = len(shard_sizes)
@@ -257,7 +258,7 @@ def _without(segments: Sequence[Segment[int]], holes: Sequence[Segment[int]]) ->
 def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str, remainder: int = 0) -> int:
     """Persons no slot reads this epoch: (S * n + remainder) % N when balanced (always < N), 0 otherwise."""
     slots = num_slots(world_size, num_workers)
-    if mode_name(mode) != BALANCED:
+    if mode_name(mode) != EVEN:
         return 0
     n = _train_size(shard_sizes)
     return (len(shard_sizes) * n + remainder) % slots

@@ -12,7 +12,7 @@ import numpy as np
 from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
 from .order import default_window
-from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
+from .partition import EVEN, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
 from .resume import Arrangement, Leg, RestPlan
 from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
 
@@ -62,7 +62,7 @@ def describe(
     drop_last: bool = False,
     seed: int = 0,
     split: str = "train",
-    mode: str = BALANCED,
+    mode: str = EVEN,
 ) -> PlanReport:
     """The epoch-0 plan as `shardify plan` prints it, with a check of its invariants and a verdict: of training
     (``mode`` balanced) or of validation (exact).
@@ -85,7 +85,7 @@ def describe(
     try:
         plan = (assign([*shard_sizes, remainder], world, workers, mode=EXACT, batch_size=batch_size)
                 if mode == EXACT else
-                assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0, remainder=remainder))
+                assign(shard_sizes, world, workers, mode=EVEN, seed=seed, epoch=0, remainder=remainder))
         batches = slot_batches([*shard_sizes, remainder] if mode == EXACT else shard_sizes, world, workers,
                                batch_size, mode=mode, drop_last=drop_last, remainder=0 if mode == EXACT else remainder)
     except ValueError as e:  # exact mode: the arrangement validation refuses, and why

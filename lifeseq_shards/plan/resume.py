@@ -37,7 +37,7 @@ import numpy as np
 
 from . import order as plan_order
 from .order import Window, worker_batches_consumed
-from .partition import BALANCED, Partition, position_runs
+from .partition import EVEN, Partition, position_runs
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a leg may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
@@ -299,7 +299,7 @@ class RestPlan:
 
     def __init__(self, base: Partition, epoch: int, history: Sequence[Leg], arrangement: Arrangement,
                  keep: Sequence[int] = ()) -> None:
-        if base.mode != BALANCED:
+        if base.mode != EVEN:
             raise ValueError("only a balanced (training) epoch resumes in another layout")
         if not history:
             raise ValueError("a rest of the epoch needs the legs that read its start")

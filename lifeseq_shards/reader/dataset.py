@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..plan import order as plan_order
 from ..plan.balance import BALANCES
 from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
-from ..plan.partition import BALANCED, Partition
+from ..plan.partition import EVEN, Partition
 from ..plan.resume import Arrangement, Leg, Position
 from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
@@ -70,7 +70,7 @@ class ShardedDataset(IterableDataset):
     """
 
     def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
-                 world: World | None = None, num_workers: int = 0, mode: str = BALANCED,
+                 world: World | None = None, num_workers: int = 0, mode: str = EVEN,
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
                  pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
                  skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None,
@@ -107,7 +107,7 @@ class ShardedDataset(IterableDataset):
         self.shard_ids = [position[e.file] for e in entries] if options.shard_field else None
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
         require_block_checks(self.manifest, self.shards, self.root)
-        if options.mode == BALANCED:
+        if options.mode == EVEN:
             self._check_one_size(splits[0])
             info = self.manifest.splits[splits[0]]
             self.sizes, remainder = [e.samples for e in info.shards], info.remainder_persons

@@ -320,7 +320,7 @@ def arrangement_changes(now: dict[str, Any], saved: SavedState, root: str, mode:
                          "split, or another order of its persons); resume with the checkpoint's settings, or "
                          + START_OVER)
     changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in ARRANGEMENT_KEYS if then[k] != now[k]]
-    if changed and mode != plan.BALANCED:
+    if changed and mode != plan.EVEN:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
                          f"{mode} pass (ranks of unequal lengths) resumes only in its own arrangement")
     return changed

@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lifeseq_shards.plan.order import worker_batches_consumed
-from lifeseq_shards.plan.partition import BALANCED, COMPLETE, Partition, assign
+from lifeseq_shards.plan.partition import COMPLETE, EVEN, Partition, assign
 from lifeseq_shards.plan.resume import Arrangement, Leg, Position, RestPlan, next_epoch, start_in
 from lifeseq_shards.plan.slots import Segment, num_batches
 
@@ -57,7 +57,7 @@ def taken(streams: list[list[Person]], arrangement: Arrangement, per_worker: lis
 
 
 def epoch_persons(partition: Partition, epoch: int) -> set[Person]:
-    plan = assign(partition.sizes, partition.world_size, partition.num_workers, mode=BALANCED, seed=partition.seed,
+    plan = assign(partition.sizes, partition.world_size, partition.num_workers, mode=EVEN, seed=partition.seed,
                   epoch=epoch, shuffle=partition.shuffle)
     return {(seg.shard, i) for segments in plan for seg in segments for i in range(seg.start, seg.stop)}
 
@@ -70,7 +70,7 @@ arrangements = st.builds(Arrangement, world_size=st.integers(1, 4), num_workers=
 @st.composite
 def bases(draw: st.DrawFn) -> Partition:
     num_shards, n = draw(st.integers(1, 10)), draw(st.integers(1, 25))
-    return Partition((n,) * num_shards, 1, 0, BALANCED, draw(st.integers(0, 2**32 - 1)), draw(st.booleans()), 1,
+    return Partition((n,) * num_shards, 1, 0, EVEN, draw(st.integers(0, 2**32 - 1)), draw(st.booleans()), 1,
                      False, 1)
 
 
@@ -128,7 +128,7 @@ def test_a_rest_resumed_in_a_third_arrangement_still_reads_everyone_once(base, f
 def test_rest_by_hand() -> None:
     """4 shards of 6, 2 ranks x 1 worker (unshuffled), batch 2: slot 0 reads shards 0 and 2, slot 1 shards 1 and 3.
     After 2 batches each slot trained its first 4; the 16 others, over 3 ranks, are 5 each and 1 left out."""
-    base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
+    base = Partition((6,) * 4, 1, 0, EVEN, 0, False, 1, False, 1)
     old, new = Arrangement(2, 0, 2, False, 100, 1), Arrangement(3, 0, 2, False, 100, 1)
     rest = RestPlan(base, 0, (Leg(old, 2),), new)
     streams = rest_streams(rest)
@@ -139,7 +139,7 @@ def test_rest_by_hand() -> None:
 
 
 def test_what_cannot_continue_is_refused() -> None:
-    base = Partition((6,) * 4, 1, 0, BALANCED, 0, False, 1, False, 1)
+    base = Partition((6,) * 4, 1, 0, EVEN, 0, False, 1, False, 1)
     lay = Arrangement(2, 0, 2, False, 100, 1)
     with pytest.raises(ValueError, match="only a balanced"):
         RestPlan(dataclasses.replace(base, mode=COMPLETE), 0, (Leg(lay, 1),), lay)
@@ -182,7 +182,7 @@ def read_epoch(base: Partition, start: Position,
 
 
 long_bases = st.builds(lambda num_shards, n, remainder, seed, shuffle: Partition(
-    (n,) * num_shards, 1, 0, BALANCED, seed, shuffle, 1, False, 1, remainder % n),
+    (n,) * num_shards, 1, 0, EVEN, seed, shuffle, 1, False, 1, remainder % n),
     st.integers(3, 8), st.integers(12, 30), st.integers(0, 29), st.integers(0, 2**32 - 1), st.booleans())
 exact_arrangements = st.builds(Arrangement, world_size=st.integers(1, 4), num_workers=st.integers(0, 3),
                           batch_size=st.integers(1, 12), drop_last=st.just(False), window=st.integers(1, 40),
@@ -224,7 +224,7 @@ def test_a_run_in_one_arrangement_keeps_its_ordinary_epochs(base, arrangement, e
 def test_a_rest_in_another_arrangement_then_its_next_epoch_by_hand() -> None:
     """6 shards of 20 and 7 remainder persons (127), 2 ranks x 2 workers stopped after 5 batches of 4, resumed on
     3 x 2: the persons left out of the epoch (the first arrangement's 3, the rest's) are all read in the next epoch."""
-    base = Partition((20,) * 6, 1, 0, BALANCED, 3, True, 1, False, 1, 7)
+    base = Partition((20,) * 6, 1, 0, EVEN, 3, True, 1, False, 1, 7)
     old, new = Arrangement(2, 2, 4, False, 16, 1), Arrangement(3, 2, 4, False, 16, 1)
     read, end, forced = read_epoch(base, Position(0, 0), [(old, 5 / 16), (new, 0.0)])
     assert end == Position(0, 5, (Leg(old, 5),)) and not forced
