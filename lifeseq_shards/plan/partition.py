@@ -80,7 +80,7 @@ def _train_size(shard_sizes: Sequence[int]) -> int:
 
 
 def _pool_slice(pool: Sequence[int], n: int, start: int, stop: int) -> list[Segment[int]]:
-    """Pool positions [start, stop) as segments; the pool is the concatenation of shards `pool`, n persons each."""
+    """Pool places [start, stop) as segments; the pool is the concatenation of shards `pool`, n persons each."""
     segments = []
     pos = start
     while pos < stop:
@@ -131,7 +131,7 @@ def slot_streams(
     batch_size: int | None = None,
     keep: Sequence[int] = (),
 ) -> list[tuple[list[Segment[int]], int]]:
-    """:func:`assign`'s segments of each slot with the stream position where its share of the pooled persons
+    """:func:`assign`'s segments of each slot with the stream place where its share of the pooled persons
     starts (balanced; the stream's length otherwise): shuffle windows end there, so that the share, a few persons
     that vary with the epoch, does not reorder the persons before it. ``keep``: balanced mode's persons not to leave
     out (:func:`left_out_segments`)."""
@@ -200,7 +200,7 @@ def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: 
     runs = [(start, min(start + lost, total)), (0, max(start + lost - total, 0))]
     kept = set(keep)
     if kept and any(lo <= p < hi for p in kept for lo, hi in runs):
-        runs = position_runs(_before(total, lost, (epoch + 1) * lost % total, kept))
+        runs = place_runs(_before(total, lost, (epoch + 1) * lost % total, kept))
     out = []
     for lo, hi in runs:
         out += counted_segments(len(shard_sizes), n, remainder, lo, hi)
@@ -229,10 +229,10 @@ def _before(total: int, count: int, end: int, skip: set[int]) -> list[int]:
     return sorted(out)
 
 
-def position_runs(positions: list[int]) -> list[tuple[int, int]]:
-    """Sorted positions as [lo, hi) runs of consecutive ones."""
+def place_runs(places: list[int]) -> list[tuple[int, int]]:
+    """Sorted places as [lo, hi) runs of consecutive ones."""
     runs: list[tuple[int, int]] = []
-    for p in positions:
+    for p in places:
         if runs and runs[-1][1] == p:
             runs[-1] = (runs[-1][0], p + 1)
         else:

@@ -2,12 +2,12 @@
 
 A checkpoint records where the epoch stands as ``(epoch, batches)`` plus the arrangement that read it (ranks, workers,
 batch size, window, batches per message): every rank had taken the same number of batches, so the arrangement and that
-count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` positions of its
+count say exactly which persons of the epoch were trained on (each slot's first ``c * B`` places of its
 window-permuted stream, ``c`` from :func:`plan_order.worker_batches_consumed`). Those are never stored, only derived.
 How a checkpoint stores the position and the arrangements is :mod:`lifeseq_shards.reader.state`'s.
 
 Resumed in another arrangement, the persons not yet trained form the *rest stream*: each old slot's unconsumed
-positions, old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
+places, old slot after old slot, in the order the old slot would have yielded them. Its ``N'`` new slots take equal
 contiguous parts of it, less the fewer than ``N'`` persons that do not divide (left out of this epoch: the last
 ones that the epoch before did not leave out), so every new rank gets the same number of batches; no one is read
 twice. A run resumed again in yet another arrangement before the epoch ends repeats this on the rest stream (a history
@@ -37,7 +37,7 @@ import numpy as np
 
 from . import order as plan_order
 from .order import Window, worker_batches_consumed
-from .partition import EVEN, Partition, position_runs
+from .partition import EVEN, Partition, place_runs
 from .slots import num_batches, num_slots, slot_index, slot_persons
 
 # the settings a leg may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
@@ -149,7 +149,7 @@ def start_in(base: Partition, at: Position, then: Arrangement, now: Arrangement)
 class _Level:
     """One leg's streams: slot totals, the batches each rank took (from its numbering's base on), and how a range
     of a slot's stream maps onto the streams of the leg before (level 0: the epoch's ordinary partition, less the
-    persons it leaves out). A later leg reads the *rest stream*: each slot's unconsumed positions, slot after
+    persons it leaves out). A later leg reads the *rest stream*: each slot's unconsumed places, slot after
     slot, then the persons the leg below left out of its own rest; the fewer than its slots that do not divide,
     its *holes*, are left out: the last ones not in ``before`` (the persons the epoch before left out). ``keep``:
     the epoch's ``Position.left_out_before``, which level 0's partition reads."""
@@ -158,7 +158,7 @@ class _Level:
                  keep: tuple[int, ...], before: tuple[int, ...]) -> None:
         self.arrangement, self.below, self.epoch, self.keep, self.before = arrangement, below, epoch, keep, before
         self.partition = arrangement.partition(base)
-        self.holes = np.zeros(0, dtype=np.int64)  # positions of the rest stream left out, sorted
+        self.holes = np.zeros(0, dtype=np.int64)  # places of the rest stream left out, sorted
         self.forced = 0  # of them, persons in ``keep``: a rest too short to leave out others
         if below is None:
             # drop_last's dropped tails are not trained: they stay in the stream (windows then reach the end)
@@ -179,13 +179,13 @@ class _Level:
         self.consumed: np.ndarray | None = None  # persons of each slot taken, once this leg's batches are known
 
     def _holes(self, total: int, count: int) -> np.ndarray:
-        """The ``count`` positions of the rest stream (``total`` long) left out: the last ones whose persons are
+        """The ``count`` places of the rest stream (``total`` long) left out: the last ones whose persons are
         not in ``before`` (the last ones, when nobody is)."""
         tail = np.arange(total - count, total, dtype=np.int64)
         if not self.before or not count:
             return tail
         keep = set(self.before)
-        lo = max(0, total - count - len(keep))  # at most len(keep) of the positions from here on are kept persons
+        lo = max(0, total - count - len(keep))  # at most len(keep) of the places from here on are kept persons
         persons = self.persons(lo, total)
         free = [lo + i for i, p in enumerate(persons) if p not in keep]
         kept = [lo + i for i, p in enumerate(persons) if p in keep]
@@ -230,7 +230,7 @@ class _Level:
         return self if self.below is None else self.below.zero
 
     def ranges(self, slot: int, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-        """Positions [start, stop) of ``slot``'s stream as (level-0 slot, start, stop) ranges, in order."""
+        """Places [start, stop) of ``slot``'s stream as (level-0 slot, start, stop) ranges, in order."""
         if self.below is None:
             yield slot, start, stop
             return
@@ -247,11 +247,11 @@ class _Level:
 
     def hole_ranges(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """Holes [start, stop) (in order) as level-0 ranges."""
-        for lo, hi in position_runs(self.holes[start:stop].tolist()):
+        for lo, hi in place_runs(self.holes[start:stop].tolist()):
             yield from self.rest_ranges(lo, hi)
 
     def rest_ranges(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
-        """Positions [lo, hi) of this leg's rest stream as level-0 ranges, in order."""
+        """Places [lo, hi) of this leg's rest stream as level-0 ranges, in order."""
         below = self.below
         assert below is not None and below.consumed is not None
         j = int(np.searchsorted(self.starts, lo, side="right")) - 1
@@ -268,7 +268,7 @@ class _Level:
             j += 1
 
     def persons(self, lo: int, hi: int) -> list[int]:
-        """The persons (:meth:`Partition.person` numbers) at positions [lo, hi) of this leg's rest stream."""
+        """The persons (:meth:`Partition.person` numbers) at places [lo, hi) of this leg's rest stream."""
         zero = self.zero
         out: list[int] = []
         for j, a, b in self.rest_ranges(lo, hi):
@@ -278,7 +278,7 @@ class _Level:
         return out
 
     def pieces(self, j: int, start: int, stop: int) -> Iterator[tuple[tuple[int, int], Window, np.ndarray]]:
-        """Level 0: positions [start, stop) of slot ``j``'s stream as (key, old window, the indices into it to
+        """Level 0: places [start, stop) of slot ``j``'s stream as (key, old window, the indices into it to
         yield), one per window they touch."""
         skip = start // self.arrangement.batch_size
         for win, order in self.whole.ordered_windows(j, self.epoch, skip, self.keep):
@@ -323,7 +323,7 @@ class RestPlan:
         """The persons this epoch leaves out (:meth:`Partition.person` numbers, sorted): those its first leg's
         partition leaves out, and the rest's :attr:`left_out`."""
         zero = self.level.zero
-        rest = [p for lo, hi in position_runs(self.level.holes.tolist()) for p in self.level.persons(lo, hi)]
+        rest = [p for lo, hi in place_runs(self.level.holes.tolist()) for p in self.level.persons(lo, hi)]
         return tuple(sorted([*zero.partition.left_out_persons(self.epoch, self.keep), *rest]))
 
     @functools.cached_property
@@ -339,7 +339,7 @@ class RestPlan:
 
     def ordered_pieces(self, slot: int, skip: int) -> Iterator[tuple[Window, np.ndarray]]:
         """The pieces of ``slot``'s rest stream from its batch ``skip`` (counted from the rest's start) on, each a
-        :class:`Window` whose ``start``/``stop`` are positions in this stream and whose segments are an old
+        :class:`Window` whose ``start``/``stop`` are places in this stream and whose segments are an old
         window's, with the indices into those segments to yield, in order (as ``Partition.ordered_windows``)."""
         lay = self.arrangement
         total = self.slot_persons

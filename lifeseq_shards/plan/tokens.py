@@ -12,11 +12,11 @@ resumed, every rank takes the same steps, and the next epoch is an ordinary one.
 person at every step is refused (ValueError naming what to change) rather than read unequally.
 
 Where the persons lie: the epoch's stream, unshuffled, is the shards in ``epoch_shard_order``; its windows of
-``window`` positions are shuffled each on its own, so a person stays in its window. A worker's batches are runs of the
+``window`` places are shuffled each on its own, so a person stays in its window. A worker's batches are runs of the
 (rest of the) stream, but for a few persons a batch takes from the start of the next (the plan's lookahead), hence
 its persons' windows only grow from batch to batch except across a window edge near a cut:
 :func:`TokenSchedule.ordered_windows` yields each window once (such neighbours joined as one), with the persons of it
-to yield (each batch's persons by stream position), and only the places from its first such person to its last. A
+to yield (each batch's persons by stream place), and only the places from its first such person to its last. A
 window that a slot edge cuts is split by place before planning (:func:`~lifeseq_shards.plan.stream.split_edges`,
 :meth:`TokenSchedule.leg` as :func:`~lifeseq_shards.plan.balance.plan_epoch`), so each of its two slots reads
 only its own places.
@@ -109,15 +109,15 @@ class TokenSchedule:
 
     def _plan(self, epoch: int, order: np.ndarray, arrangement: Arrangement, window: int) -> TokenPlan:
         if not self.cost[1]:  # slots (not the deal): each reads only its own part of a window an edge cuts
-            order = split_edges(order, self.positions(epoch, order), self.lengths, window,
+            order = split_edges(order, self.places(epoch, order), self.lengths, window,
                                 arrangement.world_size * max(1, arrangement.num_workers))
         return plan_persons(order, self.lengths, arrangement.tokens_per_batch, arrangement.world_size,
         arrangement.num_workers,
                             cost=self.cost, per_message=arrangement.batches_per_message if arrangement.num_workers else
                             1)
 
-    def positions(self, epoch: int, persons: np.ndarray) -> np.ndarray:
-        """Each person's position in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
+    def places(self, epoch: int, persons: np.ndarray) -> np.ndarray:
+        """Each person's place in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""
         return stream_places(persons, self.shard_sizes, self.seed, epoch, self.shuffle)
 
     def _shards(self, epoch: int) -> list[Segment[int]]:
@@ -130,14 +130,14 @@ class TokenSchedule:
                         batches: Sequence[np.ndarray]) -> Iterator[tuple[Window, np.ndarray]]:
         """The windows holding ``batches`` (each a batch's persons, in the order they are read), each once and in
         stream order, with the indices into it of the persons it gives, in the order they are yielded: every
-        batch's persons sorted by stream position, batch after batch. Where a batch took a person of a later window
+        batch's persons sorted by stream place, batch after batch. Where a batch took a person of a later window
         (the plan's lookahead, near a cut) before the next batch's persons of an earlier one, those windows are
         given as one: the persons yielded between two cuts here lie in windows below
         all that follow, so each window is still read once."""
         if not batches:
             return
-        pos = self.positions(epoch, np.concatenate(batches))
-        # batch after batch, each by stream position: one sort of (batch, position) packed in an int64 (a lexsort
+        pos = self.places(epoch, np.concatenate(batches))
+        # batch after batch, each by stream place: one sort of (batch, place) packed in an int64 (a lexsort
         # of the two was 15x slower)
         bits = int(pos.max()).bit_length()
         key = np.repeat(np.arange(len(batches), dtype=np.int64) << bits, [len(b) for b in batches])
@@ -149,12 +149,12 @@ class TokenSchedule:
         below = np.maximum.accumulate(win)[:-1] < np.minimum.accumulate(win[::-1])[::-1][1:]
         shards = self._shards(epoch)  # once, not a window at a time
         for part in np.split(np.arange(len(pos)), np.flatnonzero(below) + 1):
-            # only the positions from the part's first to its last: a window a slot's run shares with the next
+            # only the places from the part's first to its last: a window a slot's run shares with the next
             # slot's (at its ends) is not decoded whole by both
             lo, hi = int(pos[part].min()), int(pos[part].max()) + 1
             yield _window(shards, lo // window, lo, hi), pos[part] - lo
 
 
 def _window(shards: list[Segment[int]], index: int, lo: int, hi: int) -> Window:
-    """Stream positions [lo, hi) of window ``index`` on (``shards``: the split's, in the epoch's stream order)."""
+    """Stream places [lo, hi) of window ``index`` on (``shards``: the split's, in the epoch's stream order)."""
     return Window(index, lo, hi, tuple(_cut(shards, lo, hi)))

@@ -231,7 +231,7 @@ def test_a_refused_budget_names_one_that_is_accepted(total: int, longest: int, w
 
 def test_stable_order_agrees_with_stable_argsort() -> None:
     rng = np.random.default_rng(0)
-    for high in (5, 1 << 20, 1 << 58):  # the last does not fit beside the positions: the fallback
+    for high in (5, 1 << 20, 1 << 58):  # the last does not fit beside the places: the fallback
         major = rng.integers(0, high, 5000, dtype=np.int64)
         assert np.array_equal(_stable_order(major), np.argsort(major, kind="stable"))
 

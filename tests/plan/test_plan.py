@@ -16,7 +16,7 @@ from small_inputs import assert_refused
 from lifeseq_shards.plan import partition as plan_module
 from lifeseq_shards.plan.exact import exact_slot_persons
 from lifeseq_shards.plan.order import (
-    batch_positions,
+    batch_places,
     first_due,
     pass_roles,
     pass_start,
@@ -201,10 +201,10 @@ def test_window_permutation_stays_in_its_windows(total, window, seed, epoch, slo
 
 @given(st.integers(0, 500), batches)
 def test_batch_positions_tile_the_stream(total, batch):
-    ranges = [batch_positions(b, batch, total) for b in range(num_batches(total, batch))]
+    ranges = [batch_places(b, batch, total) for b in range(num_batches(total, batch))]
     assert [p for r in ranges for p in r] == list(range(total))
     assert all(len(r) == batch for r in ranges[:-1])
-    assert len(batch_positions(num_batches(total, batch), batch, total)) == 0
+    assert len(batch_places(num_batches(total, batch), batch, total)) == 0
 
 
 def round_robin(per_worker: list[int], per_message: int = 1) -> list[int]:
@@ -290,7 +290,7 @@ def test_counts_by_hand():
     assert rank_batches([10] * 5, 2, 0, 4, mode=EVEN) == [7, 7]  # 25 persons per slot
     assert rank_batches([10] * 5, 2, 0, 4, mode=EVEN, drop_last=True) == [6, 6]
     assert rank_batches([6] * 4, 1, 2, 5, mode=EVEN) == [6]  # two slots of 12 persons, 3 batches each
-    assert batch_positions(2, 4, 10) == range(8, 10) and len(batch_positions(3, 4, 10)) == 0
+    assert batch_places(2, 4, 10) == range(8, 10) and len(batch_places(3, 4, 10)) == 0
     assert window_permutation(5, 1, 0, 0, 0).tolist() == [0, 1, 2, 3, 4]
     assert window_permutation(0, 4, 0, 0, 0).size == 0
     assert worker_batches_consumed(3, 2, [1, 3]) == [1, 2]  # w0, w1, w1

@@ -98,4 +98,4 @@ def test_positions_of_few_persons_and_of_many(c: dict, pick: int) -> None:
         len(stream))
     few = np.random.default_rng(pick).choice(len(stream), size=max(1, len(stream) // 10), replace=False)
     for persons in (few, stream):
-        assert schedule.positions(c["epoch"], persons).tolist() == unshuffled[persons].tolist()
+        assert schedule.places(c["epoch"], persons).tolist() == unshuffled[persons].tolist()
