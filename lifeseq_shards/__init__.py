@@ -9,7 +9,7 @@ plain loop; :mod:`.timing`, ``shardify time``), the reference model (:mod:`.enco
 researchers' performer encoder on packed batches (:mod:`.performer`), the MLM masks drawn on the device
 (:mod:`.masking`, replayed as CUDA graphs by :mod:`.cudagraph`), the command line (:mod:`.cli`), and leaves every
 part may use: :mod:`.compat` (what this torch and Lightning can do), :mod:`.progress` (progress bars),
-:mod:`.schedule` (a restored OneCycleLR fitted to another layout) and :mod:`.signals` (SIGTERM ends a DDP
+:mod:`.schedule` (a restored OneCycleLR fitted to another arrangement) and :mod:`.signals` (SIGTERM ends a DDP
 fit). docs/architecture.md says who may import whom.
 
 The public classes load on first use (PEP 562), so that ``shardify`` and the converter start without torch,

@@ -248,7 +248,7 @@ def inspect(root: str, plot: str | None) -> None:
 @click.option("--drop-last", is_flag=True, help="Plan without the last partial batch of each worker.")
 @click.option("--resume", "checkpoint", type=click.Path(dir_okay=False),
               help="A checkpoint (Lightning's, or a file of ShardedLoader.state_dict()): plan the rest of its epoch "
-              "on this layout.")
+              "on this arrangement.")
 def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None, tokens_per_batch: int | None,
          attention: bool, split: str, drop_last: bool, checkpoint: str | None) -> None:
     """Show which rank and worker reads what, and who is left out; exit 1 when the shards do not divide evenly
@@ -305,7 +305,7 @@ def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tok
               help="DataLoader workers per rank; repeat the option to time several counts.")
 @click.option("--batch-size", type=POSITIVE, default=256, show_default=True)
 @click.option("--split", default="train", show_default=True)
-@click.option("--nodes", type=POSITIVE, default=1, show_default=True, help="Read rank 0's share of this layout.")
+@click.option("--nodes", type=POSITIVE, default=1, show_default=True, help="Read rank 0's share of this arrangement.")
 @click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs (ranks) per node.")
 @click.option("--batches", type=POSITIVE, default=200, show_default=True, help="At most this many batches a pass.")
 def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, split: str, nodes: int, gpus: int,
@@ -327,7 +327,7 @@ def time_reading(root: str, worker_counts: tuple[int, ...], batch_size: int, spl
 
 def _plan_resume(root: str, checkpoint: str, world: int, workers: int, batch_size: int | None, drop_last: bool,
                  tokens_per_batch: int | None, balance: str) -> None:
-    """`shardify plan --resume`: the rest of the checkpoint's epoch on this layout (reader/rest.py)."""
+    """`shardify plan --resume`: the rest of the checkpoint's epoch on this arrangement (reader/rest.py)."""
     from .reader.rest import RestRefused, rest_of_epoch
 
     try:

@@ -51,7 +51,7 @@ class LifeSeqDataHooks(DataParts):
     :class:`~lifeseq_shards.masking.DynamicMasker` stands for its configuration, launched its way (``"compiled"`` or
     ``"graphed"`` draw the same masks with fewer kernel launches). Validation reads every val person once,
     unshuffled, in the same number of batches on every rank (``mode="exact"``: a val step that logs with
-    ``sync_dist=True`` would otherwise hang), or refuses the layout saying what to change. ``drop_last`` drops each
+    ``sync_dist=True`` would otherwise hang), or refuses the arrangement saying what to change. ``drop_last`` drops each
     slot's short last batch in training only: validation loses no one. Predict reads every person once (train and
     val with their remainders, unless ``predict_split`` names others), never masked and never permuted; with an
     :class:`~lifeseq_shards.EmbeddingWriter` among the Trainer's callbacks, only the shards it has not written yet,
@@ -66,7 +66,7 @@ class LifeSeqDataHooks(DataParts):
     holds as many persons as fit in that many real tokens, the ranks of every step balanced (``balance``:
     ``"tokens"``, or ``"attention"`` for the sum of len^2), planned from every person's length before training
     (``ShardedDataset`` says what holds: nobody left out, the same steps on every rank, exact ``len()`` and resume, in
-    another layout or budget too). ``batch_size`` then sizes only the validation and predict batches, which stay
+    another arrangement or budget too). ``batch_size`` then sizes only the validation and predict batches, which stay
     batches of persons. docs/guides/tune-gpu.md says when to use which.
 
     ``layout`` is the model batch's: ``"padded"`` (the seed's) or ``"packed"``, which hands the model only the real
@@ -155,9 +155,9 @@ class LifeSeqDataHooks(DataParts):
             self._load_position(self._train, state["train"])
 
     def schedule_steps(self) -> tuple[int, int]:
-        """(optimizer steps taken, optimizer steps in the fit) as this layout counts them: Lightning's
+        """(optimizer steps taken, optimizer steps in the fit) as this arrangement counts them: Lightning's
         ``estimated_stepping_batches``, and the steps before the train loader's position. A fit resumed in another
-        layout (ranks, workers, batch size) has other steps left than the checkpoint's schedule was sized for:
+        arrangement (ranks, workers, batch size) has other steps left than the checkpoint's schedule was sized for:
         :func:`lifeseq_shards.schedule.resize_one_cycle` fits it to these (docs/reference/ddp.md)."""
         trainer = self.trainer
         assert self._train is not None and trainer is not None, "schedule_steps() belongs in a fit (on_train_start)"
@@ -184,7 +184,7 @@ class LifeSeqDataHooks(DataParts):
         return self._stage_builder().widen(batch, self._epoch())
 
     def _renumber_trainer(self) -> None:
-        """Resumed in another layout, the rest of the epoch runs from batch ``now`` to this layout's
+        """Resumed in another arrangement, the rest of the epoch runs from batch ``now`` to this arrangement's
         num_training_batches: the trainer's count moves there once Lightning has restored it (after the DataModule's
         state) and before it numbers the epoch's first batch."""
         if self._renumber is not None:

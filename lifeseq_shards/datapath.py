@@ -23,8 +23,8 @@ from .device.prefetch import DevicePrefetcher, on_device, prefetch_choice
 from .device.shape import PACKED, PADDED, Padding, StaticShape
 from .embed.store import expected_shards
 from .masking import EAGER, OFFLINE, DynamicMasker, MaskingConfig, Offline
-from .plan.balance import person_slots
-from .plan.partition import BALANCED, COMPLETE, EXACT
+from .plan.balance import person_rows
+from .plan.partition import COMPLETE, EVEN, EXACT
 from .reader import ShardedDataset, ShardedLoader, World
 from .reader.options import ReadOptions, predict_splits
 from .reader.state import read_state, saved_epoch
@@ -136,14 +136,14 @@ class DataConfig:
 def static_shape(config: DataConfig, tokens_per_batch: int | None) -> StaticShape:
     """The one shape of every training batch of a token budget (``static_shapes=True``): the budget's token
     positions and room for the most persons a batch of the train split can hold
-    (:func:`~lifeseq_shards.plan.balance.person_slots`, each person counted up to the crop, as the plan counts)."""
+    (:func:`~lifeseq_shards.plan.balance.person_rows`, each person counted up to the crop, as the plan counts)."""
     padding = config.padding
     if not tokens_per_batch or padding.layout != PACKED or padding.pad_to is None:
         raise ValueError("static_shapes=True pads each training batch to the token budget: it needs "
                          "tokens_per_batch, layout='packed' and pad_to (the width, part of the step's shape); got "
                          f"tokens_per_batch={tokens_per_batch}, layout={padding.layout!r}, pad_to={padding.pad_to}")
     lengths, _ = split_lengths(config.reading.data_dir, config.manifest, "train")
-    return StaticShape(tokens_per_batch, person_slots(np.minimum(lengths, padding.pad_to), tokens_per_batch))
+    return StaticShape(tokens_per_batch, person_rows(np.minimum(lengths, padding.pad_to), tokens_per_batch))
 
 
 class DataParts:
@@ -161,7 +161,7 @@ class DataParts:
                  balance: str = "tokens", static_shapes: bool = False, restart_epoch: bool = False) -> None:
         super().__init__()
         padding = Padding(layout, pad_to)
-        train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=BALANCED,
+        train = ReadOptions(split="train", batch_size=batch_size, num_workers=num_workers, mode=EVEN,
                             shuffle=True, seed=seed, drop_last=drop_last, pad_to=padding.host_pad_to,
                             packed=padding.host_packed, tokens_per_batch=tokens_per_batch, balance=balance,
                             crop=padding.max_len)
@@ -174,7 +174,7 @@ class DataParts:
         self.predict_builder = BatchBuilder(None, layout, padding.max_len)  # predict embeds the sequences as they are
         self._train: ShardedLoader | DevicePrefetcher | None = None  # the last train loader built (checkpoints)
         self._resume: dict[str, Any] | None = None  # a restored position waiting for the train loader
-        # (epoch, the checkpoint's batch, this layout's batch) of a position restored from another layout
+        # (epoch, the checkpoint's batch, this arrangement's batch) of a position restored from another arrangement
         self._renumber: tuple[int, int, int] | None = None
         # a checkpoint's position is not resumed: its epoch starts over (for one that cannot be resumed exactly)
         self.restart_epoch = restart_epoch
@@ -225,8 +225,8 @@ class DataParts:
         return loader
 
     def _load_position(self, loader: ShardedLoader | DevicePrefetcher, state: dict[str, Any]) -> None:
-        """Load a saved position; one saved in another layout starts the rest of its epoch at another batch number
-        (this layout's), which a front end with a count of its own (Lightning's) moves to (``_renumber``). With
+        """Load a saved position; one saved in another arrangement starts the rest of its epoch at another batch number
+        (this arrangement's), which a front end with a count of its own (Lightning's) moves to (``_renumber``). With
         ``restart_epoch`` only the saved epoch is read, and that epoch starts over at its first batch."""
         if self.restart_epoch:
             epoch, then = saved_epoch(state, str(self.data_dir))

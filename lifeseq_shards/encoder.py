@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import compat
-from .device.index import packed_slots, padded_rows
+from .device.index import packed_cells, padded_rows
 from .store.format import PAD
 
 N_CLS_CLASSES = 3  # target_cls: 0 original order, 1 events reversed, 2 events shuffled
@@ -144,9 +144,9 @@ def varlen_backend(q: Tensor) -> str:
 class PaddedIndex(NamedTuple):
     """A packed batch's rows laid out padded, for attention on the ``"padded-sdpa"`` backend."""
 
-    rows: Tensor  # (B, max_len) the packed row of each padded slot, clamped into range
-    real: Tensor  # (B, max_len) the slots attention reads as keys: those holding a token (slot 0 of one without any)
-    slots: Tensor  # (N,) each packed row's slot in the flattened (B * max_len) padded array
+    rows: Tensor  # (B, max_len) the packed row of each padded cell, clamped into range
+    real: Tensor  # (B, max_len) the cells attention reads as keys: those holding a token (cell 0 of one without any)
+    cells: Tensor  # (N,) each packed row's cell in the flattened (B * max_len) padded array
 
 
 def padded_index(packed: Packed, n: int) -> PaddedIndex:
@@ -155,9 +155,9 @@ def padded_index(packed: Packed, n: int) -> PaddedIndex:
     counts = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
     rows, real = padded_rows(counts, packed.max_len)
     # a person without tokens (a static batch's padding persons) attends to one key all the same: over no key at all,
-    # SDPA's softmax is NaN before torch 2.5, and its backward carries the NaN into the rows the slots were read from
+    # SDPA's softmax is NaN before torch 2.5, and its backward carries the NaN into the rows the cells were read from
     real[:, 0] = True
-    return PaddedIndex(rows.clamp_(max=max(n - 1, 0)), real, packed_slots(counts, packed.max_len, n))
+    return PaddedIndex(rows.clamp_(max=max(n - 1, 0)), real, packed_cells(counts, packed.max_len, n))
 
 
 class PackedPass:
@@ -191,7 +191,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed | PackedPas
     # (B, heads, max_len, head_dim); a list, not a generator: torch 2.1's dynamo cannot unpack one in a graph
     qp, kp, vp = [t[index.rows].transpose(1, 2) for t in (q, k, v)]
     a = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=index.real[:, None, None, :], dropout_p=dropout_p)
-    return a.transpose(1, 2).flatten(0, 1)[index.slots]
+    return a.transpose(1, 2).flatten(0, 1)[index.cells]
 
 
 class EncoderLayer(nn.Module):

@@ -38,8 +38,8 @@ def batches_unfinished(trainer: Any, handed: int) -> int:
 
 def renumber(trainer: Any, epoch: int, then: int, now: int) -> None:
     """Move the trainer's count of ``epoch``'s batches from ``then`` to ``now`` (a rest of the epoch resumed in
-    another layout runs from batch ``now`` to this layout's ``num_training_batches``), when the trainer stands at
-    ``then`` of that epoch. Called from :func:`after_restart_reset`'s hook: the data fetcher's count of the epoch's
+    another arrangement runs from batch ``now`` to this arrangement's ``num_training_batches``), when the trainer stands
+    at ``then`` of that epoch. Called from :func:`after_restart_reset`'s hook: the data fetcher's count of the epoch's
     batches (which tells its last) and the first batch's ``batch_idx`` are taken from this count after it."""
     progress = _epoch_loop(trainer).batch_progress.current
     if trainer.current_epoch != epoch or progress.ready != then:

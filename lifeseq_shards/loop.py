@@ -75,16 +75,16 @@ class LifeSeqData(DataParts):
     @property
     def resumed_batches(self) -> int:
         """How many batches of :attr:`epoch` were trained before the next (or current) ``train()`` pass: a loaded
-        mid-epoch position's (in this layout's numbering), else 0. Number the steps from it (read after
+        mid-epoch position's (in this arrangement's numbering), else 0. Number the steps from it (read after
         ``set_epoch`` or ``train()``)."""
         return self._train_loader_of().pass_start.batches
 
     def schedule_steps(self, epochs: int) -> tuple[int, int]:
-        """(optimizer steps taken, optimizer steps in a run of ``epochs`` epochs) as this layout counts them, one
+        """(optimizer steps taken, optimizer steps in a run of ``epochs`` epochs) as this arrangement counts them, one
         step a batch: ``epochs x len(train())`` and the batches before :attr:`epoch`'s position. A run resumed in
-        another layout (ranks, workers, batch size) has other steps left than the checkpoint's scheduler was sized
+        another arrangement (ranks, workers, batch size) has other steps left than the checkpoint's scheduler was sized
         for: :func:`lifeseq_shards.schedule.resize_one_cycle` fits a restored OneCycleLR to these (call it after
-        ``load_state_dict``; it changes nothing in the checkpoint's own layout).
+        ``load_state_dict``; it changes nothing in the checkpoint's own arrangement).
 
         Args:
             epochs: the epochs the whole run trains (the scheduler's ``epochs``).
@@ -146,7 +146,7 @@ class LifeSeqData(DataParts):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (a :meth:`state_dict`; ``LifeSeqDataModule``'s checkpoint entry has the same
-        layout), or a whole checkpoint holding one (``ShardedLoader.load_state_dict`` finds it). Before the next
+        arrangement), or a whole checkpoint holding one (``ShardedLoader.load_state_dict`` finds it). Before the next
         ``train()`` pass begins; a changed dataset or setting is refused by name (``restart_epoch``: only its epoch
         is read, and starts over)."""
         self._load_position(self.train(), state)

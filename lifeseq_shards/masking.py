@@ -151,11 +151,11 @@ class MaskingConfig:
         return round(1.0 - self.keep - self.mask, 12)
 
 
-def fill_target_slots(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, length: int, slots: int):
+def fill_targets(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, length: int, slots: int):
     """(B, slots) target_pos / target_tokens: the first ``n`` of ``pos``/``tok``, the rest position L-1 / token 0.
 
-    The seed fills unused slots with position 511 and token 0 for L = 512; token 0 is the loss's ignore index. A
-    target at or past ``length`` (outside the batch) becomes an unused slot too; the reader never crops offline
+    The seed fills unused targets with position 511 and token 0 for L = 512; token 0 is the loss's ignore index. A
+    target at or past ``length`` (outside the batch) becomes an unused target too; the reader never crops offline
     targets (it refuses a pad_to below a person's length for offline-mask data).
     """
     if pos.shape[1] < slots:
@@ -279,7 +279,7 @@ class DynamicMasker:
             masked, tpos, n = self._random_targets(bits[-2, :, :L], bits[-1], tokens, candidate, budget, pos, slots)
         else:
             masked, tpos, n = self._event_targets(bits[-1], tokens, candidate, budget, pos, slots)
-        target_pos, target_tokens = fill_target_slots(tpos, tokens.gather(1, tpos), n, L, slots)
+        target_pos, target_tokens = fill_targets(tpos, tokens.gather(1, tpos), n, L, slots)
         return {
             "masked_tokens": masked,
             "original": tokens,

@@ -54,10 +54,10 @@ def model_inputs(batch: Mapping[str, Any]) -> tuple[Tensor, Tensor | Packed, Ten
 
 
 def pretrain_losses(model: nn.Module, batch: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    """MLM cross-entropy over the used target slots (token 0 marks an unused slot) and CLS cross-entropy, of
+    """MLM cross-entropy over the used targets (token 0 marks an unused target) and CLS cross-entropy, of
     ``model`` (a :class:`LifeSeqEncoder`) on a model ``batch`` with targets.
 
-    The MLM loss is the sum over the used slots divided by their count, at least 1: a batch without any target
+    The MLM loss is the sum over the used targets divided by their count, at least 1: a batch without any target
     (short persons, ``ratio=0``) gets 0, not the NaN of a mean over nothing, which would turn every weight NaN at
     the next optimizer step. The count stays on the device (no sync)."""
     mlm, cls = model(*model_inputs(batch))
@@ -170,8 +170,8 @@ class PretrainSteps:
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """A fit resumed in another layout (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
-        than the checkpoint's OneCycleLR was sized for: fit it to this layout's (nothing changes otherwise)."""
+        """A fit resumed in another arrangement (ranks, workers, batch size; docs/reference/ddp.md) has other steps left
+        than the checkpoint's OneCycleLR was sized for: fit it to this arrangement's (nothing changes otherwise)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "schedule_steps"):
             resize_one_cycle(self.lr_schedulers(), *datamodule.schedule_steps())

@@ -44,15 +44,15 @@ KERNEL_EPS = 1e-4  # performer-pytorch's softmax_kernel eps, added after the sta
 
 class PackedLayout(NamedTuple):
     """Where a packed batch's N rows lie, built once per forward and shared by the layers. Buckets are their local
-    windows, ``W`` of them (an upper bound fixed by N and B, so a static batch has one shape) of ``window`` slots."""
+    windows, ``W`` of them (an upper bound fixed by N and B, so a static batch has one shape) of ``window`` cells."""
 
     keep_time: Tensor  # (N, 1) 0.0 on each person's first FIRST_UNTIMED tokens, else 1.0
     padding: Tensor  # (B,) the padding keys each person's global heads count (pad_to - length, or 0)
-    row_slot: Tensor  # (N,) each row's slot in the flattened (W * window) buckets
-    slot_row: Tensor  # (W * window,) the row each slot holds (clamped: see slot_filled)
-    slot_filled: Tensor  # (W * window,) whether a slot holds a row
-    bucket_person: Tensor  # (W,) each bucket's person (0 for an empty bucket, whose slots are all empty)
-    key_slot: Tensor  # (W, K) the slots a bucket's queries read as keys: buckets b - back .. b + forward
+    row_cell: Tensor  # (N,) each row's cell in the flattened (W * window) buckets
+    cell_row: Tensor  # (W * window,) the row each cell holds (clamped: see cell_filled)
+    cell_filled: Tensor  # (W * window,) whether a cell holds a row
+    bucket_person: Tensor  # (W,) each bucket's person (0 for an empty bucket, whose cells are all empty)
+    key_cells: Tensor  # (W, K) the cells a bucket's queries read as keys: buckets b - back .. b + forward
     key_valid: Tensor  # (W, K) which of them are the same person's tokens
 
 
@@ -68,10 +68,10 @@ def packed_layout(cu_seqlens: Tensor, n: int, window: int, back: int, forward: i
     n_buckets = -(-n // window) + b
     first_bucket = starts(-(-counts // window))
     bucket = first_bucket[person] + torch.div(pos, window, rounding_mode="floor")
-    row_slot = bucket * window + pos % window
-    slot_row = torch.full((n_buckets * window,), n, dtype=torch.long, device=dev)
-    slot_row.scatter_(0, row_slot, torch.arange(n, device=dev))
-    slot_filled = slot_row < n
+    row_cell = bucket * window + pos % window
+    cell_row = torch.full((n_buckets * window,), n, dtype=torch.long, device=dev)
+    cell_row.scatter_(0, row_cell, torch.arange(n, device=dev))
+    cell_filled = cell_row < n
     bucket_person = torch.full((n_buckets,), -1, dtype=torch.long, device=dev).scatter_(0, bucket, person)
     index = torch.arange(n_buckets, device=dev)
     keys, valid = [], []
@@ -80,20 +80,20 @@ def packed_layout(cu_seqlens: Tensor, n: int, window: int, back: int, forward: i
         inside = (j >= 0) & (j < n_buckets)
         j = j.clamp(0, n_buckets - 1)
         same = inside & (bucket_person[j] == bucket_person) & (bucket_person >= 0)
-        slots = j[:, None] * window + torch.arange(window, device=dev)
-        keys.append(slots)
-        valid.append(same[:, None] & slot_filled[slots])
+        cells = j[:, None] * window + torch.arange(window, device=dev)
+        keys.append(cells)
+        valid.append(same[:, None] & cell_filled[cells])
     padding = torch.zeros_like(counts) if pad_to is None else pad_to - counts
-    return PackedLayout((pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_slot,
-                        slot_row.clamp_(max=max(n - 1, 0)), slot_filled, bucket_person.clamp(min=0),
+    return PackedLayout((pos >= FIRST_UNTIMED).float()[:, None], padding.float(), row_cell,
+                        cell_row.clamp_(max=max(n - 1, 0)), cell_filled, bucket_person.clamp(min=0),
                         torch.cat(keys, 1), torch.cat(valid, 1))
 
 
 def local_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, scale: float, dropout: nn.Module) -> Tensor:
-    """local-attention's non-causal bucketed window on (W, window, heads, d) bucket slots (each person's buckets from
+    """local-attention's non-causal bucketed window on (W, window, heads, d) bucket cells (each person's buckets from
     its first token), to the same layout; ``dropout``: their module's, on the attention weights."""
     qb = (q * scale).transpose(1, 2)  # (W, h, window, d)
-    kb, vb = (t.flatten(0, 1)[layout.key_slot].transpose(1, 2) for t in (k, v))  # (W, h, K, d)
+    kb, vb = (t.flatten(0, 1)[layout.key_cells].transpose(1, 2) for t in (k, v))  # (W, h, K, d)
     sim = qb @ kb.transpose(-1, -2)
     sim = sim.masked_fill(~layout.key_valid[:, None, None, :], -torch.finfo(sim.dtype).max)
     return (dropout(sim.softmax(dim=-1)) @ vb).transpose(1, 2)
@@ -108,32 +108,32 @@ def feature_logits(x: Tensor, projection: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def global_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, projection: Tensor) -> Tensor:
-    """FAVOR+ (softmax kernel, non-causal) of each person on (W, window, heads, d) bucket slots, to the same layout,
+    """FAVOR+ (softmax kernel, non-causal) of each person on (W, window, heads, d) bucket cells, to the same layout,
     with ``layout.padding`` padding keys (exactly 0: feature phi(0), value 0) counted per person as their padded
     model counts them. Per bucket first, then summed over each person's buckets: nothing of the features' width is
     gathered."""
     ratio = projection.shape[0] ** -0.5
     b = layout.padding.shape[0]
-    filled = layout.slot_filled.view(k.shape[:2])[..., None]  # (W, window, 1)
+    filled = layout.cell_filled.view(k.shape[:2])[..., None]  # (W, window, 1)
     dash_q, diag_q = feature_logits(q, projection)
     qf = ratio * (torch.exp(dash_q - diag_q - dash_q.amax(-1, keepdim=True).detach()) + KERNEL_EPS)
     dash_k, diag_k = feature_logits(k, projection)
     # the key stabiliser: the maximum over the person's keys and features, a padding key's projections (0) included
-    slot_max = dash_k.detach().amax(-1).masked_fill(~filled, -torch.inf)
-    bucket_max = slot_max.amax(1)  # (W, heads)
+    cell_max = dash_k.detach().amax(-1).masked_fill(~filled, -torch.inf)
+    bucket_max = cell_max.amax(1)  # (W, heads)
     stab = bucket_max.new_zeros(b, bucket_max.shape[1]).scatter_reduce(
         0, layout.bucket_person[:, None].expand_as(bucket_max), bucket_max, "amax", include_self=False)
     stab = stab.nan_to_num(neginf=0.0)  # a person without tokens (its empty buckets' -inf): no key to stabilise
     stab = torch.where(layout.padding[:, None] > 0, stab.clamp(min=0.0), stab)
     kf = ratio * (torch.exp(dash_k - diag_k - stab[layout.bucket_person][:, None, :, None]) + KERNEL_EPS)
-    kf = kf * filled[..., None]  # an empty slot is no key
+    kf = kf * filled[..., None]  # an empty cell is no key
     k_sum = kf.new_zeros(b, *kf.shape[2:]).index_add_(0, layout.bucket_person, kf.sum(1))
     k_sum = k_sum + (layout.padding[:, None] * ratio * (torch.exp(-stab) + KERNEL_EPS))[..., None]
     context = kf.new_zeros(b, kf.shape[2], kf.shape[3], v.shape[3]).index_add_(
         0, layout.bucket_person, torch.einsum("wshm,wshe->whme", kf, v))
     num = torch.einsum("wshm,whme->wshe", qf, context[layout.bucket_person])
     den = torch.einsum("wshm,whm->wsh", qf, k_sum[layout.bucket_person])
-    # an empty slot's person may hold no key (a denominator of 0); its output is never read, but 0/0 would put a NaN
+    # an empty cell's person may hold no key (a denominator of 0); its output is never read, but 0/0 would put a NaN
     # into the backward
     return num / (den + ~filled)[..., None]
 
@@ -199,9 +199,9 @@ class PackedPerformer(nn.Module):
     def attend(attention: nn.Module, x: Tensor, layout: PackedLayout) -> Tensor:
         """Their ``CustomSelfAttention`` on (N, hidden) rows: its global heads first, then its local ones."""
         heads, gh = attention.heads, attention.global_heads
-        n_buckets = layout.key_slot.shape[0]
+        n_buckets = layout.key_cells.shape[0]
         # (W, window, heads, d): each person's rows in its buckets of the local window, where both kinds of head work
-        q, k, v = (f(x)[layout.slot_row].unflatten(0, (n_buckets, -1)).unflatten(-1, (heads, -1))
+        q, k, v = (f(x)[layout.cell_row].unflatten(0, (n_buckets, -1)).unflatten(-1, (heads, -1))
                    for f in (attention.to_q, attention.to_k, attention.to_v))
         outs = []
         if gh:
@@ -211,7 +211,7 @@ class PackedPerformer(nn.Module):
             local = attention.local_attn
             scale = local.scale if local.scale is not None else q.shape[-1] ** -0.5
             outs.append(local_heads(q[:, :, gh:], k[:, :, gh:], v[:, :, gh:], layout, scale, local.dropout))
-        out = torch.cat(outs, 2).flatten(0, 1)[layout.row_slot]
+        out = torch.cat(outs, 2).flatten(0, 1)[layout.row_cell]
         return attention.dropout(attention.to_out(out.flatten(1)))
 
 

@@ -1,9 +1,9 @@
-"""A restored OneCycleLR fitted to the steps a fit resumed in another layout has left.
+"""A restored OneCycleLR fitted to the steps a fit resumed in another arrangement has left.
 
-A checkpoint's OneCycleLR was sized for the layout that saved it (``total_steps`` from that run's
+A checkpoint's OneCycleLR was sized for the arrangement that saved it (``total_steps`` from that run's
 ``estimated_stepping_batches``). Resumed on other ranks, workers or batch size, the fit takes another number of steps:
 more, and the scheduler stops it with ``Tried to step ... times``; fewer, and the run ends before the learning rate
-has annealed. :func:`resize_one_cycle` stretches the cycle to this layout's count, at the same point of its course.
+has annealed. :func:`resize_one_cycle` stretches the cycle to this arrangement's count, at the same point of its course.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch.optim.lr_scheduler import OneCycleLR
 def resize_one_cycle(scheduler: OneCycleLR, done: int, total: int) -> bool:
     """Make ``scheduler`` a cycle of ``total`` steps of which ``done`` are taken (its phases scaled, each at the
     same share of the cycle), and set the optimizer's learning rate (and momentum) for the next step. Nothing
-    changes when it already is one (a fresh fit, or one resumed in its own layout). Returns whether it changed."""
+    changes when it already is one (a fresh fit, or one resumed in its own arrangement). Returns whether it changed."""
     if (scheduler.total_steps, scheduler.last_epoch) == (total, done):
         return False
     if not 0 <= done <= total:

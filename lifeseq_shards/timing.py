@@ -46,7 +46,7 @@ def time_pass(root: str, split: str, batch_size: int, workers: int, world: World
     rates count the batches after the first, so the start-up cost is the first column alone. ``manifest``: the
     dataset's, already read (else read here)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the static-balance warning: a timing reads any layout
+        warnings.simplefilter("ignore")  # the static-balance warning: a timing reads any arrangement
         ds = ShardedDataset(root, split, batch_size, world=world, num_workers=workers, packed=True,
                             manifest=manifest)
     start = time.perf_counter()

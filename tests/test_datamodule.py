@@ -336,7 +336,7 @@ def test_validation_reads_every_val_person_once(sample: Path, tmp_path: Path, fl
     assert code == 0, out
     shards, rem = split_ids(tmp_path / "ds", "val")
     everyone = [int(i) for i in np.concatenate([*shards, rem])]
-    assert len(everyone) == val_persons and len(rem), "the issue's layouts have a val remainder"
+    assert len(everyone) == val_persons and len(rem), "the issue's arrangements have a val remainder"
     for world, workers in ((1, 0), (2, 2), (3, 0)):
         per_rank = val_passes(tmp_path / "ds", world, workers, 32)
         seen = [i for batches in per_rank for batch in batches for i in batch]
@@ -344,7 +344,7 @@ def test_validation_reads_every_val_person_once(sample: Path, tmp_path: Path, fl
         assert len({len(batches) for batches in per_rank}) == 1, f"unequal validation batches on {world} ranks"
 
 
-def test_validation_refuses_a_layout_it_cannot_read_whole(sample: Path, tmp_path: Path) -> None:
+def test_validation_refuses_a_arrangement_it_cannot_read_whole(sample: Path, tmp_path: Path) -> None:
     """7 val persons over 8 ranks: some rank would have no batch while the others log with sync_dist."""
     code, out = shardify("convert", sample / "encoded_nomlm.h5", "-o", tmp_path / "ds", "--shards", "4",
                          "--val-fraction", "0.001")
@@ -354,14 +354,14 @@ def test_validation_refuses_a_layout_it_cannot_read_whole(sample: Path, tmp_path
         val_passes(tmp_path / "ds", 8, 0, 32)
 
 
-# -- resume in another layout -------------------------------------------------------------------------------------
+# -- resume in another arrangement -------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("before", "after"), [(384, 256), (256, 384)])
 def test_fit_resumed_with_another_batch_size_trains_the_rest_of_the_epoch(vocab_dataset: Path, tmp_path: Path,
                                                                           before: int, after: int) -> None:
     """trainer.fit(ckpt_path=...) of a checkpoint saved at step 3, resumed with another batch size: every person not
-    trained on before once, the epoch ending at this layout's num_training_batches, and the OneCycleLR (over
+    trained on before once, the epoch ending at this arrangement's num_training_batches, and the OneCycleLR (over
     estimated_stepping_batches) fitted to the steps left in on_train_start. Without that fit the restored schedule
     has fewer steps than a run with a smaller batch takes, and stops it with 'Tried to step'; with a larger batch it
     does not reach its end. From 256 to 384 the rest starts at a lower batch number than the checkpoint's (the
@@ -469,7 +469,7 @@ def test_a_fit_whose_checkpoint_cannot_resume_exactly_starts_its_epoch_over_when
     """Issue 40: a Lightning checkpoint saved mid-epoch with a budget, resumed with another balance, was refused at
     the end of a long traceback telling a Lightning user to resume "without the loader's state", which Lightning
     gives no way to do. The refusal now names restart_epoch=True, and that fit trains the checkpoint's epoch from its
-    first batch: every train person once, the epoch this layout's length."""
+    first batch: every train person once, the epoch this arrangement's length."""
     import lightning.pytorch as pl
 
     from lifeseq_shards.model import LifeSeqPretrainModule

@@ -229,10 +229,10 @@ def test_global_heads_key_stabiliser_counts_the_padding_keys_zero(pad_to: int | 
     v = torch.randn(sum(counts), 2, 4, generator=g)
     cu = F.pad(torch.tensor(counts).cumsum(0), (1, 0)).int()
     layout = packed_layout(cu, sum(counts), 5, 1, 1, pad_to)
-    buckets = layout.key_slot.shape[0]
-    q, k, v = (t[layout.slot_row].unflatten(0, (buckets, -1)) for t in (q, k, v))
-    ours = global_heads(q, k, v, layout, fast.projection_matrix).flatten(0, 1)[layout.row_slot]
-    q, k, v = (t.flatten(0, 1)[layout.row_slot] for t in (q, k, v))
+    buckets = layout.key_cells.shape[0]
+    q, k, v = (t[layout.cell_row].unflatten(0, (buckets, -1)) for t in (q, k, v))
+    ours = global_heads(q, k, v, layout, fast.projection_matrix).flatten(0, 1)[layout.row_cell]
+    q, k, v = (t.flatten(0, 1)[layout.row_cell] for t in (q, k, v))
     for start, n in zip(cu[:-1].tolist(), counts, strict=True):
         width = n if pad_to is None else pad_to
         qp, kp, vp = (F.pad(t[start:start + n], (0, 0, 0, 0, 0, width - n)).transpose(0, 1)[None] for t in (q, k, v))

@@ -204,7 +204,7 @@ def killed_in(script: str, epoch: int) -> str:
 
 
 def schedule_printed(script: str) -> str:
-    """``script`` printing, once trained, the scheduler's step, its length and this layout's steps in the run."""
+    """``script`` printing, once trained, the scheduler's step, its length and this arrangement's steps in the run."""
     line = ('    print(f"rank {rank}: schedule at {scheduler.last_epoch} of {scheduler.total_steps}, '
             'run {EPOCHS * len(data.train())}", flush=True)\n')
     return script.replace(SCHEDULE_AT_END, line + SCHEDULE_AT_END)
@@ -215,9 +215,9 @@ def schedule_printed(script: str) -> str:
 def test_the_guides_loop_killed_resumes_on_another_number_of_ranks(ds1024: Path, tmp_path: Path) -> None:
     """Two ranks killed after a mid-epoch checkpoint; one process (``python train.py``, no torchrun) goes on from it
     to the end of the epoch; two ranks go on from that one process's checkpoint to the end of the run. Each resume
-    loads the model saved on the other rank count, and its OneCycleLR is the cycle of its own layout's steps (one
+    loads the model saved on the other rank count, and its OneCycleLR is the cycle of its own arrangement's steps (one
     process trains about twice the batches an epoch that a rank of two does): half run at the end of epoch 0,
-    ended at the run's last step. Sized for the killed run's layout, it stops the last run ('Tried to step')."""
+    ended at the run's last step. Sized for the killed run's arrangement, it stops the last run ('Tried to step')."""
     for run, (stop_after, cmd) in enumerate([(1, [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"]),
                                              (0, [sys.executable, "train.py"]),
                                              (1, [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"])]):
@@ -237,7 +237,7 @@ def test_the_guides_loop_killed_resumes_on_another_number_of_ranks(ds1024: Path,
                                                           output)]
         assert len(ends) == (1 if run == 1 else 2), output[-3000:]
         for at, total, steps in ends:
-            assert total == steps, f"a cycle of {total} steps, the run has {steps} in this layout"
+            assert total == steps, f"a cycle of {total} steps, the run has {steps} in this arrangement"
             assert at * 2 == steps if run == 1 else at == steps, f"the cycle at {at} of {steps}"
         if run == 1:
             alone = ends[0][2]

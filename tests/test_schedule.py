@@ -1,4 +1,4 @@
-"""resize_one_cycle: a restored OneCycleLR continued over the steps another layout has left."""
+"""resize_one_cycle: a restored OneCycleLR continued over the steps another arrangement has left."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_a_resized_cycle_is_the_cycle_of_the_new_length(total: int, steps: int, 
             lrs(cycle(total, steps, three_phase), new_total - new_done + 1)
 
 
-def test_the_same_layout_changes_nothing() -> None:
+def test_the_same_arrangement_changes_nothing() -> None:
     scheduler = cycle(100, 40)
     before = scheduler.state_dict()
     assert not resize_one_cycle(scheduler, 40, 100)

@@ -59,7 +59,7 @@ def test_reader_internals_are_reached_through_their_modules() -> None:
     """The names that left the reader's ``__all__`` are its modules' (e.g. the rings, the stages, the plan's modes)."""
     from lifeseq_shards import reader
 
-    for name in ("BALANCED", "Segment", "EpochControl", "RingWriter", "PIPE_BYTES", "slot_windows", "collate_packed"):
+    for name in ("EVEN", "Segment", "EpochControl", "RingWriter", "PIPE_BYTES", "slot_windows", "collate_packed"):
         assert not hasattr(reader, name), name
     from lifeseq_shards.reader.collate import collate_packed
     from lifeseq_shards.reader.stages import slot_windows

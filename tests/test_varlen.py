@@ -85,7 +85,7 @@ def test_padded_index_is_built_once_per_forward(monkeypatch: pytest.MonkeyPatch)
     index = built(layout, int(packed["cu_seqlens"][-1]))
     real = padded["padding_mask"].bool()
     assert torch.equal(index.real, real)
-    assert torch.equal(index.slots, real.flatten().nonzero()[:, 0])  # row i of the packed array: the i-th real slot
+    assert torch.equal(index.cells, real.flatten().nonzero()[:, 0])  # row i of the packed array: the i-th real cell
 
 
 def test_packed_encoder_traces_as_one_graph() -> None:

@@ -1,13 +1,13 @@
 """The balance of the ranks of a step, today's persons plan against the token-budget plan, on the same lengths, in the
-shards the converter makes for each layout.
+shards the converter makes for each arrangement.
 
 For each population (the train split `shardify convert` makes of the sample's sequences.parquet, `shardify synth`
-populations), layout (2, 4, 8 ranks, 0 or 2 DataLoader workers a rank, in the shards `shardify convert --nodes 1
+populations), arrangement (2, 4, 8 ranks, 0 or 2 DataLoader workers a rank, in the shards `shardify convert --nodes 1
 --gpus R --workers W` cuts for it) and budget (the tokens that 50 and 256 persons hold on average), the plans of
 epochs 0..E-1 are made from the persons' lengths alone: the persons plan
 (:func:`lifeseq_shards.plan.compare.persons_plan_costs`, a fixed number of persons a rank, dealt as the reader deals
 them) and the token-budget plan (:func:`lifeseq_shards.plan.balance.plan_epoch`), balancing tokens (the default) and
-len^2. Of each step: max / mean across its ranks of the real tokens and of len^2. With the sample, each layout's
+len^2. Of each step: max / mean across its ranks of the real tokens and of len^2. With the sample, each arrangement's
 conversion is made and read by every rank's real reader (epoch 0, the smaller budget): the tokens each rank
 received must be the plan's, else the bench stops. Then the time and peak memory of planning one epoch of
 ``--plan-persons`` synthetic lengths, and one worker's slot of it, each in a process of its own. Writes
@@ -89,16 +89,16 @@ def synth_lengths(people: int, seed: int = 0, max_seq_len: int = 512) -> np.ndar
     return np.concatenate(out)
 
 
-def layout_options(ranks: int, workers: int) -> ConvertOptions:
+def arrangement_options(ranks: int, workers: int) -> ConvertOptions:
     """`shardify convert --nodes 1 --gpus R --workers W`'s options (0 workers: the rank's process reads, one reader a
     rank, as --workers 1 converts for)."""
     return ConvertOptions(nodes=1, gpus=ranks, workers=workers or None, progress=False)
 
 
-def layout_shards(persons: int, ranks: int, workers: int) -> list[int]:
-    """The shard sizes of a train split of ``persons`` that `shardify convert` cuts for the layout: equal shards, a
+def arrangement_shards(persons: int, ranks: int, workers: int) -> list[int]:
+    """The shard sizes of a train split of ``persons`` that `shardify convert` cuts for the arrangement: equal shards, a
     multiple of its readers, the rest a remainder shard (last, absent when empty)."""
-    s = shard_count(persons, layout_options(ranks, workers), "train")
+    s = shard_count(persons, arrangement_options(ranks, workers), "train")
     return [persons // s] * s + ([persons % s] if persons % s else [])
 
 
@@ -127,7 +127,7 @@ def reader_tokens(root: Path, ranks: int, workers: int, budget: int, epoch: int)
     per_rank = []
     for rank in range(ranks):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a layout's start-up notes: not what is measured
+            warnings.simplefilter("ignore")  # an arrangement's start-up notes: not what is measured
             ds = ShardedDataset(root, "train", world=World(rank, ranks), num_workers=workers, packed=True,
                                 tokens_per_batch=budget)
         loader = ShardedLoader(ds)
@@ -137,15 +137,15 @@ def reader_tokens(root: Path, ranks: int, workers: int, budget: int, epoch: int)
 
 
 def check_reader(sample: Path, work: Path, epoch: int = 0) -> int:
-    """Each layout's conversion of the sample, read by each of its ranks' readers at the smaller budget: its shards
-    must be :func:`layout_shards`' and the tokens each rank received the plan's (RuntimeError otherwise). Returns the
-    steps compared."""
+    """Each arrangement's conversion of the sample, read by each of its ranks' readers at the smaller budget: its shards
+    must be :func:`arrangement_shards`' and the tokens each rank received the plan's (RuntimeError otherwise). Returns
+    the steps compared."""
     steps = 0
     for ranks, workers in itertools.product(RANKS, WORKERS):
-        root = convert_sample(sample, work / f"sample-{ranks}x{workers}", layout_options(ranks, workers))
+        root = convert_sample(sample, work / f"sample-{ranks}x{workers}", arrangement_options(ranks, workers))
         lengths, sizes = train_lengths(root)
-        if sizes != layout_shards(len(lengths), ranks, workers):
-            raise RuntimeError(f"{root}: shards {sizes}, not the {layout_shards(len(lengths), ranks, workers)} "
+        if sizes != arrangement_shards(len(lengths), ranks, workers):
+            raise RuntimeError(f"{root}: shards {sizes}, not the {arrangement_shards(len(lengths), ranks, workers)} "
                                "the bench plans on")
         budget = int(round(PERSONS[0] * lengths.mean()))
         got = reader_tokens(root, ranks, workers, budget, epoch)
@@ -163,7 +163,7 @@ def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str,
     of :data:`WORKERS` (the plot's)."""
     rows, ratios = [], {}
     for ranks, persons, workers in itertools.product(RANKS, PERSONS, WORKERS):
-        sizes = layout_shards(len(lengths), ranks, workers)
+        sizes = arrangement_shards(len(lengths), ranks, workers)
         window = default_window(sizes)  # the reader's: a remainder is smaller than a shard
         budget = int(round(persons * lengths.mean()))
         costs = {"persons": [[persons_plan_costs(lengths, sizes, ranks, workers, persons, epoch=e, window=window,
@@ -286,9 +286,9 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
         "## Method",
         "",
         f"The plans are made from the persons' lengths alone, {' or '.join(map(str, WORKERS))} DataLoader workers a "
-        "rank, in the shards `shardify convert --nodes 1 --gpus R --workers W` cuts for the layout (a multiple of its "
-        "R x W readers, 0 workers converting as 1; tools/bench_balance.py `layout_shards`), the reader's default "
-        "shuffle window (the larger of 4,096 persons and two shards), seed 0, epochs "
+        "rank, in the shards `shardify convert --nodes 1 --gpus R --workers W` cuts for the arrangement (a multiple of "
+        "its R x W readers, 0 workers converting as 1; tools/bench_balance.py `arrangement_shards`), the reader's "
+        "default shuffle window (the larger of 4,096 persons and two shards), seed 0, epochs "
         f"0..{epochs - 1} pooled. "
         "*persons*: batches of persons, a fixed number of persons a rank a step, dealt as the reader deals them "
         "(balanced mode, its windows and shuffles, each rank's workers in the DataLoader's round robin). *tokens*: the "
@@ -327,7 +327,7 @@ def markdown(rows: Sequence[dict[str, object]], timing: dict[str, float] | None,
                   f"(`plan_slot`, the same batches as the whole plan's, tests/plan/test_slot_plan.py): "
                   f"{slot['cpu_s']:.2f} s CPU ({slot['wall_s']:.2f} s wall), its allocations peaking at "
                   f"{slot['traced_mib']:.0f} MiB (tracemalloc). The whole epoch is planned only for the rest "
-                  "of an epoch resumed in another layout or budget, by `shardify plan`, and with "
+                  "of an epoch resumed in another arrangement or budget, by `shardify plan`, and with "
                   "`balance=\"attention\"`."]
     lines += ["", "What the balance buys under DDP, in the ranks' wait at the gradient all-reduce on real processes: "
               "[balance-ddp.md](balance-ddp.md) (tools/bench_ddp_wait.py)."]
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as work:
             steps = check_reader(a.sample, Path(work))
             pops.append(("sample", train_lengths(convert_sample(a.sample, Path(work) / "sample", ConvertOptions()))[0]))
-        run["checked"] = (f"the sample converted for each layout and read by each of its ranks' own reader "
+        run["checked"] = (f"the sample converted for each arrangement and read by each of its ranks' own reader "
                           f"(`ShardedDataset(..., world=World(r, R), num_workers=W, tokens_per_batch=budget)`, epoch "
                           f"0, {PERSONS[0]} persons' budget): over its {steps} steps every rank received exactly "
                           "the tokens of the plan's batch (the bench stops otherwise), so the rows are what the "

@@ -45,7 +45,7 @@ import numpy as np
 
 from lifeseq_shards.plan.balance import plan_epoch
 from lifeseq_shards.plan.compare import persons_left_out
-from lifeseq_shards.plan.partition import BALANCED, Partition
+from lifeseq_shards.plan.partition import EVEN, Partition
 from lifeseq_shards.plan.slots import slot_index
 from tools.common import sample_lengths, shards_of, write_csv
 
@@ -77,7 +77,7 @@ def persons_plan_batches(lengths: np.ndarray, sizes: Sequence[int], ranks: int, 
     shuffles), each rank's workers in the DataLoader's round robin (one batch a message), ``batch`` persons a batch.
     :func:`lifeseq_shards.plan.compare.persons_plan_costs` sums the same batches' costs (the test checks the two
     agree); it gives no person indices, which a run needs."""
-    part = Partition(tuple(sizes[:-1]), ranks, workers, BALANCED, 0, True, batch, False, 4096, int(sizes[-1]))
+    part = Partition(tuple(sizes[:-1]), ranks, workers, EVEN, 0, True, batch, False, 4096, int(sizes[-1]))
     first = np.concatenate([[0], np.cumsum(sizes)])  # the remainder is shard number len(sizes) - 1
     per_rank = []
     for rank in range(ranks):
@@ -452,7 +452,7 @@ def markdown(summary: list[dict[str, Any]], fits: list[dict[str, Any]], argv: st
         *table(fits, fit_cols),
         "",
         "![Left: the mean step split into compute, wait and the all-reduce's own cost, per plan. Right: compute "
-        "(CPU seconds) against tokens of the first layout's steps, and the fits.](balance-ddp.png)",
+        "(CPU seconds) against tokens of the first arrangement's steps, and the fits.](balance-ddp.png)",
         "",
     ])
 

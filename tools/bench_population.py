@@ -36,7 +36,7 @@ from typing import Any
 
 from tools.common import write_csv
 
-LAYOUT = ("--nodes", "4", "--gpus", "4", "--workers", "2")  # 4 nodes x 4 GPUs x 2 DataLoader workers
+ARRANGEMENT = ("--nodes", "4", "--gpus", "4", "--workers", "2")  # 4 nodes x 4 GPUs x 2 DataLoader workers
 BATCH = 256
 TOKENS_PER_BATCH = 65536
 EMBED_SIZE = (16, 32, 1, 2)  # hidden, ff, layers, heads: tiny, so that a CPU embeds a million persons in minutes

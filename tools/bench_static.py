@@ -5,7 +5,7 @@ against the same batches padded to one ``device.shape.StaticShape`` (static).
 The batches: one token-budget epoch of a split (``plan.balance.plan_epoch``, one rank, no DataLoader worker, over
 ``store.lengths.split_lengths``), each batch collated from the split's blocks (``reader.collate.collate``), the
 model batches built once before timing (packed layout, the longest person's width rounded up to 8, dynamic
-masking). The static shape: the budget's tokens and ``plan.balance.person_slots`` of the same lengths. The step:
+masking). The static shape: the budget's tokens and ``plan.balance.person_rows`` of the same lengths. The step:
 ``LifeSeqPretrainModule.training_step`` (MLM + CLS), backward, AdamW, on CPU, a tiny width (compiles and host costs
 are measured, not the model's speed). Each contender starts from the same weights after ``torch._dynamo.reset()``;
 each compiles cold (a new inductor cache folder; the process's in-memory cache of identical kernels aside);
@@ -38,7 +38,7 @@ from lifeseq_shards.device.shape import PACKED, StaticShape
 from lifeseq_shards.encoder import EncoderConfig
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule
-from lifeseq_shards.plan.balance import person_slots, plan_epoch
+from lifeseq_shards.plan.balance import person_rows, plan_epoch
 from lifeseq_shards.reader.collate import BatchSpec, collate
 from lifeseq_shards.store.format import concat_blocks, token_schema
 from lifeseq_shards.store.lengths import split_lengths
@@ -66,7 +66,7 @@ def budget_batches(ours: Path, split: str, tokens_per_batch: int, *, seed: int =
     spec = BatchSpec(schema, packed=True)
     batches = [count_tokens(collate(block, spec, plan.batch(s, 0)), width)
                for s in range(plan.steps if steps is None else min(steps, plan.steps))]
-    return batches, StaticShape(tokens_per_batch, person_slots(lengths, tokens_per_batch)), width
+    return batches, StaticShape(tokens_per_batch, person_rows(lengths, tokens_per_batch)), width
 
 
 def model_batches(batches: list[PackedBatch], vocab_size: int, width: int,

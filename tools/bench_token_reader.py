@@ -1,4 +1,4 @@
-"""Reader throughput with a token budget against batches of persons: rank 0's loader of an R-rank layout reads a
+"""Reader throughput with a token budget against batches of persons: rank 0's loader of an R-rank arrangement reads a
 whole epoch both ways, alternating, on the same dataset (persons/s of that rank; the loader's CPU cost, as a
 GPU's data path pays it). The two loaders stay up (persistent workers) and take turns an epoch at a time, the order
 swapped each round; the ratio is the median of the rounds' paired ratios (each pair ran back to back, so a slow
@@ -24,10 +24,10 @@ from tools.common import synth_dataset, write_csv
 
 
 def warm_loader(root: Path, ranks: int, workers: int, batch: int, budget: int | None) -> ShardedLoader:
-    """Rank 0's loader of an R-rank layout, packed batches (the padding-free layout's), after an untimed epoch 0 that
-    starts its (persistent) workers, as in training."""
+    """Rank 0's loader of an R-rank arrangement, packed batches (the padding-free layout's), after an untimed epoch 0
+    that starts its (persistent) workers, as in training."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the static-balance warning of layouts that do not divide
+        warnings.simplefilter("ignore")  # the static-balance warning of arrangements that do not divide
         ds = ShardedDataset(root, "train", batch, world=World(0, ranks), num_workers=workers, packed=True,
                             tokens_per_batch=budget)
     loader = ShardedLoader(ds)

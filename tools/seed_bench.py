@@ -89,16 +89,16 @@ def hparams_text(their: str, size: str, point: Point, vocab_size: int) -> str:
 def write_their_h5(path: Path, block: Any, width: int, vocab_size: int, seed: int) -> None:
     """``block``'s persons as their encoded_mlm.h5: rows padded to ``width``, masked by the seed's rules
     (``DynamicMasker``, epoch 0: the CLS task's reversed / shuffled events too), targets in their slot layout
-    (``target_slots(width)`` slots from the front, unused ones position width-1 / token 0, then -1)."""
+    (``max_targets(width)`` targets from the front, unused ones position width-1 / token 0, then -1)."""
     import h5py
     import numpy as np
     import torch
 
-    from lifeseq_shards.convert.sources.hdf5 import target_slots
+    from lifeseq_shards.convert.sources.hdf5 import max_targets
     from lifeseq_shards.masking import DynamicMasker, MaskingConfig
     from tools.common import seed_rows
 
-    masker, slots, n = DynamicMasker(MaskingConfig(vocab_size=vocab_size, seed=seed)), target_slots(width), block.n
+    masker, slots, n = DynamicMasker(MaskingConfig(vocab_size=vocab_size, seed=seed)), max_targets(width), block.n
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
         def dataset(name: str, shape: tuple[int, ...]) -> Any:

@@ -90,7 +90,7 @@ def convert_task(inputs: list[str], out: str | os.PathLike[str], vocab: str | No
     refuse_foreign(out, opts.overwrite)
     tasks = out / TASKS
     tasks.mkdir(parents=True, exist_ok=True)
-    done, stage = tasks / task_name(share), tasks / f".{task_name(share)}.staging"
+    done, staging = tasks / task_name(share), tasks / f".{task_name(share)}.staging"
     with _locked(tasks / f".{task_name(share)}.lock"):
         other = sorted({m.group(2) for p in tasks.iterdir() if (m := _DONE.fullmatch(p.name))} - {f"{share.tasks:04d}"})
         if other:
@@ -104,16 +104,16 @@ def convert_task(inputs: list[str], out: str | os.PathLike[str], vocab: str | No
             if not opts.overwrite:
                 raise ConvertError(f"{done}: complete, made with other options ({change}); give the same options, or "
                                    "--overwrite to convert it again")
-        shutil.rmtree(stage, ignore_errors=True)  # what a killed run of this task left
+        shutil.rmtree(staging, ignore_errors=True)  # what a killed run of this task left
         kept = "this task's part is not kept; run the task again"
         t0 = time.time()
-        manifest, digest, encoded = build_part(inputs, vocab, opts, source, schema, stage, kept, share)
-        with writing(stage / TASK_JSON, kept):
-            (stage / TASK_JSON).write_text(json.dumps({"task": share.task, "tasks": share.tasks,
+        manifest, digest, encoded = build_part(inputs, vocab, opts, source, schema, staging, kept, share)
+        with writing(staging / TASK_JSON, kept):
+            (staging / TASK_JSON).write_text(json.dumps({"task": share.task, "tasks": share.tasks,
                                                         "input_digest": digest, "encoded": encoded,
                                                         "seconds": round(time.time() - t0, 2)}))
             shutil.rmtree(done, ignore_errors=True)  # an --overwrite of a part made with other options
-            os.rename(stage, done)
+            os.rename(staging, done)
     return manifest, True
 
 
@@ -140,11 +140,11 @@ def merge_tasks(out: str | os.PathLike[str], overwrite: bool = False) -> tuple[M
         shutil.rmtree(tasks)  # merged before, and stopped before removing the parts
         return _read_manifest(out / MANIFEST), False
     with output_dir(out, overwrite) as old_files:
-        stage = out / STAGING
+        staging = out / STAGING
         kept = "the merge stopped; the tasks' parts are kept, merge again"
         try:
-            with writing(stage, kept):
-                splits = {name: _merge_split(stage, name, [p for p in parts if name in p.manifest.splits], first)
+            with writing(staging, kept):
+                splits = {name: _merge_split(staging, name, [p for p in parts if name in p.manifest.splits], first)
                           for name in first.splits}
                 entries = [e for s in splits.values() for e in s.entries()]
                 totals = Totals(first.totals.persons, sum(e.bytes for e in entries), len(entries), first.totals.tokens,
@@ -152,11 +152,11 @@ def merge_tasks(out: str | os.PathLike[str], overwrite: bool = False) -> tuple[M
                 seconds = max(float((p.manifest.params or {}).get("seconds", 0)) for p in parts)
                 manifest = Manifest(first.format_version, first.schema, first.block_persons, splits, totals, print_,
                                     first.length_histogram, {**(first.params or {}), "seconds": seconds})
-                write_manifest(stage, manifest)
+                write_manifest(staging, manifest)
         except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
             raise
-        replace_dataset(out, stage, old_files, manifest.files())
+        replace_dataset(out, staging, old_files, manifest.files())
     shutil.rmtree(tasks)
     return manifest, True
 
@@ -233,14 +233,14 @@ def _differs(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _merge_split(stage: Path, name: str, parts: list[_Part], first: Manifest) -> Split:
-    """One split of the dataset from the parts' runs of its shards: each shard file linked into ``stage``, checked
+def _merge_split(staging: Path, name: str, parts: list[_Part], first: Manifest) -> Split:
+    """One split of the dataset from the parts' runs of its shards: each shard file linked into ``staging``, checked
     against its part's entry (name, size), and their lengths indexes joined into the split's."""
     shards, remainder, lengths = [], None, []
     for part in parts:
         split = part.manifest.splits[name]
         for e in split.entries():
-            src, dst = part.where / e.file, stage / e.file
+            src, dst = part.where / e.file, staging / e.file
             size = src.stat().st_size if src.exists() else -1
             if size != e.bytes:
                 raise ConvertError(f"{src}: {size} bytes, its part's manifest lists {e.bytes}; run its task again")
@@ -258,9 +258,9 @@ def _merge_split(stage: Path, name: str, parts: list[_Part], first: Manifest) ->
     want = [f"{name}/shard-{i:06d}.tar" for i in range(len(shards))]
     if [e.file for e in shards] != want or sum(e.samples for e in [*shards, *([remainder] if remainder else [])]) \
             != info.persons:
-        raise ConvertError(f"{stage.parent / TASKS}: the parts' shards of split {name} do not make the split "
+        raise ConvertError(f"{staging.parent / TASKS}: the parts' shards of split {name} do not make the split "
                            f"({len(shards)} shards); run the tasks again")
-    index = write_lengths_index(stage, name, np.concatenate(lengths), first.schema)
+    index = write_lengths_index(staging, name, np.concatenate(lengths), first.schema)
     return Split(info.persons, info.shard_persons, tuple(shards), remainder, index)
 
 

@@ -336,9 +336,9 @@ def summarize(root: str | Path) -> str:
     for split, info in m.splits.items():
         lines.append(f"split {split:6s} {info.persons:,} persons = {len(info.shards)} shards x "
                      f"{info.shard_persons:,} + remainder {info.remainder_persons:,} (read like the others)")
-    # training leaves out persons mod readers; the conversion's layout, when it named one, says how many
-    slots = prod(r or 1 for r in readers)
-    at = (f": {m.splits['train'].persons % slots:,} at the {slots} readers converted for (--nodes x --gpus x "
+    # training leaves out persons mod readers; the conversion's arrangement, when it named one, says how many
+    n = prod(r or 1 for r in readers)
+    at = (f": {m.splits['train'].persons % n:,} at the {n} readers converted for (--nodes x --gpus x "
           "--workers)" if any(r is not None for r in readers) and "train" in m.splits else "")
     lines.append(f"left out     of each training epoch: train persons mod (ranks x workers), others each epoch{at}; "
                  "`shardify plan` names them")

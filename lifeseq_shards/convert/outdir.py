@@ -61,8 +61,8 @@ def output_dir(out: Path, overwrite: bool) -> Iterator[list[str]]:
                 out.rmdir()
 
 
-def replace_dataset(out: Path, stage: Path, old: list[str], new: list[str]) -> None:
-    """Move the complete new dataset from ``stage`` into ``out``. The new files bound for another filesystem (a
+def replace_dataset(out: Path, staging: Path, old: list[str], new: list[str]) -> None:
+    """Move the complete new dataset from ``staging`` into ``out``. The new files bound for another filesystem (a
     split directory that is a symlink to scratch space) are first copied beside their place, where a rename can
     reach it; then the old manifest becomes the INCOMPLETE mark (from here the directory is no dataset, and a rerun
     knows the old files), the old files go, the new ones move in, the new manifest last. Nothing else in ``out`` is
@@ -72,7 +72,7 @@ def replace_dataset(out: Path, stage: Path, old: list[str], new: list[str]) -> N
     clash = [f for f in new if f not in keep and (out / f).exists()]
     if clash:
         raise ConvertError(f"{out / clash[0]}: exists and is not the old dataset's; move it away")
-    sources = _near_sources(out, stage, new)
+    sources = _near_sources(out, staging, new)
     if (out / MANIFEST).exists():
         os.replace(out / MANIFEST, out / INCOMPLETE)
     else:
@@ -82,38 +82,38 @@ def replace_dataset(out: Path, stage: Path, old: list[str], new: list[str]) -> N
     for f, src in zip(new, sources, strict=True):
         (out / f).parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, out / f)
-    os.replace(stage / MANIFEST, out / MANIFEST)
+    os.replace(staging / MANIFEST, out / MANIFEST)
     (out / INCOMPLETE).unlink()
-    shutil.rmtree(stage)
-    _remove_near_stages(out)
+    shutil.rmtree(staging)
+    _remove_near_staging(out)
     for d in sorted({(out / f).parent for f in old} - {(out / f).parent for f in new}):
         with contextlib.suppress(OSError):  # an old split directory the new dataset lacks, unless it holds user files
             d.rmdir()
 
 
-def _near_sources(out: Path, stage: Path, new: list[str]) -> list[Path]:
-    """Where each new file moves in from: its place in ``stage``, or, when its directory in ``out`` is on another
+def _near_sources(out: Path, staging: Path, new: list[str]) -> list[Path]:
+    """Where each new file moves in from: its place in ``staging``, or, when its directory in ``out`` is on another
     filesystem (where os.replace fails with EXDEV), a copy in that directory's own STAGING directory."""
-    stage_dev = os.stat(stage).st_dev
+    staging_dev = os.stat(staging).st_dev
     sources = []
     try:
         for f in new:
             near = next(p for p in (out / f).parents if p.exists())
-            if os.stat(near).st_dev == stage_dev:
-                sources.append(stage / f)
+            if os.stat(near).st_dev == staging_dev:
+                sources.append(staging / f)
                 continue
             copy = near / STAGING / (out / f).relative_to(near)
             copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(stage / f, copy)
+            shutil.copyfile(staging / f, copy)
             sources.append(copy)
     except OSError as e:
-        _remove_near_stages(out)
+        _remove_near_staging(out)
         raise ConvertError(f"{out / f}: cannot copy the new shard onto its filesystem ({e.strerror or e}); the old "
                            "dataset is kept") from None
     return sources
 
 
-def _remove_near_stages(out: Path) -> None:
+def _remove_near_staging(out: Path) -> None:
     """The copies :func:`_near_sources` made inside split directories (of a finished or a killed conversion)."""
     for d in out.glob(f"*/{STAGING}"):
         shutil.rmtree(d, ignore_errors=True)
@@ -141,7 +141,7 @@ def _clear_unfinished(out: Path) -> None:
                     (out / f).unlink(missing_ok=True)
         mark.unlink()
     shutil.rmtree(out / STAGING, ignore_errors=True)
-    _remove_near_stages(out)
+    _remove_near_staging(out)
 
 
 def _listed_files(manifest: Path) -> list[str]:

@@ -85,7 +85,7 @@ class ConvertOptions:
 
     @property
     def readers(self) -> int:
-        """nodes x gpus x workers, each 1 when not given: the slots a split's shards must divide among."""
+        """nodes x gpus x workers, each 1 when not given: the readers a split's shards must divide among."""
         return (self.nodes or 1) * (self.gpus or 1) * (self.workers or 1)
 
 
@@ -116,11 +116,11 @@ def convert_dataset(inputs: list[str], out: str | os.PathLike[str], vocab: str |
     source, schema = prepare(inputs, vocab, opts)
     out = Path(out)
     with output_dir(out, opts.overwrite) as old_files:
-        stage = out / STAGING
+        staging = out / STAGING
         kept = "the conversion stopped and nothing of it is kept" + (", the old dataset is unchanged" if old_files
                                                                       else "")
-        manifest, _, _ = build_part(inputs, vocab, opts, source, schema, stage, kept, Share())
-        replace_dataset(out, stage, old_files, manifest.files())
+        manifest, _, _ = build_part(inputs, vocab, opts, source, schema, staging, kept, Share())
+        replace_dataset(out, staging, old_files, manifest.files())
     return manifest
 
 
@@ -140,19 +140,19 @@ def prepare(inputs: list[str], vocab: str | None, opts: ConvertOptions) -> tuple
 
 
 def build_part(inputs: list[str], vocab: str | None, opts: ConvertOptions, source: Source, schema: list[Field],
-               stage: Path, kept: str, share: Share) -> tuple[Manifest, str, int]:
-    """Both passes into the new directory ``stage``, then its manifest (the last file written): the whole dataset,
+               staging: Path, kept: str, share: Share) -> tuple[Manifest, str, int]:
+    """Both passes into the new directory ``staging``, then its manifest (the last file written): the whole dataset,
     or (``share``) one task's shards with a manifest of only those. Returns (the manifest, the digest of every input
-    row's person id, which tasks compare, the persons encoded). A failure removes ``stage`` and says ``kept``."""
+    row's person id, which tasks compare, the persons encoded). A failure removes ``staging`` and says ``kept``."""
     t0 = time.time()
     try:
-        with writing(stage, kept):  # a full disk, a file-size limit: one line naming the file
-            passes = _build(source, stage, schema, opts, share)
+        with writing(staging, kept):  # a full disk, a file-size limit: one line naming the file
+            passes = _build(source, staging, schema, opts, share)
             params = {**conversion_params(inputs, vocab, opts, source), "seconds": round(time.time() - t0, 2)}
             manifest = _manifest(schema, opts, passes, source.rows, params)
-            write_manifest(stage, manifest)
+            write_manifest(staging, manifest)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest, passes.input_digest, passes.encoded
 
@@ -180,11 +180,11 @@ def check_dtypes(dtypes: dict[str, str]) -> None:
 
 def _check_shards(opts: ConvertOptions) -> None:
     """--shards with --nodes/--gpus/--workers: the count must divide among those readers (else which one wins?)."""
-    slots = opts.readers
-    if opts.shards and opts.shards % slots:
+    readers = opts.readers
+    if opts.shards and opts.shards % readers:
         raise ConvertError(f"--shards {opts.shards} does not divide into {opts.nodes or 1} x {opts.gpus or 1} x "
-                           f"{opts.workers or 1} = {slots} readers (nodes x gpus x workers); give a multiple of "
-                           f"{slots}, or only one of the two")
+                           f"{opts.workers or 1} = {readers} readers (nodes x gpus x workers); give a multiple of "
+                           f"{readers}, or only one of the two")
 
 
 @dataclass(frozen=True)
@@ -200,9 +200,9 @@ class _Passes:
     encoded: int  # persons encoded: all of them, or an array task's share (share.py)
 
 
-def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOptions, share: Share) -> _Passes:
-    """Both passes into the empty directory ``stage`` (the manifest is not written yet)."""
-    tmp = stage / ".tmp"
+def _build(source: Source, staging: Path, schema: list[Field], opts: ConvertOptions, share: Share) -> _Passes:
+    """Both passes into the empty directory ``staging`` (the manifest is not written yet)."""
+    tmp = staging / ".tmp"
     tmp.mkdir(parents=True)
     buckets = max(1, -(-source.rows // BUCKET_PERSONS))
     spill = Spill(tmp, buckets, schema)
@@ -217,7 +217,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
             tally = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes, pool, opts.progress)
         ids, hist, tokens, dropped, digest = tally.found(source)
         members = _members(ids, opts)
-        writers = _writers(stage, members, schema, opts, pool, share)
+        writers = _writers(staging, members, schema, opts, pool, share)
         spans = {name: w.span for name, w in writers.items()}
         encoded = len(ids)
         if surveyed:
@@ -230,7 +230,7 @@ def _build(source: Source, stage: Path, schema: list[Field], opts: ConvertOption
     except SourceError as e:
         raise ConvertError(str(e)) from None
     except BrokenProcessPool:  # every pending task fails with it, so which one's process died is not known
-        raise ConvertError(f"{stage.parent}: a conversion process died (killed by a signal: out of memory?); nothing "
+        raise ConvertError(f"{staging.parent}: a conversion process died (killed by a signal: out of memory?); nothing "
                            f"was written; rerun, with fewer --processes (now {opts.processes}) if memory is "
                            "short") from None
     finally:
@@ -350,9 +350,9 @@ def shard_count(persons: int, opts: ConvertOptions, split: str = "") -> int:
             raise ConvertError(f"--shards {opts.shards} is more than the {persons} persons of {of}")
         return opts.shards
     default = max([h for h in HIGHLY_COMPOSITE if h * opts.min_shard_persons <= persons] or [1])
-    slots = opts.readers
-    if slots == 1:
+    readers = opts.readers
+    if readers == 1:
         return default
-    if slots > persons:
-        raise ConvertError(f"{slots} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
-    return slots * max(1, default // slots)
+    if readers > persons:
+        raise ConvertError(f"{readers} readers (nodes x gpus x workers) is more than the {persons} persons of {of}")
+    return readers * max(1, default // readers)

@@ -2,7 +2,7 @@
 
 - The host batch (:mod:`lifeseq_shards.reader.collate` makes it): :class:`PackedBatch`, every field's values in one
   narrow buffer (ragged ones concatenated, the stamps once per run), or :class:`PaddedBatch`, the fields as narrow
-  padded tensors. Each names its fields with their kind and the dtype they cross in (:class:`Slot`,
+  padded tensors. Each names its fields with their kind and the dtype they cross in (:class:`Span`,
   :class:`Column`), so the device side reads the kinds off the batch itself: a field is padded, repeated over its
   run or left per person by its kind, never by a list of names, and a field that crosses as the signed view of an
   unsigned dtype (torch < 2.3, :mod:`lifeseq_shards.compat`) says so by its dtype.
@@ -43,7 +43,7 @@ def batch_name(field_name: str) -> str:
     return "lengths" if field_name == "length" else field_name
 
 
-class Slot(NamedTuple):
+class Span(NamedTuple):
     """Where one field's values lie in a :class:`PackedBatch`'s buffer: ``count`` values of numpy ``dtype`` (as
     stored: the narrow dtype) from byte ``offset``; ``kind`` is the schema's (``format.SCALAR``, ``RAGGED``,
     ``TARGETS``, ``RUNS``)."""
@@ -71,13 +71,13 @@ def _pinned(tensor: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class PackedBatch:
     """A batch of persons in ONE uint8 ``buffer``: the fields' values (ragged ones concatenated, only real tokens)
-    8-byte aligned, ``counts`` values of each of ``columns`` from byte ``offsets`` (:attr:`slots` has the three
+    8-byte aligned, ``counts`` values of each of ``columns`` from byte ``offsets`` (:attr:`spans` has the three
     together); ``width`` is the padded width the device pads the ragged fields to, ``targets_width`` the targets'
     (None without offline MLM targets). A dataset's batches share one ``columns`` tuple, so a worker's message of
     several batches pickles it once.
 
     The buffer is a numpy array in a DataLoader worker (cheaper to move into the worker's ring or pipe than a
-    tensor), a ``reader.transport.RingSlot`` on its way through the ring, a (pinned) tensor once the loader has it
+    tensor), a ``reader.transport.RingEntry`` on its way through the ring, a (pinned) tensor once the loader has it
     and a device tensor after :meth:`to`. ``n_tokens`` (with the crop ``counted_for`` it counts for) is filled in on
     the host by ``device.count_tokens`` for the model's packed layout."""
 
@@ -95,8 +95,8 @@ class PackedBatch:
                              self.n_tokens, self.counted_for)
 
     @property
-    def slots(self) -> tuple[Slot, ...]:
-        return tuple(Slot(*c, o, n) for c, o, n in zip(self.columns, self.offsets, self.counts, strict=True))
+    def spans(self) -> tuple[Span, ...]:
+        return tuple(Span(*c, o, n) for c, o, n in zip(self.columns, self.offsets, self.counts, strict=True))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -108,7 +108,7 @@ class PackedBatch:
         return int(self.buffer.nbytes)
 
     def with_buffer(self, buffer: Any) -> PackedBatch:
-        """The same batch with its bytes somewhere else (a ring slot, a pinned tensor, the device)."""
+        """The same batch with its bytes somewhere else (a ring entry, a pinned tensor, the device)."""
         return PackedBatch(buffer, self.columns, self.offsets, self.counts, self.width, self.targets_width,
                            self.n_tokens, self.counted_for)
 
@@ -122,15 +122,15 @@ class PackedBatch:
         return self.with_buffer(_pinned(self.buffer)) if isinstance(self.buffer, torch.Tensor) else self
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> PackedBatch:
-        """The buffer moved as is (asynchronously when pinned); the slots stay on the host, where shapes are
+        """The buffer moved as is (asynchronously when pinned); the spans stay on the host, where shapes are
         decided."""
         buf = torch.from_numpy(self.buffer) if isinstance(self.buffer, np.ndarray) else self.buffer
         return self.with_buffer(buf.to(device, non_blocking=non_blocking))
 
     def without(self, names: Iterable[str]) -> PackedBatch:
-        """The batch without the fields ``names`` (the buffer as is: only its slots shrink)."""
+        """The batch without the fields ``names`` (the buffer as is: only its spans shrink)."""
         drop = set(names)
-        kept = [s for s in self.slots if s.name not in drop]
+        kept = [s for s in self.spans if s.name not in drop]
         targets = self.targets_width if any(s.kind == TARGETS for s in kept) else None
         return PackedBatch(self.buffer, tuple(Column(s.name, s.dtype, s.kind) for s in kept),
                            tuple(s.offset for s in kept), tuple(s.count for s in kept), self.width, targets,
@@ -292,5 +292,5 @@ class StaticModelBatch(PackedModelBatch):
     """A :class:`PackedModelBatch` padded to a ``device.shape.StaticShape``: the same shapes every batch. Its first
     persons and rows are the real ones; the padding persons after them have ``lengths`` 0, ``target_cls``
     :data:`NO_CLS` and no MLM target, and hold the padding token rows ([PAD], all stamps 0) in ``cu_seqlens``. The
-    MLM targets are the batch's, not a person's: ``target_index`` and ``target_tokens`` (1, T), the used slots first
+    MLM targets are the batch's, not a person's: ``target_index`` and ``target_tokens`` (1, T), the used spans first
     (token 0: unused)."""

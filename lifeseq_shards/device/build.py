@@ -36,15 +36,15 @@ from lifeseq_shards.device.batch import (
     check_fields,
     widen_unsigned,
 )
-from lifeseq_shards.device.index import packed_slots, padded_rows, starts
+from lifeseq_shards.device.index import packed_cells, padded_rows, starts
 from lifeseq_shards.device.shape import PACKED, PADDED, StaticShape, check_static
-from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, Offline, fill_target_slots
+from lifeseq_shards.masking import DEFAULT_RATIO, DynamicMasker, Offline, fill_targets
 from lifeseq_shards.store.format import RAGGED, RUN_LENGTH, RUNS, STAMPS, TARGETS
 
 
 def to_device(batch: HostBatch, device: torch.device | str, non_blocking: bool = True) -> HostBatch:
     """The host batch's tensors moved as they are (same dtype), asynchronously when the source is pinned (the
-    DataLoader's pin_memory); a packed batch's slots and widths stay on the host, where the shapes are decided."""
+    DataLoader's pin_memory); a packed batch's spans and widths stay on the host, where the shapes are decided."""
     return batch.to(device, non_blocking=non_blocking)
 
 
@@ -55,7 +55,7 @@ def packed_views(batch: PackedBatch) -> dict[str, torch.Tensor]:
     buf = batch.buffer
     buf = compat.to_tensor(buf) if not isinstance(buf, torch.Tensor) else buf
     out = {}
-    for name, dtype, _, offset, count in batch.slots:
+    for name, dtype, _, offset, count in batch.spans:
         dt = compat.torch_dtype(dtype)
         view = buf[offset : offset + count * dt.itemsize].view(dt)
         out[name] = compat.unsigned(view) if compat.is_view(dtype) else view
@@ -76,7 +76,7 @@ def padded_fields(batch: HostBatch, width: int | None = None) -> dict[str, torch
     if isinstance(batch, PaddedBatch):
         return batch.widened()
     out = packed_views(batch)
-    kind = {s.name: s.kind for s in batch.slots}
+    kind = {s.name: s.kind for s in batch.spans}
     if RUN_LENGTH in out:  # stamps once per run (format 2): repeat them over their tokens, output size known
         reps = out.pop(RUN_LENGTH).long()
         del out["n_runs"]
@@ -153,13 +153,13 @@ def model_batch(
     ``layout="packed"`` (a packed batch, its tokens counted by :func:`count_tokens`) then keeps only the real tokens,
     for the encoder's padding-free path: ``input_ids`` (4, N), ``original_sequence`` (N,), ``cu_seqlens`` (B+1,) int32,
     ``max_len`` (a host int: the padded width, an upper bound of the lengths) and ``target_index`` (B, T), the MLM
-    targets as rows of the packed arrays (unused slots point at a real row; their token 0 is ignored by the loss).
+    targets as rows of the packed arrays (unused targets point at a real row; their token 0 is ignored by the loss).
 
     ``static`` (a :class:`StaticShape`; packed layout and ``max_len`` only) pads that batch to ``static.tokens`` rows
     of the packed arrays and ``static.rows(max_len)`` persons, as :class:`StaticShape` says, whatever the batch holds:
     a :class:`~lifeseq_shards.device.batch.StaticModelBatch`. Its MLM targets, drawn as above (offline ones: a
     person with more than ``floor(0.3 max_len)`` refused), none on padding, are the batch's: ``target_index`` and
-    ``target_tokens`` (1, floor(ratio x ``static.tokens``)), the used slots first in person order (``ratio``: the
+    ``target_tokens`` (1, floor(ratio x ``static.tokens``)), the used targets first in person order (``ratio``: the
     masker's, 0.3 for offline targets). For training batches: ``model.pool`` (predict) counts a row's tokens by
     ``lengths``."""
     if layout not in (PADDED, PACKED):
@@ -202,7 +202,7 @@ def model_batch(
         elif pos.shape[1] > slots:
             raise ValueError(f"a person of the batch has {pos.shape[1]} offline MLM targets, more than the static "
                              f"shape's {slots} slots (floor({DEFAULT_RATIO} x max_len={L})): raise pad_to")
-        target_pos, target_tokens = fill_target_slots(pos, tok, fields["n_targets"].long(), L, slots)
+        target_pos, target_tokens = fill_targets(pos, tok, fields["n_targets"].long(), L, slots)
         out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=fields["target_cls"].long())
     if static is not None and "target_cls" in out:  # the padding persons' CLS never counts
         real = torch.arange(tokens.shape[0], device=tokens.device) < persons
@@ -213,7 +213,7 @@ def model_batch(
         out["original_sequence"] = tokens
         return PaddedModelBatch(out)
     assert n_tokens is not None
-    flat = packed_slots(lengths, L, n_tokens)  # each real token's padded slot
+    flat = packed_cells(lengths, L, n_tokens)  # each real token's padded cell
     out["input_ids"] = torch.stack([shown, *stamps], 0).flatten(1)[:, flat]
     out["original_sequence"] = tokens.flatten()[flat]
     counts = lengths
@@ -234,7 +234,7 @@ def model_batch(
 
 
 def _batch_targets(index: torch.Tensor, tokens: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1, slots) target rows and tokens of a static batch: every person's used slots (token != 0), in person order,
+    """(1, slots) target rows and tokens of a static batch: every person's used targets (token != 0), in person order,
     then unused ones. Each person has at most floor(ratio x its tokens) targets, so the batch at most
     floor(ratio x static tokens) = ``slots``: none is dropped, and the MLM head reads that many slots, not
     floor(ratio x width) for each of the (mostly padding) person rows."""
@@ -250,7 +250,7 @@ def _static_rows(static: StaticShape, persons: int, n_tokens: int, width: int) -
     if n_tokens > static.tokens or needed > rows:
         raise ValueError(f"a batch of {persons} persons and {n_tokens} tokens does not fit StaticShape(tokens="
                          f"{static.tokens}, persons={static.persons}): size it from the same lengths and budget "
-                         "as the batches (plan.balance.person_slots)")
+                         "as the batches (plan.balance.person_rows)")
     return rows
 
 
@@ -262,7 +262,7 @@ def _padding_counts(rows: int, persons: int, spare: int, width: int, device: tor
 
 
 def without_offline_masks(batch: HostBatch) -> HostBatch:
-    """``batch`` without its offline MLM fields (a packed batch's buffer is left as is: only its slots shrink),
+    """``batch`` without its offline MLM fields (a packed batch's buffer is left as is: only its spans shrink),
     so :func:`model_batch` finds no offline masks to use."""
     return batch.without(OFFLINE_MLM_FIELDS)
 

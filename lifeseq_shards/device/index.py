@@ -16,14 +16,14 @@ def starts(counts: torch.Tensor) -> torch.Tensor:
 
 
 def padded_rows(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, width) positions in the concatenation of each padded slot's value, and which slots hold a real one (the
+    """(B, width) positions in the concatenation of each padded cell's value, and which cells hold a real one (the
     others point past their person: clamp before gathering)."""
     col = torch.arange(width, device=counts.device)
     return starts(counts)[:, None] + col[None, :], col[None, :] < counts[:, None]
 
 
-def packed_slots(counts: torch.Tensor, width: int, n: int) -> torch.Tensor:
-    """(n,) for each of the concatenation's first ``n`` values, its slot in the flattened (B * width) padded array;
+def packed_cells(counts: torch.Tensor, width: int, n: int) -> torch.Tensor:
+    """(n,) for each of the concatenation's first ``n`` values, its cell in the flattened (B * width) padded array;
     ``n`` is ``counts.sum()``, known on the host."""
     person = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts, output_size=n)
     return person * width + torch.arange(n, device=counts.device) - starts(counts)[person]

@@ -14,7 +14,7 @@ PADDED, PACKED = "padded", "packed"
 class StaticShape:
     """The one shape of every packed model batch of a token-budget run, so that a compiled step compiles once and a
     CUDA graph can be captured: ``tokens`` token positions (at least the budget: the real tokens a batch may hold)
-    and room for ``persons`` real persons (``lifeseq_shards.plan.balance.person_slots`` of the split's lengths and
+    and room for ``persons`` real persons (``lifeseq_shards.plan.balance.person_rows`` of the split's lengths and
     the budget).
 
     A batch is padded after its real persons and tokens: the padding tokens ([PAD], abspos, age and segment 0) are

@@ -1,5 +1,5 @@
 """Token-budget steps: which persons each rank trains on at each step of an epoch, so that every rank carries close to
-the same work and never more than a budget of real tokens. A pure function of the persons' lengths, the layout, the
+the same work and never more than a budget of real tokens. A pure function of the persons' lengths, the arrangement, the
 seed and the epoch (:func:`plan_epoch`): every rank and DataLoader worker computes the same plan, nothing is
 exchanged.
 
@@ -7,7 +7,7 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
 
 * **The stream.** Persons are numbered as the split lists them (its shards in manifest order, then the remainder
   shard). The epoch reads the shards, remainder included, in :func:`~lifeseq_shards.plan.partition.epoch_shard_order`
-  (a permutation by (seed, epoch)), and shuffles each window of ``window`` consecutive stream positions on its own,
+  (a permutation by (seed, epoch)), and shuffles each window of ``window`` consecutive stream places on its own,
   as :mod:`lifeseq_shards.plan.order` does for a slot's stream.
 * **Steps.** G, the steps of an epoch, is the fewest, a multiple of K, with T + R K m <= G R (B - m) (the slots'
   margin) and T <= G (R (B - m) - m) (the deal's), T the split's tokens: a function of T, m, R, K and B alone, hence
@@ -42,15 +42,15 @@ Design (one epoch, R ranks, K DataLoader workers a rank, budget B real tokens a 
   holds at most (T / G + m) / R + m <= B tokens. Worker w of every rank owns groups [w G / K, (w+1) G / K) and keeps
   its own persons of them: each block is decoded R times in all, the price of balancing len^2 from one pool.
 * **Nobody is left out.** Batches hold as many persons as fit, so no remainder needs dropping: every person of the
-  split is read exactly once each epoch. A layout whose steps might not give every rank a person is refused
+  split is read exactly once each epoch. An arrangement whose steps might not give every rank a person is refused
   (ValueError, :func:`~lifeseq_shards.plan.budget.epoch_steps`, the same answer every epoch: a slot's batch share
   must hold a longest person, so that every batch keeps the first person of its run), as is a budget under
   :data:`~lifeseq_shards.plan.budget.MIN_BUDGET_PERSONS` longest persons (the margin of one longest person that
   guarantees the budget would leave too little).
 * **Resume.** After ``d`` steps of an epoch (every rank the same), the persons of steps >= d remain
   (:meth:`TokenPlan.remaining`) and each worker's pass resumes in the role and batch :meth:`TokenPlan.pass_roles`
-  says: an exact mid-epoch resume in the same layout. In another layout or budget the rest is planned as a split of
-  its own (:mod:`lifeseq_shards.plan.tokens`).
+  says: an exact mid-epoch resume in the same arrangement. In another arrangement or budget the rest is planned as a
+  split of its own (:mod:`lifeseq_shards.plan.tokens`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch
         tokens_per_batch: B, the most real tokens a rank's batch may hold.
         world_size, num_workers: R ranks, K DataLoader workers a rank (0: the rank's main process reads).
         seed, epoch: the reshuffle; the plan is a function of these and the other arguments alone.
-        window: stream positions shuffled together.
+        window: stream places shuffled together.
         cost: (a, b) of the cost a len + b len^2 that the deal evens out across the ranks of a step
             (:data:`TOKENS`, :data:`ATTENTION`); the budget is kept in tokens either way.
         per_message: batches a worker sends in one message (the loader's batches per message).
@@ -227,7 +227,7 @@ def _runs(end: np.ndarray, total: int, parts: int) -> np.ndarray:
 
 
 def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> np.ndarray:
-    """Each stream position's slot q and batch j of the slot, as q n + j (n = ``per``): the stream cut into
+    """Each stream place's slot q and batch j of the slot, as q n + j (n = ``per``): the stream cut into
     ``slots`` runs of equal tokens, each run into n batches of equal tokens as :func:`_runs` cuts (each slot by its
     own tokens), then each batch's gap to its share filled from below by up to :data:`PICKS` persons of the next
     batch's first :data:`LOOKAHEAD` (never its first). A run's persons are those whose end e_i > the run's start
@@ -269,12 +269,12 @@ def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_mes
 
 def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: int, longest: int,
           cost: tuple[float, float]) -> np.ndarray:
-    """Each stream position's rank. A group's persons, longest first, are dealt in rounds of R, one a rank a round
+    """Each stream place's rank. A group's persons, longest first, are dealt in rounds of R, one a rank a round
     (so the ranks' tokens differ by at most one longest person, whatever the cost): the round's longest to the rank
     of least ``cost`` so far, its next to the next least, and so on. All groups at once, a round at a time."""
     r, steps = world_size, len(counts)
     by_len = _stable_order(group * np.int64(longest + 1) + (longest - lens))
-    # groups are runs of the stream, so in this order position p is in group g[p] at place pos[p] of it
+    # groups are runs of the stream, so in this order place p is in group g[p] at place pos[p] of it
     # int32: a few bytes a person fewer at 27 M persons (steps and a group's persons are far below 2^31)
     g = np.repeat(np.arange(steps, dtype=np.int32), counts)
     pos = np.arange(len(g), dtype=np.int64)
@@ -296,7 +296,7 @@ def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: i
 
 
 def _stable_order(major: np.ndarray) -> np.ndarray:
-    """argsort(major, kind="stable"): by one sort of major and the position packed in an int64 when they fit (a
+    """argsort(major, kind="stable"): by one sort of major and the place packed in an int64 when they fit (a
     plain sort is several times faster than a stable argsort)."""
     bits = max(1, int(len(major)).bit_length())
     if len(major) == 0 or int(major.max()) >= 1 << (62 - bits) or int(major.min()) < 0:
@@ -334,10 +334,10 @@ def _segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return cum[bounds[1:]] - cum[bounds[:-1]]
 
 
-def person_slots(lengths: np.ndarray, tokens_per_batch: int) -> int:
+def person_rows(lengths: np.ndarray, tokens_per_batch: int) -> int:
     """The most persons any batch of at most ``tokens_per_batch`` real tokens can hold: how many of the shortest
     ``lengths`` add up to at most the budget. A function of the lengths and the budget alone, so the same every epoch,
-    on every rank and after every resume: the person slots of a static batch shape (device.shape.StaticShape).
+    on every rank and after every resume: the person rows of a static batch shape (device.shape.StaticShape).
 
     Args:
         lengths: real tokens of each person of the split (the lengths :func:`plan_epoch` plans with), all >= 1.

@@ -1,4 +1,4 @@
-"""Which token budgets a split and a layout accept: the steps of every epoch of the token-budget plan
+"""Which token budgets a split and an arrangement accept: the steps of every epoch of the token-budget plan
 (:func:`epoch_steps`, the design of :mod:`lifeseq_shards.plan.balance`), the refusal of a budget that cannot keep
 its margin or give every rank a person at every step, and the smallest budget that is accepted
 (:func:`smallest_budget`), which each refusal names."""
@@ -45,7 +45,7 @@ def _steps_and_need(total_tokens: int, longest: int, tokens_per_batch: int, worl
 
 
 def smallest_budget(total_tokens: int, longest: int, world_size: int, num_workers: int) -> int | None:
-    """The smallest ``tokens_per_batch`` that :func:`epoch_steps` accepts for this split and layout, None if none
+    """The smallest ``tokens_per_batch`` that :func:`epoch_steps` accepts for this split and arrangement, None if none
     is. A larger budget never needs more steps, and fewer steps never need more tokens, so the budgets accepted are
     all those from one on: a binary search from MIN_BUDGET_PERSONS longest persons up to a budget that takes the
     whole split in one step a worker."""
@@ -63,7 +63,7 @@ def smallest_budget(total_tokens: int, longest: int, world_size: int, num_worker
 
 
 def _budget_advice(total_tokens: int, longest: int, world_size: int, num_workers: int) -> str:
-    """What a refused budget can change to: the smallest budget accepted, else the layout or the split."""
+    """What a refused budget can change to: the smallest budget accepted, else the arrangement or the split."""
     fit = smallest_budget(total_tokens, longest, world_size, num_workers)
     if fit is not None:
         return f"use tokens_per_batch >= {fit}"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .balance import TOKENS, person_cost
-from .partition import BALANCED, Partition, left_out
+from .partition import EVEN, Partition, left_out
 from .slots import slot_index
 
 
@@ -22,10 +22,10 @@ def persons_plan_costs(lengths: np.ndarray, shard_sizes: Sequence[int], world_si
     Args:
         lengths: each person's length, shards in manifest order then the remainder (as plan_epoch takes them).
         shard_sizes: persons of each shard, all equal but the remainder's, which comes last.
-        world_size, num_workers, batch_size, seed, epoch, window: the reader's layout and shuffle.
+        world_size, num_workers, batch_size, seed, epoch, window: the reader's arrangement and shuffle.
         cost: (a, b) of a len + b len^2.
     """
-    part = Partition(tuple(shard_sizes[:-1]), world_size, num_workers, BALANCED, seed, True, batch_size, False,
+    part = Partition(tuple(shard_sizes[:-1]), world_size, num_workers, EVEN, seed, True, batch_size, False,
                      window, int(shard_sizes[-1]))
     first = np.concatenate([[0], np.cumsum(shard_sizes)])  # the remainder is shard number len(shard_sizes) - 1
     work = person_cost(np.asarray(lengths), cost)
@@ -43,7 +43,7 @@ def persons_plan_costs(lengths: np.ndarray, shard_sizes: Sequence[int], world_si
 
 def persons_left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int) -> int:
     """Persons the persons plan leaves out of each epoch (others each epoch)."""
-    return left_out(shard_sizes[:-1], world_size, num_workers, BALANCED, int(shard_sizes[-1]))
+    return left_out(shard_sizes[:-1], world_size, num_workers, EVEN, int(shard_sizes[-1]))
 
 
 def _round_robin(streams: list[list[float]]) -> list[float]:

@@ -23,9 +23,9 @@ from . import partition as plan_partition
 from . import resume as plan_resume
 from .balance import TokenPlan
 from .order import Window
-from .partition import BALANCED, Partition
+from .partition import EVEN, Partition
 from .report import describe_resume
-from .resume import Layout, Position, RestPlan
+from .resume import Arrangement, Position, RestPlan
 from .slots import dividing_workers, slot_index
 from .tokens import TokenSchedule, stream_window
 
@@ -47,18 +47,18 @@ class WorkerRead:
 
 
 class EpochPlan(ABC):
-    """The epochs of one split as ``rank`` of the readers of ``layout`` reads them (``layout`` also records a stage
-    of an epoch: the readers and the batches per message; :meth:`arranged` gives the plan in another one)."""
+    """The epochs of one split as ``rank`` of the readers of ``arrangement`` reads them (``arrangement`` also records a
+    leg of an epoch: the readers and the batches per message; :meth:`arranged` gives the plan in another one)."""
 
-    def __init__(self, partition: Partition, rank: int, layout: Layout, name: str) -> None:
-        self.partition, self.rank, self.layout = partition, rank, layout
+    def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str) -> None:
+        self.partition, self.rank, self.arrangement = partition, rank, arrangement
         self.name = name  # what refusals name first (the dataset's path and split)
         self._kept: tuple[Any, Any] | None = None  # (key, value): the last rest of an epoch planned
 
-    def arranged(self, layout: Layout) -> EpochPlan:
-        """This plan read by the readers of ``layout``."""
+    def arranged(self, arrangement: Arrangement) -> EpochPlan:
+        """This plan read by the readers of ``arrangement``."""
         plan = copy.copy(self)
-        plan.layout, plan._kept = layout, None
+        plan.arrangement, plan._kept = arrangement, None
         return plan
 
     def _kept_as(self, key: Any, make: Callable[[], Any]) -> Any:
@@ -113,12 +113,12 @@ class EpochPlan(ABC):
         return self.next_epoch(at)
 
     @abstractmethod
-    def start_in(self, at: Position, then: Layout) -> Position:
+    def start_in(self, at: Position, then: Arrangement) -> Position:
         """``at``, the start of an epoch as ``then`` would have read it, read in this arrangement instead."""
 
     @abstractmethod
     def rest(self, at: Position) -> tuple[int, str]:
-        """The rest of ``at``'s epoch after its history (the last stage: the saving arrangement's): the batch it
+        """The rest of ``at``'s epoch after its history (the last leg: the saving arrangement's): the batch it
         starts at in this arrangement's numbering, and what a resume says of it."""
 
     @abstractmethod
@@ -143,8 +143,8 @@ class PersonsPlan(EpochPlan):
 
     def shard_warning(self) -> str | None:
         p = self.partition
-        slots = self.layout.slots
-        if p.mode != BALANCED or not p.sizes or not len(p.sizes) % slots:
+        slots = self.arrangement.slots
+        if p.mode != EVEN or not p.sizes or not len(p.sizes) % slots:
             return None
         lost = plan_partition.left_out(p.sizes, p.world_size, p.num_workers, p.mode, p.remainder)
         lost_text = (f"{lost} persons are left out this epoch (others each epoch, none two epochs running)"
@@ -157,23 +157,24 @@ class PersonsPlan(EpochPlan):
 
     def _rest(self, at: Position) -> RestPlan:
         return self._kept_as((at.epoch, at.history, at.left_out_before),
-                             lambda: RestPlan(self.partition, at.epoch, at.history, self.layout, at.left_out_before))
+                             lambda: RestPlan(self.partition, at.epoch, at.history, self.arrangement,
+                             at.left_out_before))
 
     def first_batch(self, at: Position) -> int:
         return self._rest(at).base if at.history else 0
 
     def owes(self, at: Position) -> bool:
-        return bool(at.history or at.left_out_before) and self.partition.mode == BALANCED
+        return bool(at.history or at.left_out_before) and self.partition.mode == EVEN
 
     def next_epoch(self, at: Position) -> Position:
-        if self.partition.mode != BALANCED:  # nobody is left out
+        if self.partition.mode != EVEN:  # nobody is left out
             return Position(at.epoch + 1, 0)
-        return plan_resume.next_epoch(self.partition, at, self.layout)
+        return plan_resume.next_epoch(self.partition, at, self.arrangement)
 
-    def start_in(self, at: Position, then: Layout) -> Position:
+    def start_in(self, at: Position, then: Arrangement) -> Position:
         if then.tokens_per_batch:  # a budget's epoch leaves nobody out: nobody is owed
             return Position(at.epoch, 0)
-        return plan_resume.start_in(self.partition, at, then, self.layout)
+        return plan_resume.start_in(self.partition, at, then, self.arrangement)
 
     def rest(self, at: Position) -> tuple[int, str]:
         rest = self._rest(at)
@@ -181,14 +182,14 @@ class PersonsPlan(EpochPlan):
         return rest.base, (f"{rest.trained} persons trained on before, the rest once in {sum(rest.worker_batches)} "
                            f"batches per rank (batches {rest.base}..{len(self)} of this layout's epoch); "
                            f"{rest.left_out} persons are left out of this epoch (those of the rest that do not divide "
-                           f"among {self.layout.slots} readers){dropped}")
+                           f"among {self.arrangement.slots} readers){dropped}")
 
     def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
         report = describe_resume(self._rest(at), at.history[-1], at.epoch, len(self), split)
         return report.text, report.ok
 
     def read(self, at: Position, worker: int) -> WorkerRead:
-        p, lay = self.partition, self.layout
+        p, lay = self.partition, self.arrangement
         rest = self._rest(at) if at.history else None  # the rest of an epoch begun in another arrangement
         if rest is not None:
             per_worker, skip_total = rest.worker_batches, at.batches - rest.base
@@ -208,59 +209,61 @@ class PersonsPlan(EpochPlan):
 class BudgetPlan(EpochPlan):
     """Batches of at most ``tokens_per_batch`` real tokens a rank, planned from every person's length
     (``schedule``): nobody left out, the same steps on every rank; after a resume in another arrangement or budget,
-    the persons not yet trained on, planned again (:meth:`TokenSchedule.stage`)."""
+    the persons not yet trained on, planned again (:meth:`TokenSchedule.leg`)."""
 
-    def __init__(self, partition: Partition, rank: int, layout: Layout, name: str, schedule: TokenSchedule) -> None:
-        super().__init__(partition, rank, layout, name)
+    def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str, schedule: TokenSchedule
+                 ) -> None:
+        super().__init__(partition, rank, arrangement, name)
         self.schedule = schedule
 
     def worker_batches(self) -> list[int]:
-        workers = self.layout.workers
-        return [self.schedule.steps(self.layout) // workers] * workers
+        workers = self.arrangement.workers
+        return [self.schedule.steps(self.arrangement) // workers] * workers
 
     @property
     def batch_persons(self) -> int:
-        return max(1, round(self.layout.tokens_per_batch * len(self.schedule.lengths) / self.schedule.total))
+        return max(1, round(self.arrangement.tokens_per_batch * len(self.schedule.lengths) / self.schedule.total))
 
-    def _stage(self, at: Position) -> tuple[TokenPlan, int]:
+    def _leg(self, at: Position) -> tuple[TokenPlan, int]:
         """The plan this arrangement reads of ``at``'s epoch after its history, and the batch it starts at."""
         def make() -> tuple[TokenPlan, int]:
             try:
-                return self.schedule.stage(at.epoch, at.history, self.layout)
+                return self.schedule.leg(at.epoch, at.history, self.arrangement)
             except ValueError as e:
                 raise ValueError(f"{self.name}: epoch {at.epoch}: {e}") from None
 
-        return self._kept_as((at.epoch, at.history, self.layout), make)
+        return self._kept_as((at.epoch, at.history, self.arrangement), make)
 
     def first_batch(self, at: Position) -> int:
-        return self._stage(at)[1] if at.history else 0
+        return self._leg(at)[1] if at.history else 0
 
     def next_epoch(self, at: Position) -> Position:
         return Position(at.epoch + 1, 0)  # nobody is left out, so none is owed
 
-    def start_in(self, at: Position, then: Layout) -> Position:
+    def start_in(self, at: Position, then: Arrangement) -> Position:
         return Position(at.epoch, 0)
 
     def rest(self, at: Position) -> tuple[int, str]:
-        plan, base = self._stage(at)
+        plan, base = self._leg(at)
         return base, (f"the {len(plan.persons)} persons it had not trained on are planned again, once each, in "
                       f"{plan.steps} steps per rank (batches {base}..{len(self)} of this layout's epoch); nobody is "
                       "left out")
 
     def describe_rest(self, at: Position, split: str) -> tuple[str, bool]:
-        plan, base = self._stage(at)
-        then, now = at.history[-1], self.layout
-        return (f"{split} split, epoch {at.epoch}: saved after batch {then.batches} ({then.layout.world_size} ranks x "
-                f"{then.layout.num_workers} worker(s), budget {then.layout.tokens_per_batch}); resumed on "
+        plan, base = self._leg(at)
+        then, now = at.history[-1], self.arrangement
+        was = then.arrangement
+        return (f"{split} split, epoch {at.epoch}: saved after batch {then.batches} ({was.world_size} ranks x "
+                f"{was.num_workers} worker(s), budget {then.arrangement.tokens_per_batch}); resumed on "
                 f"{now.world_size} ranks x {now.num_workers} worker(s), budget {now.tokens_per_batch}\ntrained on "
                 f"before: {len(self.schedule.lengths) - len(plan.persons)} persons; the rest: {len(plan.persons)} "
                 f"persons in {plan.steps} steps a rank (all equal), batches {base}..{len(self)} of this layout's "
                 f"epoch; then this layout's own epochs\nleft out of epoch {at.epoch}: nobody"), True
 
     def read(self, at: Position, worker: int) -> WorkerRead:
-        lay, schedule, workers = self.layout, self.schedule, self.partition.num_workers
+        lay, schedule, workers = self.arrangement, self.schedule, self.partition.num_workers
         if at.history or schedule.cost[1]:  # the rest of an epoch, or the deal: planned whole
-            plan, base = self._stage(at)
+            plan, base = self._leg(at)
             role, skip = plan.pass_roles(at.batches - base)[worker]
             persons = [plan.batch(int(s), self.rank) for s in plan.worker_steps(role)[skip:]]
         else:  # an ordinary epoch in slots: only this worker's own (the same batches, a fraction of the work)

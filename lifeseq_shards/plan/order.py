@@ -1,7 +1,7 @@
 """In which order a slot yields its persons, and where a resumed pass starts.
 
 A slot's stream (its segments in reading order, :mod:`lifeseq_shards.plan.partition`) is cut into windows of stream
-positions (:func:`windows`, :func:`window_bounds`, :class:`Window`), each loaded and shuffled on its own
+places (:func:`windows`, :func:`window_bounds`, :class:`Window`), each loaded and shuffled on its own
 (:func:`window_order`), so a resumed pass loads only the windows it still needs. Where it resumes: which of each
 DataLoader worker's batches an in-order DataLoader had already returned (:func:`worker_batches_consumed`), which stream
 each worker of the resumed pass plays (:func:`pass_roles`), the epoch of each pass (:func:`pass_start`) and a saved
@@ -30,12 +30,12 @@ def default_window(shard_sizes: Sequence[int]) -> int:
 
 
 def window_order(total: int, window: int, seed: int, epoch: int, slot: int, window_index: int) -> np.ndarray:
-    """Stream positions of window `window_index`, shuffled; needs nothing from other windows, so resuming is cheap."""
+    """Stream places of window `window_index`, shuffled; needs nothing from other windows, so resuming is cheap."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     start = window_index * window
     if not 0 <= start < total:
-        raise ValueError(f"window {window_index} is outside a stream of {total} positions (window {window})")
+        raise ValueError(f"window {window_index} is outside a stream of {total} places (window {window})")
     return start + _shuffled(min(window, total - start), seed, epoch, slot, window_index)
 
 
@@ -45,14 +45,14 @@ def _shuffled(size: int, seed: int, epoch: int, slot: int, window_index: int) ->
 
 
 def window_permutation(total: int, window: int, seed: int, epoch: int, slot: int) -> np.ndarray:
-    """The order in which a slot yields its `total` persons: each window of stream positions shuffled on its own."""
+    """The order in which a slot yields its `total` persons: each window of stream places shuffled on its own."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     parts = [window_order(total, window, seed, epoch, slot, w) for w in range(-(-total // window))]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-def batch_positions(b: int, batch_size: int, total: int) -> range:
+def batch_places(b: int, batch_size: int, total: int) -> range:
     """Indices into the (window-permuted) stream that make batch b."""
     if batch_size < 1 or b < 0:
         raise ValueError(f"need batch_size >= 1 and b >= 0, got batch_size={batch_size}, b={b}")
@@ -124,7 +124,7 @@ def resume_point(epoch: int, consumed: int, epoch_batches: int) -> tuple[int, in
 
 @dataclass(frozen=True)
 class Window:
-    """Window ``index`` of a slot's stream: positions [start, stop), loaded and shuffled together, held by
+    """Window ``index`` of a slot's stream: places [start, stop), loaded and shuffled together, held by
     ``segments`` in stream order."""
 
     index: int
@@ -141,7 +141,7 @@ def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop
             skip: int = 0, cut: int | None = None) -> Iterator[Window]:
     """The windows of a slot's stream (``segments`` in reading order) that hold its batches from batch ``skip`` on;
     a resumed pass starts inside the first one, and one with no batch left loads none. Windows of ``window``
-    persons from position 0; with ``cut``, a window ends there and the next ones count from it."""
+    persons from place 0; with ``cut``, a window ends there and the next ones count from it."""
     total = slot_persons(segments)
     first = min(skip * batch_size, total)
     last = min(num_batches(total, batch_size, drop_last) * batch_size, total)
@@ -155,12 +155,12 @@ def windows(segments: Sequence[Segment[int]], window: int, batch_size: int, drop
 
 
 def window_bounds(total: int, window: int, cut: int) -> Iterator[tuple[int, int, int]]:
-    """(index, start, stop) of each window of a stream of ``total`` positions: ``window`` at a time up to ``cut``,
+    """(index, start, stop) of each window of a stream of ``total`` places: ``window`` at a time up to ``cut``,
     then again from ``cut`` on."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if not 0 <= cut <= total:
-        raise ValueError(f"cut {cut} outside a stream of {total} positions")
+        raise ValueError(f"cut {cut} outside a stream of {total} places")
     index = 0
     for lo, hi in ((0, cut), (cut, total)):
         for start in range(lo, hi, window):

@@ -17,7 +17,7 @@ the same person and every person is read in one of any two consecutive epochs (`
 
 In exact mode (validation) every person of the split, remainder included, is read once, and every rank yields the
 same number of batches: the shards are read as one stream cut into per-slot runs whose batch counts add up to the
-same number on every rank (:mod:`lifeseq_shards.plan.exact`); a layout where that cannot be had is refused, saying
+same number on every rank (:mod:`lifeseq_shards.plan.exact`); an arrangement where that cannot be had is refused, saying
 what to change.
 
 The units (``Segment``, slots, batch counts) are :mod:`lifeseq_shards.plan.slots`'; the order within a slot's stream,
@@ -38,13 +38,14 @@ from .exact import exact_slot_persons
 from .order import Window, _shuffled, windows
 from .slots import Segment, _cut, num_batches, num_slots, slot_index, slot_persons
 
-# balanced: every rank the same number of batches (training); fewer than N persons that do not divide are left
-# out, others each epoch. complete: every person exactly once (inference); ranks may yield different counts.
-# exact: every person exactly once and every rank the same number of batches (validation), or refused.
-BALANCED, COMPLETE, EXACT = "balanced", "complete", "exact"
-MODES = (BALANCED, COMPLETE, EXACT)
-_RENAMED = {"train": BALANCED, "inference": COMPLETE}  # old names: refused, naming the new one
-# the names a checkpoint's loader layout records: the old ones, so that states saved before the rename resume
+# even (the value "balanced", which saved states and the CLI keep): every rank the same number of batches
+# (training); fewer than N persons that do not divide are left out, others each epoch. complete: every person exactly
+# once (inference); ranks may yield different counts. exact: every person exactly once and every rank the same number of
+# batches (validation), or refused.
+EVEN, COMPLETE, EXACT = "balanced", "complete", "exact"
+MODES = (EVEN, COMPLETE, EXACT)
+_RENAMED = {"train": EVEN, "inference": COMPLETE}  # old names: refused, naming the new one
+# the names a checkpoint's loader arrangement records: the old ones, so that states saved before the rename resume
 STORED_MODE = {**{mode: old for old, mode in _RENAMED.items()}, EXACT: EXACT}
 # Mixed into the shard order's RNG seeds, unlike plan_order's _WINDOW_TAG, so the shard order and the window
 # shuffles never share a stream.
@@ -56,7 +57,7 @@ def mode_name(mode: str) -> str:
     if mode in _RENAMED:
         raise ValueError(f"mode={mode!r} is renamed: use mode={_RENAMED[mode]!r}")
     if mode not in MODES:
-        raise ValueError(f"mode must be {BALANCED!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
+        raise ValueError(f"mode must be {EVEN!r}, {COMPLETE!r} or {EXACT!r}, not {mode!r}")
     return mode
 
 
@@ -79,7 +80,7 @@ def _train_size(shard_sizes: Sequence[int]) -> int:
 
 
 def _pool_slice(pool: Sequence[int], n: int, start: int, stop: int) -> list[Segment[int]]:
-    """Pool positions [start, stop) as segments; the pool is the concatenation of shards `pool`, n persons each."""
+    """Pool places [start, stop) as segments; the pool is the concatenation of shards `pool`, n persons each."""
     segments = []
     pos = start
     while pos < stop:
@@ -130,7 +131,7 @@ def slot_streams(
     batch_size: int | None = None,
     keep: Sequence[int] = (),
 ) -> list[tuple[list[Segment[int]], int]]:
-    """:func:`assign`'s segments of each slot with the stream position where its share of the pooled persons
+    """:func:`assign`'s segments of each slot with the stream place where its share of the pooled persons
     starts (balanced; the stream's length otherwise): shuffle windows end there, so that the share, a few persons
     that vary with the epoch, does not reorder the persons before it. ``keep``: balanced mode's persons not to leave
     out (:func:`left_out_segments`)."""
@@ -138,8 +139,8 @@ def slot_streams(
     mode = mode_name(mode)
     if remainder < 0:
         raise ValueError(f"remainder must be >= 0, got {remainder}")
-    if mode == BALANCED:
-        return _balanced_streams(shard_sizes, slots, seed, epoch, shuffle, remainder, keep)
+    if mode == EVEN:
+        return _even_streams(shard_sizes, slots, seed, epoch, shuffle, remainder, keep)
     if any(size < 0 for size in shard_sizes):
         raise ValueError(f"shard sizes must be >= 0, got {list(shard_sizes)}")
     if remainder:
@@ -156,7 +157,7 @@ def slot_streams(
     return [(_cut(stream, lo, hi), hi - lo) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def _balanced_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
+def _even_streams(shard_sizes: Sequence[int], slots: int, seed: int, epoch: int, shuffle: bool,
                       remainder: int, keep: Sequence[int] = ()) -> list[tuple[list[Segment[int]], int]]:
     n = _train_size(shard_sizes)
     num_shards = len(shard_sizes)
@@ -186,7 +187,7 @@ def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: 
     ``left_out`` consecutive persons of the split counted remainder first (shard number ``len(shard_sizes)``),
     then the shards in manifest order, starting ``epoch * left_out`` persons in (cyclically).
 
-    ``keep``: persons (counted so) that the epoch before left out in another layout (:mod:`.resume`), none of whom
+    ``keep``: persons (counted so) that the epoch before left out in another arrangement (:mod:`.resume`), none of whom
     may be left out again. When the run holds one, the ``left_out`` persons nearest before the next epoch's run
     that are not in ``keep`` are left out instead, so that the next epoch's own run still leaves out others."""
     slots = num_slots(world_size, num_workers)
@@ -199,7 +200,7 @@ def left_out_segments(shard_sizes: Sequence[int], world_size: int, num_workers: 
     runs = [(start, min(start + lost, total)), (0, max(start + lost - total, 0))]
     kept = set(keep)
     if kept and any(lo <= p < hi for p in kept for lo, hi in runs):
-        runs = position_runs(_before(total, lost, (epoch + 1) * lost % total, kept))
+        runs = place_runs(_before(total, lost, (epoch + 1) * lost % total, kept))
     out = []
     for lo, hi in runs:
         out += counted_segments(len(shard_sizes), n, remainder, lo, hi)
@@ -228,10 +229,10 @@ def _before(total: int, count: int, end: int, skip: set[int]) -> list[int]:
     return sorted(out)
 
 
-def position_runs(positions: list[int]) -> list[tuple[int, int]]:
-    """Sorted positions as [lo, hi) runs of consecutive ones."""
+def place_runs(places: list[int]) -> list[tuple[int, int]]:
+    """Sorted places as [lo, hi) runs of consecutive ones."""
     runs: list[tuple[int, int]] = []
-    for p in positions:
+    for p in places:
         if runs and runs[-1][1] == p:
             runs[-1] = (runs[-1][0], p + 1)
         else:
@@ -257,7 +258,7 @@ def _without(segments: Sequence[Segment[int]], holes: Sequence[Segment[int]]) ->
 def left_out(shard_sizes: Sequence[int], world_size: int, num_workers: int, mode: str, remainder: int = 0) -> int:
     """Persons no slot reads this epoch: (S * n + remainder) % N when balanced (always < N), 0 otherwise."""
     slots = num_slots(world_size, num_workers)
-    if mode_name(mode) != BALANCED:
+    if mode_name(mode) != EVEN:
         return 0
     n = _train_size(shard_sizes)
     return (len(shard_sizes) * n + remainder) % slots

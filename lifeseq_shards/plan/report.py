@@ -1,5 +1,5 @@
 """The epoch's plan as `shardify plan` prints it: a table of which slot reads what, a check of the plan's invariants
-(:mod:`lifeseq_shards.plan.partition`) and a verdict; and the rest of an epoch resumed in another layout
+(:mod:`lifeseq_shards.plan.partition`) and a verdict; and the rest of an epoch resumed in another arrangement
 (:mod:`lifeseq_shards.plan.resume`); and the token-budget plan beside the persons plan (:func:`describe_tokens`)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
 from .order import default_window
-from .partition import BALANCED, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
-from .resume import Layout, RestPlan, Stage
+from .partition import EVEN, EXACT, assign, coverage, left_out, left_out_segments, slot_batches, sum_per_rank
+from .resume import Arrangement, Leg, RestPlan
 from .slots import Segment, dividing_workers, num_batches, num_slots, slot_persons
 
 _MAX_SLOT_LINES = 16
@@ -62,14 +62,14 @@ def describe(
     drop_last: bool = False,
     seed: int = 0,
     split: str = "train",
-    mode: str = BALANCED,
+    mode: str = EVEN,
 ) -> PlanReport:
     """The epoch-0 plan as `shardify plan` prints it, with a check of its invariants and a verdict: of training
     (``mode`` balanced) or of validation (exact).
 
     Balanced: ok is True only when the worker count divides the shards exactly (N | S): every slot then reads whole
     shards and an equal share of the remainder, and fewer than N persons, named, are left out (others each epoch).
-    Exact: ok when every person is read once in equal batches per rank (else validation refuses the layout too).
+    Exact: ok when every person is read once in equal batches per rank (else validation refuses the arrangement too).
     """
     world = nodes * gpus
     slots = num_slots(world, workers)
@@ -85,10 +85,10 @@ def describe(
     try:
         plan = (assign([*shard_sizes, remainder], world, workers, mode=EXACT, batch_size=batch_size)
                 if mode == EXACT else
-                assign(shard_sizes, world, workers, mode=BALANCED, seed=seed, epoch=0, remainder=remainder))
+                assign(shard_sizes, world, workers, mode=EVEN, seed=seed, epoch=0, remainder=remainder))
         batches = slot_batches([*shard_sizes, remainder] if mode == EXACT else shard_sizes, world, workers,
                                batch_size, mode=mode, drop_last=drop_last, remainder=0 if mode == EXACT else remainder)
-    except ValueError as e:  # exact mode: the layout validation refuses, and why
+    except ValueError as e:  # exact mode: the arrangement validation refuses, and why
         return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
     persons = [slot_persons(segments) for segments in plan]
     per_rank = sum_per_rank(batches, workers)
@@ -178,16 +178,16 @@ def _verdict(ok: bool, mode: str, shard_sizes: Sequence[int], remainder: int, no
     return []
 
 
-def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, split: str) -> PlanReport:
-    """The rest of ``epoch`` in ``rest``'s layout after ``old`` (the layout a checkpoint was saved in and its
+def describe_resume(rest: RestPlan, old: Leg, epoch: int, epoch_batches: int, split: str) -> PlanReport:
+    """The rest of ``epoch`` in ``rest``'s arrangement after ``old`` (the arrangement a checkpoint was saved in and its
     position), as `shardify plan --resume` prints it, the persons left out counted against the split. ok: nobody of
-    the first layout's epoch is left out of its rest."""
-    new, was = rest.layout, old.layout
+    the first arrangement's epoch is left out of its rest."""
+    new, was = rest.arrangement, old.arrangement
     persons = rest.slot_persons
     batches = num_batches(persons, new.batch_size, new.drop_last)
     per_rank = sum(rest.worker_batches)
 
-    def readers(lay: Layout) -> str:
+    def readers(lay: Arrangement) -> str:
         messages = f", {lay.batches_per_message} batches per message" if lay.num_workers else ""
         return (f"{lay.world_size} ranks x {lay.num_workers} worker(s), batch {lay.batch_size}"
                 f"{' (drop_last)' if lay.drop_last else ''}{messages}")
@@ -204,7 +204,7 @@ def describe_resume(rest: RestPlan, old: Stage, epoch: int, epoch_batches: int, 
     lost = rest.left_out + rest.dropped
     if rest.dropped:
         lines.append(f"drop_last drops {rest.dropped} persons of the rest (each slot's last partial batch)")
-    # counted against the split, not the first layout's epoch: that epoch's plan had left some out already
+    # counted against the split, not the first arrangement's epoch: that epoch's plan had left some out already
     first = rest.level.zero.partition
     split_persons = sum(first.sizes) + first.remainder
     planned_out = split_persons - rest.trained - persons * new.slots - rest.left_out
@@ -231,10 +231,10 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
 
     Args:
         lengths, shard_sizes: the split's lengths and shards, the remainder last (:func:`plan_epoch`'s).
-        nodes, gpus, workers: the layout. tokens_per_batch: the budget a rank a step.
+        nodes, gpus, workers: the arrangement. tokens_per_batch: the budget a rank a step.
         attention: the deal evens out len^2 (attention's cost) across the ranks of a step rather than tokens.
         window: the shuffle window; default the reader's (:func:`~.order.default_window`), so that the numbers are
-            those a reader of this layout gets.
+            those a reader of this arrangement gets.
     """
     world = nodes * gpus
     window = window if window is not None else default_window(shard_sizes[:-1])

@@ -1,6 +1,6 @@
 """The plan's units: a :class:`Segment` of one shard's persons, the (rank, worker) *slots* that read them
 (:func:`num_slots`, :func:`slot_index`), the batches a slot's persons make (:func:`num_batches`), and a stream of
-segments cut at positions (:func:`_cut`). Pure functions (:mod:`lifeseq_shards.plan.partition` has the partition
+segments cut at places (:func:`_cut`). Pure functions (:mod:`lifeseq_shards.plan.partition` has the partition
 itself). """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def num_batches(persons: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 def _cut(segments: Sequence[Segment[int]], lo: int, hi: int) -> list[Segment[int]]:
-    """Stream positions [lo, hi) of ``segments`` (in reading order) as segments."""
+    """Stream places [lo, hi) of ``segments`` (in reading order) as segments."""
     out, pos = [], 0
     for seg in segments:
         a, b = max(lo, pos), min(hi, pos + seg.size)

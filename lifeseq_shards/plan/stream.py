@@ -72,7 +72,7 @@ def shuffle_windows(stream: np.ndarray, first: int, window: int, seed: int, epoc
 def epoch_stream(shard_sizes: Sequence[int], seed: int, epoch: int, window: int,
                  shuffle: bool = True) -> np.ndarray:
     """The persons (split numbering) in the epoch's reading order: shards by epoch_shard_order, each window of
-    ``window`` stream positions shuffled on its own; without ``shuffle``, the split's order."""
+    ``window`` stream places shuffled on its own; without ``shuffle``, the split's order."""
     stream = stream_persons(shard_sizes, seed, epoch, 0, int(sum(shard_sizes)), shuffle)
     if shuffle:
         shuffle_windows(stream, 0, window, seed, epoch)
@@ -109,32 +109,32 @@ def window_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], seed: int, ep
 
 
 def slot_shares(total: int, slots: int) -> np.ndarray:
-    """The token positions of the slot edges of a stream of ``total`` tokens cut into ``slots`` slots of equal
+    """The token places of the slot edges of a stream of ``total`` tokens cut into ``slots`` slots of equal
     tokens: slot q holds the persons whose last token ends past share q and by share q + 1 (share 0 = 0, share
     ``slots`` = ``total``)."""
     return -(-np.arange(slots + 1, dtype=np.int64) * total // slots)
 
 
-def split_edges(order: np.ndarray, positions: np.ndarray, lengths: np.ndarray, window: int,
+def split_edges(order: np.ndarray, places: np.ndarray, lengths: np.ndarray, window: int,
                 slots: int) -> np.ndarray:
-    """``order`` (a stream, or the rest of one, ``positions`` its persons' places in the epoch's unshuffled stream)
+    """``order`` (a stream, or the rest of one, ``places`` its persons' places in the epoch's unshuffled stream)
     with the persons of each window that an edge between its ``slots`` slots (:func:`slot_shares`) cuts rearranged
     so that the edge falls between two runs of the window's places (:func:`split_at`). Each slot then reads only its
     own part of the window, where the shuffled window would have each of the two slots decode all of it."""
     if slots == 1 or not len(order):
         return order
     lens = lengths[order].astype(np.int64)
-    return split_at(order, positions, lens, window, slot_shares(int(lens.sum()), slots)[1:-1])
+    return split_at(order, places, lens, window, slot_shares(int(lens.sum()), slots)[1:-1])
 
 
-def split_at(order: np.ndarray, positions: np.ndarray, lens: np.ndarray, window: int,
+def split_at(order: np.ndarray, places: np.ndarray, lens: np.ndarray, window: int,
              shares: np.ndarray) -> np.ndarray:
-    """``order`` (whole windows of a stream, ``positions`` their persons' places, ``lens`` their lengths) with the
+    """``order`` (whole windows of a stream, ``places`` their persons' places, ``lens`` their lengths) with the
     persons of each window that a token position of ``shares`` (counted from the order's start) cuts rearranged:
     the persons before the cut are the window's first by place, and each part keeps its shuffled order. The tokens
     before every person outside such a window, hence the cuts' persons, are unchanged."""
     end = np.cumsum(lens)
-    win = positions // window  # non-decreasing: a stream's windows are runs of it
+    win = places // window  # non-decreasing: a stream's windows are runs of it
     after = np.searchsorted(end, shares, side="right")  # each cut's first person of the later slot
     first = np.searchsorted(win, win[np.minimum(after, len(order) - 1)])  # its window's first person
     cut = after < len(order)
@@ -149,7 +149,7 @@ def split_at(order: np.ndarray, positions: np.ndarray, lens: np.ndarray, window:
     lo, edge_run = np.unique(first, return_inverse=True)
     hi = np.searchsorted(win, win[lo], side="right")
     idx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)])
-    by_place = np.argsort(positions[idx])  # places are distinct: any sort
+    by_place = np.argsort(places[idx])  # places are distinct: any sort
     cum = np.cumsum(lens[idx][by_place])
     run_at = np.cumsum(hi - lo) - (hi - lo)  # each window's first in idx
     # a cut as a count of persons by place: those whose tokens end by the share go before it
@@ -193,12 +193,12 @@ def slot_stream(lengths: np.ndarray, shard_sizes: Sequence[int], slot: int, slot
     if shuffle:
         shuffle_windows(shuffled, lo_w, window, seed, epoch)
     order = stream_persons(shard_sizes, seed, epoch, lo, hi, shuffle)[shuffled]
-    positions = shuffled + lo
+    places = shuffled + lo
     lens = lengths[order].astype(np.int64)
     # every slot edge inside these windows, as split_edges cuts the whole stream
     inner = share[1:-1]
     inner = inner[(inner >= before[lo_w]) & (inner < before[hi_w + 1])] - before[lo_w]
-    order = split_at(order, positions, lens, window, inner)
+    order = split_at(order, places, lens, window, inner)
     end = np.cumsum(lengths[order], dtype=np.int64)
     first, last = np.searchsorted(end, share[[slot, slot + 1]] - before[lo_w], side="right")
     return order[first:last]

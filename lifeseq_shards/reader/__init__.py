@@ -7,7 +7,7 @@ generators), :mod:`.collate` (persons -> a batch, under a frozen :class:`BatchSp
 workers' shared-memory rings and process context), :mod:`.launch` (rank and world size from the launcher's
 variables), :mod:`.mainguard` (a script that starts workers outside ``if __name__ == "__main__":`` told what to do,
 before any worker starts), :mod:`.loader` (:class:`ShardedLoader` and its checkpoint state), :mod:`.state` (that
-state's format, read and written there only) and :mod:`.rest` (the rest of a checkpoint's epoch in another layout,
+state's format, read and written there only) and :mod:`.rest` (the rest of a checkpoint's epoch in another arrangement,
 as ``shardify plan --resume`` shows it).
 docs/architecture.md shows how the data flows between them.
 

@@ -41,7 +41,7 @@ def collate(block: Block, spec: BatchSpec, index: np.ndarray | None = None) -> P
 
 def collate_packed(block: Block, spec: BatchSpec, index: np.ndarray) -> PackedBatch:
     """The whole batch in ONE uint8 array (a :class:`~lifeseq_shards.device.batch.PackedBatch`): each field's values
-    (ragged ones concatenated: only real tokens cross the bus) 8-byte aligned, laid out by its slots, plus the
+    (ragged ones concatenated: only real tokens cross the bus) 8-byte aligned, laid out by its spans, plus the
     padded widths as ints. Values are gathered straight from the window's block into the buffer (one copy). A
     numpy array, not a tensor, on purpose: in a DataLoader worker it is copied into the worker's ring (or pickled
     through its pipe) where a tensor would go through a fresh shared-memory segment, which costs more than making

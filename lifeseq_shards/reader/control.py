@@ -5,7 +5,7 @@ the two processes share: the position as a checkpoint writes it (its keys in the
 :func:`~lifeseq_shards.reader.state.position_text`), its length first, in a shared byte tensor, and the passes each
 worker began since, in a shared counter each. Shared tensors, not files: a killed job leaves nothing in /dev/shm.
 The bytes' room is fixed when the workers start (they keep the tensor they were given); a position that does not fit
-(:data:`POSITION_BYTES`: about 100,000 persons owed, or thousands of stages) is refused in one line, naming it.
+(:data:`POSITION_BYTES`: about 100,000 persons owed, or thousands of legs) is refused in one line, naming it.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ class EpochControl:
         fit in :attr:`room`."""
         text = position_text(at).encode()
         if len(text) > self.room:
-            raise ValueError(f"epoch {at.epoch}'s position ({len(at.history)} stages, {len(at.left_out_before)} "
+            raise ValueError(f"epoch {at.epoch}'s position ({len(at.history)} legs, {len(at.left_out_before)} "
                              f"persons owed) takes {len(text):,} bytes, more than the {self.room:,} the workers share "
-                             "(reader/control.py POSITION_BYTES); resume in the checkpoint's layout, or start the "
+                             "(reader/control.py POSITION_BYTES); resume in the checkpoint's arrangement, or start the "
                              "epoch over")
         self._bytes[_LENGTH : _LENGTH + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         self._bytes[:_LENGTH] = torch.tensor([len(text)], dtype=torch.int64).view(torch.uint8)

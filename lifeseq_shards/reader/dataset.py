@@ -21,8 +21,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..plan import order as plan_order
 from ..plan.balance import BALANCES
 from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
-from ..plan.partition import BALANCED, Partition
-from ..plan.resume import Layout, Position, Stage
+from ..plan.partition import EVEN, Partition
+from ..plan.resume import Arrangement, Leg, Position
 from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
@@ -41,8 +41,8 @@ class ShardedDataset(IterableDataset):
     ``mode="balanced"`` (training): every rank yields the same number of batches; the remainder shard is shared out
     too, and the fewer than ranks x workers persons that do not divide among the readers are left out (others each
     epoch: none two epochs running). ``mode="exact"`` (validation): every person exactly once, remainder included,
-    and the same number of batches on every rank; a layout where that cannot be had is refused here, saying what to
-    change. ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield
+    and the same number of batches on every rank; an arrangement where that cannot be had is refused here, saying what
+    to change. ``mode="complete"`` (inference): every person exactly once, remainders included; ranks may yield
     different numbers of batches; never shuffled. ``split`` may name several splits in complete and exact mode
     (e.g. ``("train", "val")`` to embed everyone); in complete mode ``skip_files`` leaves out shards by manifest
     path (a resumed embedding job's finished ones) and ``shard_field=True`` gives each batch a ``shard`` field, each
@@ -70,7 +70,7 @@ class ShardedDataset(IterableDataset):
     """
 
     def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
-                 world: World | None = None, num_workers: int = 0, mode: str = BALANCED,
+                 world: World | None = None, num_workers: int = 0, mode: str = EVEN,
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
                  pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
                  skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None,
@@ -107,7 +107,7 @@ class ShardedDataset(IterableDataset):
         self.shard_ids = [position[e.file] for e in entries] if options.shard_field else None
         self.shards = [self.manifest.shard_file(e, dataset_url(self.root, e.file)) for e in entries]
         require_block_checks(self.manifest, self.shards, self.root)
-        if options.mode == BALANCED:
+        if options.mode == EVEN:
             self._check_one_size(splits[0])
             info = self.manifest.splits[splits[0]]
             self.sizes, remainder = [e.samples for e in info.shards], info.remainder_persons
@@ -120,7 +120,7 @@ class ShardedDataset(IterableDataset):
                                         remainder)
         self._link = WorkerLink(owner=os.getpid())  # until a loader attaches its own
         self.plan = self._epoch_plan()
-        try:  # exact mode and a budget refuse a layout here, not in a worker
+        try:  # exact mode and a budget refuse an arrangement here, not in a worker
             len(self)
         except ValueError as e:
             raise ValueError(f"{self.root}: split {self.split}: {e}") from None
@@ -136,12 +136,12 @@ class ShardedDataset(IterableDataset):
         person's length, read once here (in the split's order, as self.shards lists them)."""
         options, name = self.options, f"{self.root}: split {self.split}"
         if not options.tokens_per_batch:
-            return PersonsPlan(self.partition, self.rank, self._layout(), name)
+            return PersonsPlan(self.partition, self.rank, self._arrangement(), name)
         lengths, sizes = split_lengths(self.root, self.manifest, options.splits[0])
         if options.budget_crop:  # a longer person costs the model only the tokens it sees
             lengths = np.minimum(lengths, options.budget_crop)
         schedule = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled, BALANCES[options.balance])
-        return BudgetPlan(self.partition, self.rank, self._layout(), name, schedule)
+        return BudgetPlan(self.partition, self.rank, self._arrangement(), name, schedule)
 
     @classmethod
     def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
@@ -219,7 +219,7 @@ class ShardedDataset(IterableDataset):
         return self.plan.batch_persons
 
     def _warn_static_balance(self) -> None:
-        """Say once a job, on rank 0 (every rank has the same layout), when the workers do not divide the shards as
+        """Say once a job, on rank 0 (every rank has the same arrangement), when the workers do not divide the shards as
         converted, and which worker counts would."""
         said = self.plan.shard_warning() if self.rank == 0 else None
         if said:
@@ -237,11 +237,11 @@ class ShardedDataset(IterableDataset):
         """The next pass is epoch ``epoch`` (the one after it ``epoch + 1``, ...); reaches persistent workers."""
         self.resume_at(epoch, 0)
 
-    def resume_at(self, epoch: int, batches: int, history: Sequence[Stage] = (),
+    def resume_at(self, epoch: int, batches: int, history: Sequence[Leg] = (),
                   left_out_before: Sequence[int] = ()) -> None:
         """The next pass is ``epoch``, skipping the first ``batches`` batches the loader had returned; with a
-        ``history``, the stages that read its start in other layouts, ``batches`` counts from the start of this
-        layout's epoch (:class:`plan_resume.RestPlan`'s ``base`` on); ``left_out_before``: the persons the epoch
+        ``history``, the legs that read its start in other arrangements, ``batches`` counts from the start of this
+        arrangement's epoch (:class:`plan_resume.RestPlan`'s ``base`` on); ``left_out_before``: the persons the epoch
         before left out that this one reads (``Position.left_out_before``). Refused outside the epoch (a negative
         epoch, or more batches than this rank's ``len()``): the pass would be empty or fail in the workers, not say
         why."""
@@ -266,13 +266,13 @@ class ShardedDataset(IterableDataset):
         return self.plan.after(at, epoch_batches)
 
     @property
-    def layout(self) -> Layout:
-        """This dataset's readers, as a stage of an epoch records them."""
-        return self.plan.layout
+    def arrangement(self) -> Arrangement:
+        """This dataset's readers, as a leg of an epoch records them."""
+        return self.plan.arrangement
 
-    def _layout(self) -> Layout:
+    def _arrangement(self) -> Arrangement:
         """The readers of the partition, with the loader's batches per message and the budget."""
-        return Layout.of_partition(self.partition, self.batches_per_message if self.num_workers else 1,
+        return Arrangement.of_partition(self.partition, self.batches_per_message if self.num_workers else 1,
                                    self.options.tokens_per_batch or 0)
 
     # -- the loader's side ------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ class ShardedDataset(IterableDataset):
         """Take a loader's message size, rings and owner process (:class:`ShardedLoader` calls it before its
         workers start)."""
         self._link = link
-        self.plan = self.plan.arranged(self._layout())
+        self.plan = self.plan.arranged(self._arrangement())
 
     @property
     def batches_per_message(self) -> int:
@@ -308,7 +308,7 @@ class ShardedDataset(IterableDataset):
             )
         at = self.plan.pass_position(self._control.loaded(), self._control.claim_pass(worker))
         read = self.plan.read(at, worker)
-        per_message = self.layout.batches_per_message
+        per_message = self.arrangement.batches_per_message
         stages: list[Any] = [
             lambda: slot_windows(read),
             lambda src: load_windows(src, self.shards, self.schema, self.shard_ids),

@@ -24,18 +24,18 @@ from .state import (
     START_OVER,
     DatasetChanged,
     EpochReadChanged,
+    arrangement_changes,
     budget_changes,
     kept_changes,
-    layout_changes,
     read_state,
-    saved_layout,
+    saved_arrangement,
     saved_state,
 )
-from .transport import RingReader, RingSlot, WorkerLink, worker_context
+from .transport import RingEntry, RingReader, WorkerLink, worker_context
 
 MAX_PREFETCH = 64  # messages in flight per worker, at most
 # Persons per worker message; the main process pays the DataLoader's per-item costs once per message. Through the
-# rings only slots cross the pipe; through the pipe a message crosses in one write only if the pipe holds it.
+# rings only ring entries cross the pipe; through the pipe a message crosses in one write only if the pipe holds it.
 RING_MESSAGE_PERSONS = 4096
 PIPE_MESSAGE_PERSONS = 1024
 RING_PERSON_BYTES = 1024  # ring bytes per person in flight: above a packed person, offline MLM fields included
@@ -210,7 +210,7 @@ class ShardedLoader(DataLoader):
             if not isinstance(batch, PackedBatch):
                 continue
             packed = batch.buffer
-            if isinstance(packed, RingSlot):
+            if isinstance(packed, RingEntry):
                 assert rings is not None
                 group[i] = batch.with_buffer(rings.take(packed, self.pin_memory))
             elif isinstance(packed, np.ndarray):
@@ -222,7 +222,8 @@ class ShardedLoader(DataLoader):
     def position(self) -> Position:
         """Where the epoch stands: as of the last batch handed out of the current or last pass, or where the next
         pass starts once :meth:`set_epoch` or :meth:`load_state_dict` set it. Its ``history`` (only in an epoch
-        resumed from another layout) holds the layouts that read the epoch's start, with the batches each took."""
+        resumed from another arrangement) holds the arrangements that read the epoch's start, with the batches each
+        took."""
         return self._position
 
     @property
@@ -244,7 +245,7 @@ class ShardedLoader(DataLoader):
         if not 0 <= unfinished <= at.batches:
             raise ValueError(f"unfinished={unfinished}: the epoch stands at batch {at.batches}")
         resume = dataclasses.replace(at, batches=at.batches - unfinished)
-        return saved_state(ds.fingerprint, ds.split, self._layout(),
+        return saved_state(ds.fingerprint, ds.split, self._arrangement(),
                            ds.after(resume, len(ds) if epoch_batches is None else epoch_batches))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -252,9 +253,9 @@ class ShardedLoader(DataLoader):
         checkpoint, a plain loop's: :func:`~lifeseq_shards.reader.state.find_states`), else refused in one line
         naming the key or value (:class:`~lifeseq_shards.reader.state.StateError`, a ValueError; the format is
         :mod:`~lifeseq_shards.reader.state`'s). Refused once a pass has begun (its workers already read on).
-        Saved in another layout (ranks, workers, batch size, window, batches per message, drop_last), the pass is
+        Saved in another arrangement (ranks, workers, batch size, window, batches per message, drop_last), the pass is
         the rest of the state's epoch: every person it had not trained on once, in equal batches per rank (a
-        warning says how many are left out), starting at :attr:`position` in this layout's numbering."""
+        warning says how many are left out), starting at :attr:`position` in this arrangement's numbering."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if self._live is not None:
             raise RuntimeError(
@@ -267,19 +268,19 @@ class ShardedLoader(DataLoader):
                 f"{ds.root}: dataset fingerprint {ds.fingerprint} differs from the checkpoint's {saved.fingerprint}"
                 ": the data changed since the checkpoint, so its position in the epoch means nothing here"
             )
-        now = self._layout()
-        changed, kept = [*layout_changes(now, saved, str(ds.root), ds.mode), *budget_changes(now, saved)], []
+        now = self._arrangement()
+        changed, kept = [*arrangement_changes(now, saved, str(ds.root), ds.mode), *budget_changes(now, saved)], []
         at = saved.position
-        if changed and not (at.batches or at.history):  # nothing of the epoch trained on: this layout's own epoch
-            at = ds.plan.start_in(at, saved.stage.layout)  # reading whom the last left out, where it left any out
+        if changed and not (at.batches or at.history):  # nothing of the epoch trained on: this arrangement's own epoch
+            at = ds.plan.start_in(at, saved.leg.arrangement)  # reading whom the last left out, where it left any out
         elif changed:
             kept = kept_changes(now, saved)
-            if kept:  # named: what is refused, not the layout (another one alone is resumed)
+            if kept:  # named: what is refused, not the arrangement (another one alone is resumed)
                 raise EpochReadChanged(f"{ds.root}: cannot resume exactly inside epoch {at.epoch}: {'; '.join(kept)} "
                                        "since the checkpoint, and an epoch is read by persons or by a token budget of "
                                        "one balance and crop throughout; resume with the checkpoint's "
                                        "tokens_per_batch, balance and pad_to until the epoch ends, or " + START_OVER)
-            at = dataclasses.replace(at, history=(*at.history, saved.stage))
+            at = dataclasses.replace(at, history=(*at.history, saved.leg))
             base, said = ds.plan.rest(at)
             at = dataclasses.replace(at, batches=base)
             warnings.warn(f"{ds.root}: epoch {at.epoch} resumes in another layout ({'; '.join(changed)}): {said}",
@@ -288,8 +289,8 @@ class ShardedLoader(DataLoader):
         self._position = at
         self._loaded = True
 
-    def _layout(self) -> dict[str, Any]:
-        """This loader's :func:`~lifeseq_shards.reader.state.saved_layout`."""
+    def _arrangement(self) -> dict[str, Any]:
+        """This loader's :func:`~lifeseq_shards.reader.state.saved_arrangement`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        return saved_layout(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message,
+        return saved_arrangement(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message,
                             ds.tokens_per_batch or 0, ds.options.balance, ds.options.budget_crop)

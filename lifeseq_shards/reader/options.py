@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from numbers import Integral
 
 from ..plan.balance import BALANCES
-from ..plan.partition import BALANCED, COMPLETE, mode_name
+from ..plan.partition import COMPLETE, EVEN, mode_name
 from ..store.manifest import Manifest
 
 MAX_WORKERS = 256
@@ -28,7 +28,7 @@ class ReadOptions:
     split: str | Sequence[str] = "train"
     batch_size: int = 256
     num_workers: int = 0
-    mode: str = BALANCED
+    mode: str = EVEN
     shuffle: bool | None = None
     seed: int = 0
     drop_last: bool = False
@@ -45,7 +45,7 @@ class ReadOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", mode_name(self.mode))
         object.__setattr__(self, "skip_files", frozenset(self.skip_files))
-        if len(self.splits) > 1 and self.mode == BALANCED:
+        if len(self.splits) > 1 and self.mode == EVEN:
             raise ValueError("several splits are read together only in mode='complete' or 'exact' (the shards of "
                              "different splits differ in size)")
         if not 0 <= self.num_workers <= MAX_WORKERS:
@@ -60,7 +60,7 @@ class ReadOptions:
         if (self.skip_files or self.shard_field) and self.mode != COMPLETE:
             raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
         if self.tokens_per_batch is not None:
-            if self.mode != BALANCED:
+            if self.mode != EVEN:
                 raise ValueError(f"tokens_per_batch is for training batches (mode='balanced'), not mode={self.mode!r}:"
                                  " validation and predict read batch_size persons a batch")
             if self.drop_last:
@@ -85,7 +85,7 @@ class ReadOptions:
     @property
     def shuffled(self) -> bool:
         """Whether the persons are shuffled: by default in balanced mode, and never in the others."""
-        return self.mode == BALANCED and (self.shuffle is None or bool(self.shuffle))
+        return self.mode == EVEN and (self.shuffle is None or bool(self.shuffle))
 
 
 def predict_splits(manifest: Manifest, splits: str | Sequence[str] | None) -> tuple[str, ...]:

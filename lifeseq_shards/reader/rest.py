@@ -1,4 +1,4 @@
-"""What ``shardify plan --resume`` says: the rest of a checkpoint's epoch in another layout or budget, as
+"""What ``shardify plan --resume`` says: the rest of a checkpoint's epoch in another arrangement or budget, as
 :class:`~lifeseq_shards.reader.loader.ShardedLoader` would read it after loading that checkpoint. A refusal
 (:class:`RestRefused`) is one line naming the flags given, in the user's words, never a setting the user left out."""
 
@@ -33,7 +33,7 @@ def rest_of_epoch(root: str, checkpoint: str, world: int, workers: int, batch_si
         state = read_state(saved, checkpoint)
     except ValueError as e:
         raise RestRefused(str(e)) from None
-    then = state.layout
+    then = state.arrangement
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
         ds = ShardedDataset(root, state.split, batch_size or then["batch_size"], world=World(0, world),
@@ -49,16 +49,16 @@ def rest_of_epoch(root: str, checkpoint: str, world: int, workers: int, batch_si
         except (ValueError, DatasetChanged) as e:
             raise RestRefused(str(e)) from None
     at = loader.position
-    if not at.history:  # the checkpoint's own layout, or nothing of the epoch trained yet
+    if not at.history:  # the checkpoint's own arrangement, or nothing of the epoch trained yet
         return (f"{', '.join(then['split'])} split: resumes at batch {at.batches} of epoch {at.epoch}, as an ordinary "
                 "epoch of this layout", 0)
     text, ok = ds.plan.describe_rest(at, ", ".join(then["split"]))
     return text, 0 if ok else 1
 
 
-def _read_by(layout: dict[str, Any]) -> str:
-    """How a saved layout's epoch was read, as `shardify plan`'s flags say it."""
-    if not layout.get("tokens_per_batch"):
-        return f"with --batch-size {layout['batch_size']} (without --tokens-per-batch)"
-    return f"with --tokens-per-batch {layout['tokens_per_batch']}" + (
-        " --attention" if layout.get("balance") == "attention" else " (without --attention)")
+def _read_by(arrangement: dict[str, Any]) -> str:
+    """How a saved arrangement's epoch was read, as `shardify plan`'s flags say it."""
+    if not arrangement.get("tokens_per_batch"):
+        return f"with --batch-size {arrangement['batch_size']} (without --tokens-per-batch)"
+    return f"with --tokens-per-batch {arrangement['tokens_per_batch']}" + (
+        " --attention" if arrangement.get("balance") == "attention" else " (without --attention)")

@@ -124,8 +124,8 @@ def messages(src: Iterator[HostBatch], per_message: int, first: int,
     """Stage 4 (DataLoader workers): lists of ``per_message`` batches, cut at multiples of it in the worker's own
     batch numbering (batch ``first`` is the first one read), so that a resumed pass sends the same messages as an
     uninterrupted one from its first whole message on. With a ``writer``, a complete message's packed buffers go
-    into the worker's ring and RingSlots take their place: the pipe then carries a few hundred bytes per batch.
-    A message too large for the ring keeps its buffers and travels through the pipe."""
+    into the worker's ring and ring entries (``RingEntry``) take their place: the pipe then carries a few hundred
+    bytes per batch. A message too large for the ring keeps its buffers and travels through the pipe."""
     def send(group: list[HostBatch]) -> list[HostBatch]:
         packed = [b for b in group if isinstance(b, PackedBatch)] if writer is not None else []
         if writer is not None and len(packed) == len(group) and writer.fits(sum(b.buffer.nbytes for b in packed)):

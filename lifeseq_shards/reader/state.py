@@ -4,15 +4,16 @@ Contract: ``ShardedLoader.state_dict()`` is a plain dict of built-in values (no 
 checkpoint stores it): ``version`` (this format's number, :data:`VERSION`; a state without it is version 1, saved
 before the key existed, and reads the same), ``fingerprint`` (the dataset's), ``split`` (as the dataset was given
 it: written, never read, so that an earlier install still reads a newer state), ``epoch`` and ``batches`` (the next
-pass starts after ``batches`` batches of ``epoch``, in the saving layout's numbering), ``layout`` (every setting
+pass starts after ``batches`` batches of ``epoch``, in the saving arrangement's numbering), ``layout`` (every setting
 that decides which persons a position holds: the splits read, the readers of
-:data:`~lifeseq_shards.plan.resume.LAYOUT_KEYS` and the order of :data:`FIXED_KEYS`, the mode under its pre-rename
-name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another layout,
-``history`` (the stages that read its start, oldest first), and, only when the epoch before left out persons the
-layout reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
+:data:`~lifeseq_shards.plan.resume.ARRANGEMENT_KEYS` and the order of :data:`FIXED_KEYS`, the mode under its pre-rename
+name, ``plan.partition.STORED_MODE``, which every version writes) and, only in an epoch resumed from another
+arrangement, ``history`` (the legs that read its start, oldest first), and, only when the epoch before left out
+persons the
+arrangement reading this epoch's start would not have, ``left_out_before`` (those persons, which this epoch reads:
 ``Position.left_out_before``). A token-budget reader's state (``tokens_per_batch``, :mod:`lifeseq_shards.plan.tokens`)
-records in its layout and stages ``tokens_per_batch`` and, in its layout, ``balance`` (what the deal evens out) and
-``crop`` (the most tokens a person is counted for), and
+records in its arrangement and legs ``tokens_per_batch`` and, in its arrangement, ``balance`` (what the deal evens
+out) and ``crop`` (the most tokens a person is counted for), and
 is version 5 (4 before the digest, read as before; 3 before a fix of the slot edges: refused inside an epoch), which
 an install that predates the budget refuses instead of resuming in another order; a state
 without them reads as batches of persons (version 2 is still written for those, key for key as before, and
@@ -23,8 +24,8 @@ before. It is a check against edits and damage, not a signature: whoever edits a
 digest again.
 :func:`read_state` takes such a state or any dict that holds exactly one (a whole
 Lightning checkpoint, a plain loop's, :func:`find_states`), and refuses anything else in one line naming the key or
-value (:class:`StateError`): a state is never guessed at. :func:`layout_changes` says whether it resumes in its own
-layout or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the
+value (:class:`StateError`): a state is never guessed at. :func:`arrangement_changes` says whether it resumes in its own
+arrangement or in another (the rest of its epoch, :mod:`lifeseq_shards.plan.resume`), and refuses another order of the
 epoch's persons (split, seed, mode, shuffle) or a state too old to say which it had.
 """
 
@@ -42,7 +43,7 @@ import numpy as np
 from ..plan import partition as plan
 from ..plan.balance import BALANCES
 from ..plan.partition import Partition
-from ..plan.resume import LAYOUT_KEYS, Layout, Position, Stage
+from ..plan.resume import ARRANGEMENT_KEYS, Arrangement, Leg, Position
 
 # 1: the states saved before the version key; 2: the same keys, and ``version``; 3: token budgets; 4: token budgets
 # whose slot edges cut a window's places consistently (a version 3 position inside an epoch means another plan); 5:
@@ -57,7 +58,7 @@ BUDGET_KEYS = ("balance", "crop")
 # the Partition's fields a saved state records beside the readers (its shard sizes and remainder are the dataset's,
 # which the fingerprint covers)
 FIXED_KEYS = ("seed", "mode", "shuffle")
-# (key, what it must be, its check) of a layout's readers and order, and of a stage's batches
+# (key, what it must be, its check) of an arrangement's readers and order, and of a leg's batches
 _NATURAL = "an integer >= 0"
 _POSITIVE = "an integer >= 1"
 _FLAG = "True or False"
@@ -96,41 +97,41 @@ class DatasetChanged(RuntimeError):
 
 class EpochReadChanged(ValueError):
     """A resume inside an epoch read by persons on one side and by a token budget on the other, or by a budget of
-    another balance or crop: the message names those settings only (another layout alone is resumed)."""
+    another balance or crop: the message names those settings only (another arrangement alone is resumed)."""
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def saved_layout(partition: Partition, split: Sequence[str], batches_per_message: int, tokens_per_batch: int = 0,
+def saved_arrangement(partition: Partition, split: Sequence[str], batches_per_message: int, tokens_per_batch: int = 0,
                  balance: str = "tokens", crop: int = 0) -> dict[str, Any]:
     """Every setting that decides which persons a position in the epoch holds, as a state stores them: the splits,
-    the partition's readers (:data:`LAYOUT_KEYS`) and its order (:data:`FIXED_KEYS`, the mode under its stored
+    the partition's readers (:data:`ARRANGEMENT_KEYS`) and its order (:data:`FIXED_KEYS`, the mode under its stored
     name); a token budget's ``tokens_per_batch``, ``balance`` and ``crop`` only where there is one
     (:data:`OPTIONAL`)."""
-    layout = _stored(Layout.of_partition(partition, batches_per_message, tokens_per_batch))
+    arrangement = _stored(Arrangement.of_partition(partition, batches_per_message, tokens_per_batch))
     fixed = {k: getattr(partition, k) for k in FIXED_KEYS}
     budget = {"balance": balance, "crop": crop} if tokens_per_batch else {}
-    return {"split": list(split), **layout, **fixed, "mode": plan.STORED_MODE[partition.mode], **budget}
+    return {"split": list(split), **arrangement, **fixed, "mode": plan.STORED_MODE[partition.mode], **budget}
 
 
-def _stored(layout: Layout) -> dict[str, Any]:
-    """A layout's keys as a state stores them: ``tokens_per_batch`` only when there is a budget."""
-    values = dataclasses.asdict(layout)
-    if not layout.tokens_per_batch:
+def _stored(arrangement: Arrangement) -> dict[str, Any]:
+    """An arrangement's keys as a state stores them: ``tokens_per_batch`` only when there is a budget."""
+    values = dataclasses.asdict(arrangement)
+    if not arrangement.tokens_per_batch:
         del values["tokens_per_batch"]
     return values
 
 
-def saved_state(fingerprint: str, split: str | Sequence[str], layout: dict[str, Any],
+def saved_state(fingerprint: str, split: str | Sequence[str], arrangement: dict[str, Any],
                 position: Position) -> dict[str, Any]:
     """A loader's checkpoint state (the module's contract): ``history`` and ``left_out_before`` only where the
     position has them, so that an ordinary epoch's state holds the keys it always held, and ``version``."""
-    version = VERSION if layout.get("tokens_per_batch") else PERSONS_VERSION
+    version = VERSION if arrangement.get("tokens_per_batch") else PERSONS_VERSION
     keys = _position_keys(position)
     state: dict[str, Any] = {"version": version, "fingerprint": fingerprint, "split": split,
-                             "epoch": keys.pop("epoch"), "batches": keys.pop("batches"), "layout": layout, **keys}
+                             "epoch": keys.pop("epoch"), "batches": keys.pop("batches"), "layout": arrangement, **keys}
     return {**state, "digest": state_digest(state)}
 
 
@@ -139,7 +140,7 @@ def _position_keys(position: Position) -> dict[str, Any]:
     only where the position has them."""
     keys: dict[str, Any] = {"epoch": position.epoch, "batches": position.batches}
     if position.history:
-        keys["history"] = [{**_stored(stage.layout), "batches": stage.batches} for stage in position.history]
+        keys["history"] = [{**_stored(leg.arrangement), "batches": leg.batches} for leg in position.history]
     if position.left_out_before:
         keys["left_out_before"] = list(position.left_out_before)
     return keys
@@ -154,7 +155,7 @@ def position_text(position: Position) -> str:
 def position_of(text: str) -> Position:
     """The position :func:`position_text` wrote (written by this process, so not checked again)."""
     keys = json.loads(text)
-    return Position(keys["epoch"], keys["batches"], _stages(keys.get("history", [])),
+    return Position(keys["epoch"], keys["batches"], _legs(keys.get("history", [])),
                     tuple(keys.get("left_out_before", ())))
 
 
@@ -167,21 +168,22 @@ def state_digest(state: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class SavedState:
-    """A checked loader state: the dataset's fingerprint, the saving layout as stored, and the position."""
+    """A checked loader state: the dataset's fingerprint, the saving arrangement as stored, and the position."""
 
     fingerprint: str
-    layout: dict[str, Any]
+    arrangement: dict[str, Any]
     position: Position
 
     @property
-    def stage(self) -> Stage:
-        """The saving layout and the batches it took (the last stage, when the next pass is in another layout)."""
-        return Stage(Layout.of([self.layout[k] for k in LAYOUT_KEYS]), self.position.batches)
+    def leg(self) -> Leg:
+        """The saving arrangement and the batches it took (the last leg, when the next pass is in another
+        arrangement)."""
+        return Leg(Arrangement.of([self.arrangement[k] for k in ARRANGEMENT_KEYS]), self.position.batches)
 
     @property
     def split(self) -> str | tuple[str, ...]:
         """The split as a dataset takes it (one name, or the names read together)."""
-        names = self.layout["split"]
+        names = self.arrangement["split"]
         return names[0] if len(names) == 1 else tuple(names)
 
 
@@ -238,26 +240,26 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         raise StateError(f"{said} has fingerprint {state['fingerprint']!r}, not a string")
     for key in ("epoch", "batches"):
         _check_value(state, key, said)
-    layout = state["layout"]
-    if not isinstance(layout, dict):
-        raise StateError(f"{said} has layout {layout!r}, not a dict")
-    layout = {**OPTIONAL, **layout}
-    old = [k for k in ("split", *LAYOUT_KEYS, *FIXED_KEYS) if k not in layout]
+    arrangement = state["layout"]
+    if not isinstance(arrangement, dict):
+        raise StateError(f"{said} has layout {arrangement!r}, not a dict")
+    arrangement = {**OPTIONAL, **arrangement}
+    old = [k for k in ("split", *ARRANGEMENT_KEYS, *FIXED_KEYS) if k not in arrangement]
     if old:
         raise StateError(f"cannot resume exactly: the checkpoint's loader state does not record {', '.join(old)} "
                          "(saved by an older lifeseq_shards), so it may have read in another order; " + START_OVER)
-    for key in ("split", *LAYOUT_KEYS, *FIXED_KEYS, *BUDGET_KEYS):
-        _check_value(layout, key, said, "layout")
+    for key in ("split", *ARRANGEMENT_KEYS, *FIXED_KEYS, *BUDGET_KEYS):
+        _check_value(arrangement, key, said, "layout")
     history = state.get("history", [])
     if not isinstance(history, list):
-        raise StateError(f"{said} has history {history!r}, not a list of stages")
+        raise StateError(f"{said} has history {history!r}, not a list of legs")
     given, history = history, [{**OPTIONAL, **s} if isinstance(s, dict) else s for s in history]
-    for i, stage in enumerate(history):
-        if not isinstance(stage, dict) or any(k not in stage for k in (*LAYOUT_KEYS, "batches")):
-            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a stage (the {', '.join(LAYOUT_KEYS)} and "
-                             "batches of a layout)")
-        for key in (*LAYOUT_KEYS, "batches"):
-            _check_value(stage, key, said, f"history[{i}]")
+    for i, leg in enumerate(history):
+        if not isinstance(leg, dict) or any(k not in leg for k in (*ARRANGEMENT_KEYS, "batches")):
+            raise StateError(f"{said} has history[{i}] {given[i]!r}, not a leg (the "
+                             f"{', '.join(ARRANGEMENT_KEYS)} and batches of an arrangement)")
+        for key in (*ARRANGEMENT_KEYS, "batches"):
+            _check_value(leg, key, said, f"history[{i}]")
     before = state.get("left_out_before", [])
     if not (isinstance(before, list) and all(_is_int(p) and p >= 0 for p in before)):
         raise StateError(f"{said} has left_out_before {before!r}, not a list of person numbers")
@@ -271,14 +273,15 @@ def _checked(state: dict[str, Any], said: str) -> SavedState:
         if not same:
             raise StateError(f"{said} does not match its digest: it was edited or damaged after it was saved; "
                              "resume from the checkpoint as saved, or " + START_OVER)
-    position = Position(int(state["epoch"]), int(state["batches"]), _stages(history),
+    position = Position(int(state["epoch"]), int(state["batches"]), _legs(history),
                         tuple(sorted(int(p) for p in before)))
-    return SavedState(state["fingerprint"], layout, position)
+    return SavedState(state["fingerprint"], arrangement, position)
 
 
-def _stages(history: list[dict[str, Any]]) -> tuple[Stage, ...]:
-    """The stages of a state's ``history`` (a budget's keys as :data:`OPTIONAL` where a stage has none)."""
-    return tuple(Stage(Layout.of([{**OPTIONAL, **s}[k] for k in LAYOUT_KEYS]), int(s["batches"])) for s in history)
+def _legs(history: list[dict[str, Any]]) -> tuple[Leg, ...]:
+    """The legs of a state's ``history`` (a budget's keys as :data:`OPTIONAL` where a leg has none)."""
+    return tuple(Leg(Arrangement.of([{**OPTIONAL, **s}[k] for k in ARRANGEMENT_KEYS]), int(s["batches"])) for s in
+    history)
 
 
 def saved_epoch(saved: Any, source: str) -> tuple[int, int]:
@@ -304,29 +307,29 @@ def _check_value(values: dict[str, Any], key: str, said: str, within: str = "") 
         raise StateError(f"{said} has {name} {values[key]!r}, not {what}")
 
 
-def layout_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str) -> list[str]:
-    """What of the readers changed since ``saved`` (empty: its own layout), each as ``"key old -> new"``, between
-    the layout ``now`` of a ``mode`` dataset at ``root`` and the saved one. Another order of the epoch's persons
-    (split, seed, mode, shuffle) is refused, and another layout of a pass whose ranks have unequal lengths."""
-    then, now = saved.layout, {**OPTIONAL, **now}
+def arrangement_changes(now: dict[str, Any], saved: SavedState, root: str, mode: str) -> list[str]:
+    """What of the readers changed since ``saved`` (empty: its own arrangement), each as ``"key old -> new"``, between
+    the arrangement ``now`` of a ``mode`` dataset at ``root`` and the saved one. Another order of the epoch's persons
+    (split, seed, mode, shuffle) is refused, and another arrangement of a pass whose ranks have unequal lengths."""
+    then, now = saved.arrangement, {**OPTIONAL, **now}
     # what a token budget's plan depends on, which only a resume inside such an epoch must keep (the loader)
     fixed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in now
-             if k not in (*LAYOUT_KEYS, *BUDGET_KEYS) and then[k] != now[k]]
+             if k not in (*ARRANGEMENT_KEYS, *BUDGET_KEYS) and then[k] != now[k]]
     if fixed:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(fixed)} since the checkpoint (another "
                          "split, or another order of its persons); resume with the checkpoint's settings, or "
                          + START_OVER)
-    changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in LAYOUT_KEYS if then[k] != now[k]]
-    if changed and mode != plan.BALANCED:
+    changed = [f"{k} {then[k]!r} -> {now[k]!r}" for k in ARRANGEMENT_KEYS if then[k] != now[k]]
+    if changed and mode != plan.EVEN:
         raise ValueError(f"{root}: cannot resume exactly: {'; '.join(changed)} since the checkpoint, and a "
-                         f"{mode} pass (ranks of unequal lengths) resumes only in its own layout")
+                         f"{mode} pass (ranks of unequal lengths) resumes only in its own arrangement")
     return changed
 
 
 def budget_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
     """What a token budget's plan depends on beside the readers (:data:`BUDGET_KEYS`) that changed since ``saved``,
-    each as ``"key old -> new"``: only between two budgets (a layout of batches of persons stores none)."""
-    then, now = saved.layout, {**OPTIONAL, **now}
+    each as ``"key old -> new"``: only between two budgets (an arrangement of batches of persons stores none)."""
+    then, now = saved.arrangement, {**OPTIONAL, **now}
     both = then["tokens_per_batch"] and now["tokens_per_batch"]
     return [f"{k} {then[k]!r} -> {now[k]!r}" for k in BUDGET_KEYS if both and then[k] != now[k]]
 
@@ -334,7 +337,7 @@ def budget_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
 def kept_changes(now: dict[str, Any], saved: SavedState) -> list[str]:
     """What must stay throughout an epoch but changed since ``saved``: whether it is read by persons or by a budget
     (``tokens_per_batch``), and a budget's :func:`budget_changes`; each as ``"key old -> new"``."""
-    then, now = saved.layout, {**OPTIONAL, **now}
+    then, now = saved.arrangement, {**OPTIONAL, **now}
     switched = (then["tokens_per_batch"] == 0) != (now["tokens_per_batch"] == 0)
     kind = [f"tokens_per_batch {then['tokens_per_batch']!r} -> {now['tokens_per_batch']!r}"] if switched else []
     return [*kind, *budget_changes(now, saved)]

@@ -40,7 +40,7 @@ class WorkerLink:
 
 
 @dataclass(frozen=True)
-class RingSlot:
+class RingEntry:
     """Where a packed batch waits in a worker's ring: bytes [offset, offset + nbytes) of row ``worker``; ``end`` is
     the writer's position after it (what the main process releases once it has copied the batch)."""
 
@@ -72,13 +72,13 @@ class RingReader:
         if int(self._words[0]) == iteration:
             self._words[0] = iteration + 1
 
-    def take(self, slot: RingSlot, pin_memory: bool) -> torch.Tensor:
+    def take(self, entry: RingEntry, pin_memory: bool) -> torch.Tensor:
         """The batch's bytes in a tensor of their own (pinned when ``pin_memory``); its ring space is then the
         writer's again. The main process takes each worker's batches in the order they were written."""
-        out = torch.empty(slot.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+        out = torch.empty(entry.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
         # numpy's copy: torch's would split a large copy over intra-op threads that compete with the workers
-        out.numpy()[:] = self._data[slot.worker, slot.offset : slot.offset + slot.nbytes]
-        self._words[1 + slot.worker] = slot.end
+        out.numpy()[:] = self._data[entry.worker, entry.offset : entry.offset + entry.nbytes]
+        self._words[1 + entry.worker] = entry.end
         return out
 
 
@@ -116,7 +116,7 @@ class RingWriter:
         """Whether a message of ``nbytes`` goes in (a batch moved to the ring start wastes at most its own size)."""
         return 2 * nbytes <= self.capacity
 
-    def put(self, buf: np.ndarray) -> RingSlot:
+    def put(self, buf: np.ndarray) -> RingEntry:
         """Copy ``buf`` into the ring, waiting for room."""
         n = buf.nbytes
         pos = self.head
@@ -129,7 +129,7 @@ class RingWriter:
         offset = pos % self.capacity
         self.ring[offset : offset + n] = buf.view(np.uint8)
         self.head = pos + n
-        return RingSlot(self.worker, offset, n, self.head)
+        return RingEntry(self.worker, offset, n, self.head)
 
 
 _watched: int | None = None  # the process this worker process exits with (one watching thread per process)

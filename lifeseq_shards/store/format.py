@@ -2,8 +2,8 @@
 manifest.py).
 
 A shard is a plain tar file. Each member ``NNNNNN.block.zst`` holds a *block* of persons, zstd-compressed, in a
-columnar layout that ``np.frombuffer`` reads without parsing (docs/reference/format.md gives it byte for byte).
-Persons are never one tar member each: a tar header and an ``np.load`` per person make that layout slow and large
+columnar format that ``np.frombuffer`` reads without parsing (docs/reference/format.md gives it byte for byte).
+Persons are never one tar member each: a tar header and an ``np.load`` per person make that format slow and large
 (docs/results/reader.md, "Layouts").
 """
 
@@ -223,7 +223,7 @@ def to_runs(block: Block, schema: Sequence[Field]) -> Block:
 
 
 def expand_runs(block: Block, schema: Sequence[Field]) -> Block:
-    """The block with every stamp once per token again (``token_schema(schema)``'s layout)."""
+    """The block with every stamp once per token again (``token_schema(schema)``'s format)."""
     runs = _run_fields(schema)
     if not runs:
         return block

@@ -109,7 +109,8 @@ class Tiny(pl.LightningModule):
         gather_to_json({"rank": self.trainer.global_rank, "predict": self.predicted}, self.out)
 
     def on_train_start(self) -> None:
-        # docs/reference/ddp.md: a fit resumed in another layout has other steps left than the checkpoint's schedule
+        # docs/reference/ddp.md: a fit resumed in another arrangement has other steps left than the checkpoint's
+        # schedule
         done, total = self.trainer.datamodule.schedule_steps()
         resize_one_cycle(self.lr_schedulers(), done, total)
 

@@ -55,7 +55,7 @@ def check_plan(plan: TokenPlan, lengths: np.ndarray, budget: int, world: int) ->
 
 
 @st.composite
-def layouts(draw: st.DrawFn) -> tuple[np.ndarray, list[int], int, int, int, int, int]:
+def arrangements(draw: st.DrawFn) -> tuple[np.ndarray, list[int], int, int, int, int, int]:
     longest_cap = draw(st.integers(1, 40))
     n = draw(st.integers(1, 400))
     lengths = np.array(draw(st.lists(st.integers(1, longest_cap), min_size=n, max_size=n)))
@@ -68,7 +68,7 @@ def layouts(draw: st.DrawFn) -> tuple[np.ndarray, list[int], int, int, int, int,
 
 
 @settings(max_examples=200)
-@given(layouts())
+@given(arrangements())
 def test_every_person_once_equal_steps_budget_kept(case: tuple[np.ndarray, list[int], int, int, int, int, int]) -> None:
     lengths, sizes, world, workers, per_message, budget, epoch = case
     try:
@@ -87,8 +87,8 @@ def test_every_person_once_equal_steps_budget_kept(case: tuple[np.ndarray, list[
 
 @pytest.mark.parametrize(("world", "workers", "per_message"),
                          list(itertools.product(range(1, 5), range(4), range(1, 4))))
-def test_small_layouts_exhaustively(world: int, workers: int, per_message: int) -> None:
-    """Every layout of 1-4 ranks, 0-3 workers and 1-3 batches a message, on one small split, over three epochs:
+def test_small_arrangements_exhaustively(world: int, workers: int, per_message: int) -> None:
+    """Every arrangement of 1-4 ranks, 0-3 workers and 1-3 batches a message, on one small split, over three epochs:
     the invariants, and each worker's batches at the steps the DataLoader's round robin returns them."""
     lengths = lognormal_lengths(3000, seed=world * 16 + workers, median=40, cap=120)
     budget = 16 * 40
@@ -210,7 +210,7 @@ def test_the_issues_refusal_at_one_rank_suggests_a_budget_that_is_accepted() -> 
 @given(st.integers(1, 5000), st.integers(1, 600), st.integers(1, 8), st.integers(0, 4), st.integers(1, 4000))
 def test_a_refused_budget_names_one_that_is_accepted(total: int, longest: int, world: int, workers: int,
                                                      budget: int) -> None:
-    """Whatever the split's tokens, longest person, layout and budget: a refusal's suggested budget is accepted,
+    """Whatever the split's tokens, longest person, arrangement and budget: a refusal's suggested budget is accepted,
     and one token less is refused; a refusal without one means no budget is accepted up to the whole split a step."""
     total = max(total, longest)
     try:
@@ -231,7 +231,7 @@ def test_a_refused_budget_names_one_that_is_accepted(total: int, longest: int, w
 
 def test_stable_order_agrees_with_stable_argsort() -> None:
     rng = np.random.default_rng(0)
-    for high in (5, 1 << 20, 1 << 58):  # the last does not fit beside the positions: the fallback
+    for high in (5, 1 << 20, 1 << 58):  # the last does not fit beside the places: the fallback
         major = rng.integers(0, high, 5000, dtype=np.int64)
         assert np.array_equal(_stable_order(major), np.argsort(major, kind="stable"))
 

@@ -16,7 +16,7 @@ from small_inputs import assert_refused
 from lifeseq_shards.plan import partition as plan_module
 from lifeseq_shards.plan.exact import exact_slot_persons
 from lifeseq_shards.plan.order import (
-    batch_positions,
+    batch_places,
     first_due,
     pass_roles,
     pass_start,
@@ -27,8 +27,8 @@ from lifeseq_shards.plan.order import (
     worker_batches_consumed,
 )
 from lifeseq_shards.plan.partition import (
-    BALANCED,
     COMPLETE,
+    EVEN,
     EXACT,
     Partition,
     assign,
@@ -68,10 +68,10 @@ def test_train_plan_is_disjoint_and_balanced(world, k, num_shards, n, data, batc
     sizes = [n] * num_shards
     total = num_shards * n + rem
     slots = world * max(k, 1)
-    plan = assign(sizes, world, k, mode=BALANCED, seed=seed, epoch=epoch, shuffle=shuffle, remainder=rem)
+    plan = assign(sizes, world, k, mode=EVEN, seed=seed, epoch=epoch, shuffle=shuffle, remainder=rem)
     assert len(plan) == slots
     counts = read_counts(plan, [*sizes, rem])
-    dropped = left_out(sizes, world, k, BALANCED, remainder=rem)
+    dropped = left_out(sizes, world, k, EVEN, remainder=rem)
     assert max(c.max(initial=0) for c in counts) <= 1
     assert sum(int(c.sum()) for c in counts) == total - dropped
     assert dropped == total % slots < slots  # the remainder is read too: at most N - 1 left out
@@ -86,7 +86,7 @@ def test_train_plan_is_disjoint_and_balanced(world, k, num_shards, n, data, batc
         assert len(readers) <= 1 and counts[s].sum() + unread[s].sum() == n
     budgets = {slot_persons(segments) for segments in plan}
     assert budgets == {(total - dropped) // slots}
-    per_rank = rank_batches(sizes, world, k, batch, mode=BALANCED, drop_last=drop_last, remainder=rem)
+    per_rank = rank_batches(sizes, world, k, batch, mode=EVEN, drop_last=drop_last, remainder=rem)
     assert len(per_rank) == world and len(set(per_rank)) == 1
     assert per_rank[0] == max(k, 1) * num_batches(budgets.pop(), batch, drop_last)
 
@@ -97,7 +97,7 @@ def test_no_person_is_left_out_two_epochs_running(world, k, num_shards, n, rem, 
     consecutive epochs (when there are at least as many persons as slots; else nobody can be read)."""
     sizes, shape = [n] * num_shards, [*([n] * num_shards), rem]
     total, slots = num_shards * n + rem, world * max(k, 1)
-    read = [read_counts(assign(sizes, world, k, mode=BALANCED, seed=seed, epoch=e, shuffle=shuffle, remainder=rem),
+    read = [read_counts(assign(sizes, world, k, mode=EVEN, seed=seed, epoch=e, shuffle=shuffle, remainder=rem),
                         shape) for e in (epoch, epoch + 1)]
     either = [a + b for a, b in zip(*read, strict=True)]
     if total >= slots:
@@ -201,10 +201,10 @@ def test_window_permutation_stays_in_its_windows(total, window, seed, epoch, slo
 
 @given(st.integers(0, 500), batches)
 def test_batch_positions_tile_the_stream(total, batch):
-    ranges = [batch_positions(b, batch, total) for b in range(num_batches(total, batch))]
+    ranges = [batch_places(b, batch, total) for b in range(num_batches(total, batch))]
     assert [p for r in ranges for p in r] == list(range(total))
     assert all(len(r) == batch for r in ranges[:-1])
-    assert len(batch_positions(num_batches(total, batch), batch, total)) == 0
+    assert len(batch_places(num_batches(total, batch), batch, total)) == 0
 
 
 def round_robin(per_worker: list[int], per_message: int = 1) -> list[int]:
@@ -250,9 +250,9 @@ HAND_CASES = [
 
 @pytest.mark.parametrize(("sizes", "world", "k", "expected", "dropped"), HAND_CASES)
 def test_train_plan_by_hand(sizes, world, k, expected, dropped):
-    plan = assign(sizes, world, k, mode=BALANCED, shuffle=False)
+    plan = assign(sizes, world, k, mode=EVEN, shuffle=False)
     assert [[(s.shard, s.start, s.stop) for s in segments] for segments in plan] == expected
-    assert left_out(sizes, world, k, BALANCED) == dropped
+    assert left_out(sizes, world, k, EVEN) == dropped
 
 
 @pytest.mark.parametrize(("epoch", "expected"), [
@@ -264,15 +264,15 @@ def test_train_plan_by_hand(sizes, world, k, expected, dropped):
     (3, [[(0, 1, 4), (2, 0, 2)], [(1, 0, 4), (2, 2, 3)]]),
 ])
 def test_train_plan_shares_the_remainder_by_hand(epoch, expected):
-    plan = assign([4, 4], 2, 0, mode=BALANCED, shuffle=False, epoch=epoch, remainder=3)
+    plan = assign([4, 4], 2, 0, mode=EVEN, shuffle=False, epoch=epoch, remainder=3)
     assert [[(s.shard, s.start, s.stop) for s in segments] for segments in plan] == expected
-    assert left_out([4, 4], 2, 0, BALANCED, remainder=3) == 1
+    assert left_out([4, 4], 2, 0, EVEN, remainder=3) == 1
     assert len(left_out_segments([4, 4], 2, 0, epoch=epoch, remainder=3)) == 1
 
 
 def test_shuffled_plan_uses_the_epoch_order():
     order = epoch_shard_order(5, seed=3, epoch=2).tolist()
-    plan = assign([10] * 5, 2, 0, mode=BALANCED, seed=3, epoch=2)
+    plan = assign([10] * 5, 2, 0, mode=EVEN, seed=3, epoch=2)
     assert plan[0] == [Segment(order[0], 0, 10), Segment(order[2], 0, 10), Segment(order[4], 0, 5)]
     assert plan[1] == [Segment(order[1], 0, 10), Segment(order[3], 0, 10), Segment(order[4], 5, 10)]
 
@@ -287,10 +287,10 @@ def test_counts_by_hand():
     assert num_slots(4, 0) == 4 and num_slots(2, 3) == 6
     assert slot_index(1, 2, 3) == 5 and slot_index(3, 0, 0) == 3
     assert num_batches(10, 4) == 3 and num_batches(10, 4, drop_last=True) == 2 and num_batches(0, 4) == 0
-    assert rank_batches([10] * 5, 2, 0, 4, mode=BALANCED) == [7, 7]  # 25 persons per slot
-    assert rank_batches([10] * 5, 2, 0, 4, mode=BALANCED, drop_last=True) == [6, 6]
-    assert rank_batches([6] * 4, 1, 2, 5, mode=BALANCED) == [6]  # two slots of 12 persons, 3 batches each
-    assert batch_positions(2, 4, 10) == range(8, 10) and len(batch_positions(3, 4, 10)) == 0
+    assert rank_batches([10] * 5, 2, 0, 4, mode=EVEN) == [7, 7]  # 25 persons per slot
+    assert rank_batches([10] * 5, 2, 0, 4, mode=EVEN, drop_last=True) == [6, 6]
+    assert rank_batches([6] * 4, 1, 2, 5, mode=EVEN) == [6]  # two slots of 12 persons, 3 batches each
+    assert batch_places(2, 4, 10) == range(8, 10) and len(batch_places(3, 4, 10)) == 0
     assert window_permutation(5, 1, 0, 0, 0).tolist() == [0, 1, 2, 3, 4]
     assert window_permutation(0, 4, 0, 0, 0).size == 0
     assert worker_batches_consumed(3, 2, [1, 3]) == [1, 2]  # w0, w1, w1
@@ -305,11 +305,11 @@ def test_counts_by_hand():
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: assign([3, 4], 1, 0, mode=BALANCED),
-        lambda: assign([], 1, 0, mode=BALANCED),
+        lambda: assign([3, 4], 1, 0, mode=EVEN),
+        lambda: assign([], 1, 0, mode=EVEN),
         lambda: assign([3], 1, 0, mode="eval"),
-        lambda: assign([3], 0, 0, mode=BALANCED),
-        lambda: assign([3], 1, -1, mode=BALANCED),
+        lambda: assign([3], 0, 0, mode=EVEN),
+        lambda: assign([3], 1, -1, mode=EVEN),
         lambda: slot_index(0, 2, 2),
         lambda: num_batches(3, 0),
         lambda: worker_batches_consumed(5, 2, [1, 3]),
@@ -398,7 +398,7 @@ def test_windows_cover_the_slot_from_batch_skip_on_in_order(cuts, window, batch,
 def test_ordered_windows_follow_the_window_permutation(world, k, num_shards, n, rem, batch, seed, epoch, window):
     """A slot's own persons follow window_permutation; its share of the pooled tail and remainder comes after them,
     in windows of its own, so that the share does not reorder them."""
-    part = Partition((n,) * num_shards, world, k, BALANCED, seed, True, batch, False, window, rem)
+    part = Partition((n,) * num_shards, world, k, EVEN, seed, True, batch, False, window, rem)
     slot = num_slots(world, k) - 1
     segments, cut = part.stream(slot, epoch)
     total = slot_persons(segments)
@@ -406,14 +406,14 @@ def test_ordered_windows_follow_the_window_permutation(world, k, num_shards, n, 
     got = np.concatenate(got) if got else np.empty(0, np.int64)
     assert np.array_equal(got[:cut], window_permutation(cut, window, seed, epoch, slot))
     assert sorted(got[cut:].tolist()) == list(range(cut, total))
-    assert sum(part.worker_batches(0)) == rank_batches(part.sizes, world, k, batch, mode=BALANCED, remainder=rem)[0]
+    assert sum(part.worker_batches(0)) == rank_batches(part.sizes, world, k, batch, mode=EVEN, remainder=rem)[0]
 
 
 def test_the_share_of_the_remainder_leaves_the_own_persons_order_alone():
     """12 shards over 2 slots (the pinned dataset's layout): the remainder's share is read after each slot's own
     shards, which keep the order they had without it."""
-    without = Partition((114,) * 12, 2, 0, BALANCED, 3, True, 32, False, 4096)
-    shared = Partition((114,) * 12, 2, 0, BALANCED, 3, True, 32, False, 4096, remainder=57)
+    without = Partition((114,) * 12, 2, 0, EVEN, 3, True, 32, False, 4096)
+    shared = Partition((114,) * 12, 2, 0, EVEN, 3, True, 32, False, 4096, remainder=57)
     for slot in (0, 1):
         (old,), new = list(without.ordered_windows(slot, 2, 0)), list(shared.ordered_windows(slot, 2, 0))
         assert new[0][0] == old[0] and np.array_equal(new[0][1], old[1])

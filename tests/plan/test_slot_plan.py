@@ -1,6 +1,6 @@
 """A worker's own slot, planned from its windows alone (plan/stream.py slot_stream, plan/balance.py plan_slot), is
 the whole epoch's plan for that slot: the same persons in the same batches in the same order, for any lengths,
-shards (empty ones included), layout, window and reshuffle."""
+shards (empty ones included), arrangement, window and reshuffle."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_slot_planned_alone_is_the_whole_plans_slot(c: dict) -> None:
     kw = {"seed": c["seed"], "epoch": c["epoch"], "window": c["window"], "shuffle": c["shuffle"]}
     try:
         plan = plan_epoch(c["lengths"], c["sizes"], c["budget"], c["world"], c["workers"], per_message=2, **kw)
-    except ValueError:  # a layout the plan refuses (too few tokens for the ranks): plan_slot refuses it too
+    except ValueError:  # an arrangement the plan refuses (too few tokens for the ranks): plan_slot refuses it too
         with pytest.raises(ValueError):
             plan_slot(c["lengths"], c["sizes"], c["budget"], c["world"], c["workers"], 0, **kw)
         return
@@ -98,4 +98,4 @@ def test_positions_of_few_persons_and_of_many(c: dict, pick: int) -> None:
         len(stream))
     few = np.random.default_rng(pick).choice(len(stream), size=max(1, len(stream) // 10), replace=False)
     for persons in (few, stream):
-        assert schedule.positions(c["epoch"], persons).tolist() == unshuffled[persons].tolist()
+        assert schedule.places(c["epoch"], persons).tolist() == unshuffled[persons].tolist()

@@ -1,5 +1,5 @@
 """The token plan's reading cost: every rank's workers together decode each stream place once, the windows that a
-slot edge cuts included (plan/balance.py split_edges), however the windows, layout and lookahead fall."""
+slot edge cuts included (plan/balance.py split_edges), however the windows, arrangement and lookahead fall."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan.resume import Layout
+from lifeseq_shards.plan.resume import Arrangement
 from lifeseq_shards.plan.tokens import TokenSchedule
 
 
@@ -18,10 +18,10 @@ def test_each_place_is_decoded_once(seed: int, ranks: int, workers: int, window:
     rng = np.random.default_rng(seed)
     sizes = tuple(int(s) for s in rng.integers(20, 200, 12))
     sched = TokenSchedule(rng.integers(1, 61, sum(sizes)), sizes, seed=seed % 7)
-    lay = Layout(ranks, workers, 1, False, window, 1, 8 * 60)
+    lay = Arrangement(ranks, workers, 1, False, window, 1, 8 * 60)
     try:
-        plan, _ = sched.stage(epoch, (), lay)
-    except ValueError:  # a split too small for the layout: refused
+        plan, _ = sched.leg(epoch, (), lay)
+    except ValueError:  # a split too small for the arrangement: refused
         return
     decoded = np.zeros(sum(sizes), dtype=np.int64)
     for rank in range(ranks):

@@ -1,6 +1,6 @@
 """The token-budget epoch as the reader runs it (plan/tokens.py): an epoch resumed after any step, in any sequence
-of layouts and budgets, trains every person exactly once, every rank the same steps, ending where an ordinary epoch
-of the last layout ends; and the windows a worker reads hold exactly its batches' persons."""
+of arrangements and budgets, trains every person exactly once, every rank the same steps, ending where an ordinary epoch
+of the last arrangement ends; and the windows a worker reads hold exactly its batches' persons."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lifeseq_shards.plan.balance import ATTENTION, TOKENS, plan_epoch
-from lifeseq_shards.plan.resume import Layout, Stage
+from lifeseq_shards.plan.resume import Arrangement, Leg
 from lifeseq_shards.plan.tokens import TokenSchedule
 
 LONGEST = 60
 
 
-def layout(ranks: int, workers: int, budget: int, per_message: int = 1, window: int = 64) -> Layout:
-    return Layout(ranks, workers, 1, False, window, per_message, budget)
+def arrangement(ranks: int, workers: int, budget: int, per_message: int = 1, window: int = 64) -> Arrangement:
+    return Arrangement(ranks, workers, 1, False, window, per_message, budget)
 
 
-layouts = st.builds(layout, st.integers(1, 4), st.integers(0, 3), st.integers(4 * LONGEST, 12 * LONGEST),
+arrangements = st.builds(arrangement, st.integers(1, 4), st.integers(0, 3), st.integers(4 * LONGEST, 12 * LONGEST),
                     st.integers(1, 3), st.sampled_from([16, 64, 1000]))
 
 
@@ -40,23 +40,23 @@ def trained(plan, first: int, last: int) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(schedules(), st.lists(st.tuples(layouts, st.floats(0, 1)), min_size=1, max_size=3), layouts,
+@given(schedules(), st.lists(st.tuples(arrangements, st.floats(0, 1)), min_size=1, max_size=3), arrangements,
        st.integers(0, 3))
-def test_any_sequence_of_resumes_trains_everyone_once(sched: TokenSchedule, stops: list[tuple[Layout, float]],
-                                                      last: Layout, epoch: int) -> None:
-    history: list[Stage] = []
+def test_any_sequence_of_resumes_trains_everyone_once(sched: TokenSchedule, stops: list[tuple[Arrangement, float]],
+                                                      last: Arrangement, epoch: int) -> None:
+    history: list[Leg] = []
     seen: list[int] = []
     for lay, where in stops:
         try:
-            plan, base = sched.stage(epoch, history, lay)
-        except ValueError:  # a split or rest too small for the layout: refused, never read unequally
+            plan, base = sched.leg(epoch, history, lay)
+        except ValueError:  # a split or rest too small for the arrangement: refused, never read unequally
             return
         assert base + plan.steps == sched.steps(lay)  # the rest ends where an ordinary epoch ends
         taken = int(where * plan.steps)
         seen += trained(plan, 0, taken)
-        history.append(Stage(lay, base + taken))
+        history.append(Leg(lay, base + taken))
     try:
-        plan, base = sched.stage(epoch, history, last)
+        plan, base = sched.leg(epoch, history, last)
     except ValueError:
         return
     assert base + plan.steps == sched.steps(last)
@@ -71,34 +71,34 @@ def test_an_ordinary_epoch_is_plan_epochs_plan() -> None:
     lengths = np.random.default_rng(3).integers(1, 100, 900)
     sizes = (100,) * 8 + (100,)
     sched = TokenSchedule(lengths, sizes, seed=4)
-    lay = layout(3, 2, 1200, per_message=2, window=128)
-    plan, base = sched.stage(5, (), lay)
+    lay = arrangement(3, 2, 1200, per_message=2, window=128)
+    plan, base = sched.leg(5, (), lay)
     want = plan_epoch(lengths, sizes, 1200, 3, 2, seed=4, epoch=5, window=128, per_message=2)
     assert base == 0 and np.array_equal(plan.persons, want.persons) and np.array_equal(plan.bounds, want.bounds)
 
 
-def test_a_checkpoint_past_its_stage_is_refused() -> None:
+def test_a_checkpoint_past_its_leg_is_refused() -> None:
     sched = TokenSchedule(np.full(400, 10), (100,) * 4)
-    lay = layout(2, 0, 100)
+    lay = arrangement(2, 0, 100)
     steps = sched.steps(lay)
     with pytest.raises(ValueError, match=f"took batch {steps + 1} of epoch 0.*0..{steps}"):
-        sched.stage(0, [Stage(lay, steps + 1)], layout(3, 0, 100))
+        sched.leg(0, [Leg(lay, steps + 1)], arrangement(3, 0, 100))
 
 
 def test_a_rest_too_small_for_the_new_ranks_is_refused() -> None:
     sched = TokenSchedule(np.full(400, 10), (100,) * 4)
-    lay = layout(2, 0, 100)
+    lay = arrangement(2, 0, 100)
     # one step left: 2 ranks' worth of persons, never enough to give 8 ranks x 3 workers a person at every step
     with pytest.raises(ValueError, match="too few to give each of 8 ranks a person"):
-        sched.stage(0, [Stage(lay, sched.steps(lay) - 1)], layout(8, 3, 100))
+        sched.leg(0, [Leg(lay, sched.steps(lay) - 1)], arrangement(8, 3, 100))
 
 
 @settings(max_examples=100, deadline=None)
-@given(schedules(), layouts, st.integers(0, 3), st.data())
-def test_a_workers_windows_hold_its_batches_persons(sched: TokenSchedule, lay: Layout, epoch: int,
+@given(schedules(), arrangements, st.integers(0, 3), st.data())
+def test_a_workers_windows_hold_its_batches_persons(sched: TokenSchedule, lay: Arrangement, epoch: int,
                                                    data: st.DataObject) -> None:
     try:
-        plan, _ = sched.stage(epoch, (), lay)
+        plan, _ = sched.leg(epoch, (), lay)
     except ValueError:
         return
     rank = data.draw(st.integers(0, lay.world_size - 1))

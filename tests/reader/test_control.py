@@ -1,5 +1,5 @@
 """The epoch control (lifeseq_shards/reader/control.py) reaches a persistent DataLoader worker with a position far
-larger than the int64 tensor it replaced held (32 stages, 8,192 persons: both were refused), and refuses one past
+larger than the int64 tensor it replaced held (32 legs, 8,192 persons: both were refused), and refuses one past
 its room in one line, naming it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from lifeseq_shards.plan.resume import Layout, Position, Stage
+from lifeseq_shards.plan.resume import Arrangement, Leg, Position
 from lifeseq_shards.reader.control import EpochControl
 from lifeseq_shards.reader.state import position_text
 
@@ -27,11 +27,11 @@ class Passes(IterableDataset):
 
 
 def big_position(epoch: int) -> Position:
-    """A position far past the old caps: 40 stages (ranks 1..40, budgets and batches of persons) and 20,000
+    """A position far past the old caps: 40 legs (ranks 1..40, budgets and batches of persons) and 20,000
     persons owed."""
-    stages = tuple(Stage(Layout(r, r % 3, 8 + r, bool(r % 2), 4096, 1 + r % 4, 0 if r % 5 else 1000 * r), 7 * r)
+    legs = tuple(Leg(Arrangement(r, r % 3, 8 + r, bool(r % 2), 4096, 1 + r % 4, 0 if r % 5 else 1000 * r), 7 * r)
                    for r in range(1, 41))
-    return Position(epoch, 123, stages, tuple(range(5, 100_005, 5)))
+    return Position(epoch, 123, legs, tuple(range(5, 100_005, 5)))
 
 
 @pytest.mark.timeout(120)
@@ -57,7 +57,7 @@ def test_a_position_past_the_room_is_refused_naming_it() -> None:
     fits.set_epoch(big)
     assert fits.loaded() == big
     short = EpochControl(0, room=size - 1)
-    with pytest.raises(ValueError, match=rf"epoch 2's position \(40 stages, 20000 persons owed\) takes {size:,} "
+    with pytest.raises(ValueError, match=rf"epoch 2's position \(40 legs, 20000 persons owed\) takes {size:,} "
                                          rf"bytes, more than the {size - 1:,} the workers share \(reader/control.py "
                                          r"POSITION_BYTES\)"):
         short.set_epoch(big)

@@ -1,10 +1,10 @@
-"""A 2-rank x 2-worker run (gloo, real processes) stopped mid-epoch and resumed on another layout: 1 worker, 1 rank,
-3 ranks, another batch size. Through a plain loop under torchrun (ShardedLoader.state_dict / load_state_dict) and
+"""A 2-rank x 2-worker run (gloo, real processes) stopped mid-epoch and resumed on another arrangement: 1 worker, 1
+rank, 3 ranks, another batch size. Through a plain loop under torchrun (ShardedLoader.state_dict / load_state_dict) and
 through ``trainer.fit(ckpt_path=...)`` with the seed-style module (OneCycleLR over estimated_stepping_batches,
-fitted to the new layout's steps in on_train_start as docs/reference/ddp.md recommends).
+fitted to the new arrangement's steps in on_train_start as docs/reference/ddp.md recommends).
 
 The rest of the epoch must be every person not yet trained on once, in equal batches on every new rank, fewer than
-the new readers left out; the next epoch the new layout's ordinary one. The truth is the shard files and the
+the new readers left out; the next epoch the new arrangement's ordinary one. The truth is the shard files and the
 interrupted run's own batches.
 """
 
@@ -31,8 +31,8 @@ from helpers import trained_ids
 
 STOP = 9  # the Lightning run's mid-epoch checkpoint: step 9 of 44
 # (ranks, workers per rank, batch size) resumed in: the old run is 2 x 2 x 64
-LAYOUTS = [(2, 1, 64), (1, 2, 64), (3, 2, 64), (2, 2, 48)]
-LAYOUT_IDS = ["1-worker", "1-rank", "3-ranks", "batch-48"]
+ARRANGEMENTS = [(2, 1, 64), (1, 2, 64), (3, 2, 64), (2, 2, 48)]
+ARRANGEMENT_IDS = ["1-worker", "1-rank", "3-ranks", "batch-48"]
 
 
 def epoch_of(root: Path, ranks: int, workers: int, epoch: int) -> set[int]:
@@ -70,8 +70,8 @@ def assert_next_epoch(root: Path, trained: list[int], rest_per_rank: list[list[l
 
 @pytest.mark.slow
 @pytest.mark.timeout(TORCHRUN_S * 2 + 60)
-@pytest.mark.parametrize(("ranks", "workers", "batch"), LAYOUTS, ids=LAYOUT_IDS)
-def test_plain_loop_resumes_the_rest_of_the_epoch_on_another_layout(torchrun_two: Path, ds8: Path, tmp_path: Path,
+@pytest.mark.parametrize(("ranks", "workers", "batch"), ARRANGEMENTS, ids=ARRANGEMENT_IDS)
+def test_plain_loop_resumes_the_rest_of_the_epoch_on_another_arrangement(torchrun_two: Path, ds8: Path, tmp_path: Path,
                                                                     ranks: int, workers: int, batch: int) -> None:
     full = read_ranks(torchrun_two)
     assert full[0]["snapshot"]["batches"] == SNAPSHOT_AT and full[0]["world_size"] == 2
@@ -83,7 +83,7 @@ def test_plain_loop_resumes_the_rest_of_the_epoch_on_another_layout(torchrun_two
     assert len(resumed) == ranks
     trained = [i for r in full for i in flat(r["epochs"][0][:SNAPSHOT_AT])]
     assert_rest_of_epoch(trained, [r["epochs"][0] for r in resumed], epoch_of(ds8, 2, 2, 0), ranks * max(workers, 1))
-    # the next epoch is this layout's own but for whom it leaves out: everyone once (fewer than the readers left
+    # the next epoch is this arrangement's own but for whom it leaves out: everyone once (fewer than the readers left
     # out where the 8 shards do not divide among them), none of those epoch 0 left out, len() batches on every rank
     assert_next_epoch(ds8, trained, [r["epochs"][0] for r in resumed], [r["epochs"][1] for r in resumed],
                       ranks * max(workers, 1))
@@ -99,8 +99,8 @@ def lightning_two(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S * 2 + 60)
-@pytest.mark.parametrize(("ranks", "workers", "batch"), LAYOUTS, ids=LAYOUT_IDS)
-def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_layout(lightning_two: Path, ds8: Path,
+@pytest.mark.parametrize(("ranks", "workers", "batch"), ARRANGEMENTS, ids=ARRANGEMENT_IDS)
+def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_arrangement(lightning_two: Path, ds8: Path,
                                                                        tmp_path: Path, ranks: int, workers: int,
                                                                        batch: int) -> None:
     ckpt = lightning_two.parent / "ckpt" / f"step={STOP}.ckpt"
@@ -115,16 +115,16 @@ def test_lightning_fit_resumes_the_rest_of_the_epoch_on_another_layout(lightning
     assert_next_epoch(ds8, trained, [r["train"]["0"] for r in resumed], [r["train"]["1"] for r in resumed],
                       ranks * max(workers, 1))
     for r in resumed:
-        assert len(r["train"]["1"]) == r["num_training_batches"], "epoch 1 is this layout's whole epoch"
+        assert len(r["train"]["1"]) == r["num_training_batches"], "epoch 1 is this arrangement's whole epoch"
         assert_counted_in_steps(r)
         assert_schedule_fits(full[0], r)
 
 
 def assert_counted_in_steps(resumed: dict[str, Any]) -> None:
-    """Lightning numbers the resumed rest of the epoch in this layout from its first step on (batch_idx in
+    """Lightning numbers the resumed rest of the epoch in this arrangement from its first step on (batch_idx in
     on_train_batch_start and _end, the batches processed after it: a progress bar's count), one a step up to the
-    layout's last batch, and the next epoch from 0 (it jumped from the checkpoint's count to this layout's after the
-    first step: 23/88, then 46/88)."""
+    arrangement's last batch, and the next epoch from 0 (it jumped from the checkpoint's count to this arrangement's
+    after the first step: 23/88, then 46/88)."""
     n = resumed["num_training_batches"]
     for epoch, steps in resumed["train_counts"].items():
         first = n - len(resumed["train"][epoch]) if epoch == "0" else 0

@@ -1,7 +1,7 @@
 """Token-budget training batches in real multi-process runs: Lightning DDP (2 ranks x 2 workers, the
 researcher-style model, OneCycleLR over estimated_stepping_batches) and torchrun, killed mid-epoch and resumed in
-the same layout, in another layout and in another budget: every train person once an epoch, the same batches on
-every rank, no batch over the budget."""
+the same arrangement, in another arrangement and in another budget: every train person once an epoch, the same batches
+on every rank, no batch over the budget."""
 
 from __future__ import annotations
 
@@ -65,10 +65,10 @@ def test_lightning_ddp_with_a_budget_resumes_exactly(lightning_tokens: Path, ds8
 @pytest.mark.slow
 @pytest.mark.timeout(LIGHTNING_S + 60)
 @pytest.mark.parametrize("flavour", ["lightning", "pytorch_lightning"])
-def test_lightning_resumed_in_another_layout_and_budget_trains_the_rest_once(
+def test_lightning_resumed_in_another_arrangement_and_budget_trains_the_rest_once(
         lightning_tokens: Path, ds8: Path, tmp_path: Path, flavour: str) -> None:
     """The 2-rank checkpoint at step 7, resumed on 1 rank x 1 worker at another budget: epoch 0 holds the persons
-    of the first 7 steps of both old ranks and then the rest once; epoch 1 is the new layout's, everyone once."""
+    of the first 7 steps of both old ranks and then the rest once; epoch 1 is the new arrangement's, everyone once."""
     ckpt = lightning_tokens.parent / "ckpt" / f"step={CKPT_STEP}.ckpt"
     assert int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]) == CKPT_STEP
     out = tmp_path / "resumed.json"

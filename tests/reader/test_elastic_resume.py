@@ -1,4 +1,4 @@
-"""A loader state resumed in another layout (workers, ranks, batch size, message size, window): the rest of its
+"""A loader state resumed in another arrangement (workers, ranks, batch size, message size, window): the rest of its
 epoch through the real reader and its DataLoader workers; another split, or a state too old to say its window, is
 refused.
 
@@ -27,7 +27,7 @@ BATCH, TAKEN = 100, 3  # the old run: 2 ranks x 2 workers, batch 100, stopped af
 def make(root: Path, world: int, rank: int, workers: int, batch: int = BATCH, **kw: Any) -> ShardedLoader:
     per_message = kw.pop("batches_per_message", None)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the static-balance warning of layouts that do not divide
+        warnings.simplefilter("ignore")  # the static-balance warning of arrangements that do not divide
         ds = ShardedDataset(root, batch_size=batch, world=World(rank, world), num_workers=workers, **kw)
     return ShardedLoader(ds, persistent_workers=False, batches_per_message=per_message)
 
@@ -38,7 +38,7 @@ def ids(batches: list[dict[str, Any]]) -> list[int]:
 
 def stopped(root: Path, world: int = 2, workers: int = 2, taken: int = TAKEN,
             **kw: Any) -> tuple[dict[str, Any], set[int]]:
-    """Every rank of the old layout takes ``taken`` batches: rank 0's state (through pickle, as a checkpoint stores
+    """Every rank of the old arrangement takes ``taken`` batches: rank 0's state (through pickle, as a checkpoint stores
     it) and the persons trained."""
     trained: list[int] = []
     state: dict[str, Any] = {}
@@ -53,7 +53,7 @@ def stopped(root: Path, world: int = 2, workers: int = 2, taken: int = TAKEN,
 
 
 def old_epoch(root: Path) -> set[int]:
-    """The persons of epoch 0 in the layout ``stopped`` reads by default (2 ranks x 2 workers): every train person,
+    """The persons of epoch 0 in the arrangement ``stopped`` reads by default (2 ranks x 2 workers): every train person,
     remainder included, but those its plan leaves out."""
     everyone, left = trained_ids(root, 2, 2, 0)
     return everyone - left
@@ -61,7 +61,7 @@ def old_epoch(root: Path) -> set[int]:
 
 def resume(root: Path, state: dict[str, Any], world: int, workers: int, batch: int = BATCH,
            **kw: Any) -> tuple[list[list[dict[str, Any]]], list[ShardedLoader], list[str]]:
-    """Every rank of the new layout loads ``state`` and reads the rest of its epoch: (batches per rank, loaders,
+    """Every rank of the new arrangement loads ``state`` and reads the rest of its epoch: (batches per rank, loaders,
     the warnings of the loads, one per rank)."""
     loaders = [make(root, world, rank, workers, batch, **kw) for rank in range(world)]
     with warnings.catch_warnings(record=True) as caught:
@@ -80,7 +80,7 @@ def resume(root: Path, state: dict[str, Any], world: int, workers: int, batch: i
     (4, 0, BATCH, None),  # 4 ranks, no workers
     (2, 2, 48, 3),  # another batch size, in messages of 3
 ])
-def test_the_rest_of_the_epoch_in_another_layout_reads_everyone_else_once(
+def test_the_rest_of_the_epoch_in_another_arrangement_reads_everyone_else_once(
         nomlm_dataset: Path, world: int, workers: int, batch: int, per_message: int | None) -> None:
     state, trained = stopped(nomlm_dataset)
     epoch = old_epoch(nomlm_dataset)
@@ -94,11 +94,11 @@ def test_the_rest_of_the_epoch_in_another_layout_reads_everyone_else_once(
     assert len(said) == world and all(f"{len(left)} persons are left out" in s for s in said), said
     counts = {len(b) for b in per_rank}
     assert len(counts) == 1 and counts.pop() > 0, f"batches per rank {[len(b) for b in per_rank]}"
-    # the epoch still ends where this layout's epoch ends: the rest starts at len() - its batches
+    # the epoch still ends where this arrangement's epoch ends: the rest starts at len() - its batches
     for ld, batches in zip(loaders, per_rank, strict=True):
         assert (ld.position.epoch, ld.position.batches) == (0, len(ld))
         assert sum(b["person_id"].numel() for b in batches) == len(rest) // world
-    # and the next pass is epoch 1 as a loader resumed from the state saved now reads it: this layout's own, but
+    # and the next pass is epoch 1 as a loader resumed from the state saved now reads it: this arrangement's own, but
     # for the persons left out of epoch 0 (tests/plan/test_plan_resume.py)
     fresh = make(nomlm_dataset, world, 0, workers, batch, batches_per_message=per_message)
     fresh.load_state_dict(loaders[0].state_dict())
@@ -116,7 +116,7 @@ def test_nobody_left_out_of_a_rest_is_left_out_of_the_next_epoch(ds8: Path) -> N
     per_rank, loaders, _ = resume(ds8, state, 3, 2)
     everyone, _ = trained_ids(ds8, 1, 0, 0)
     left = everyone - trained - {i for batches in per_rank for i in ids(batches)}
-    assert left, "the layouts leave nobody out: nothing to check"
+    assert left, "the arrangements leave nobody out: nothing to check"
     saved = pickle.loads(pickle.dumps(loaders[0].state_dict()))
     assert saved["epoch"] == 1 and sorted(saved["left_out_before"]) and "history" not in saved
     for ld in loaders:
@@ -134,8 +134,8 @@ def test_nobody_left_out_of_a_rest_is_left_out_of_the_next_epoch(ds8: Path) -> N
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_rest_stopped_again_resumes_exactly_in_its_layout_and_in_a_third(nomlm_dataset: Path) -> None:
-    """2x2 -> 3 ranks x 2 workers, stopped after 4 batches of the rest: the same layout goes on with exactly the
+def test_a_rest_stopped_again_resumes_exactly_in_its_arrangement_and_in_a_third(nomlm_dataset: Path) -> None:
+    """2x2 -> 3 ranks x 2 workers, stopped after 4 batches of the rest: the same arrangement goes on with exactly the
     batches it had left; 1 rank x 0 workers reads everyone still untrained once."""
     state, trained = stopped(nomlm_dataset)
     full, _, _ = resume(nomlm_dataset, state, 3, 2)
@@ -153,7 +153,7 @@ def test_a_rest_stopped_again_resumes_exactly_in_its_layout_and_in_a_third(nomlm
             del it
     assert len(second["history"]) == 1 and second["batches"] == loaders[0].position.batches
     again, _, said = resume(nomlm_dataset, second, 3, 2)
-    assert not said, "the same layout resumes without a word"
+    assert not said, "the same arrangement resumes without a word"
     assert [ids(b) for b in again] == [ids(b[4:]) for b in full]
     third, _, said = resume(nomlm_dataset, second, 1, 0)
     rest = ids(third[0])
@@ -163,7 +163,7 @@ def test_a_rest_stopped_again_resumes_exactly_in_its_layout_and_in_a_third(nomlm
 
 
 @pytest.mark.timeout(120)
-def test_nothing_trained_yet_starts_the_new_layouts_own_epoch(nomlm_dataset: Path) -> None:
+def test_nothing_trained_yet_starts_the_new_arrangements_own_epoch(nomlm_dataset: Path) -> None:
     state, _ = stopped(nomlm_dataset, taken=0)
     per_rank, _, said = resume(nomlm_dataset, state, 1, 0)
     fresh = make(nomlm_dataset, 1, 0, 0)
@@ -181,14 +181,14 @@ def test_what_cannot_continue_exactly_is_still_refused(nomlm_dataset: Path, chan
 
 
 @pytest.mark.timeout(120)
-def test_a_complete_pass_resumes_only_in_its_own_layout(nomlm_dataset: Path) -> None:
+def test_a_complete_pass_resumes_only_in_its_own_arrangement(nomlm_dataset: Path) -> None:
     """Inference ranks have unequal lengths: no common position to continue from in other ranks."""
     ld = make(nomlm_dataset, 1, 0, 0, mode="complete")
     it = iter(ld)
     next(it)
     state = ld.state_dict()
     del it
-    with pytest.raises(ValueError, match="complete pass .* resumes only in its own layout"):
+    with pytest.raises(ValueError, match="complete pass .* resumes only in its own arrangement"):
         make(nomlm_dataset, 2, 0, 0, mode="complete").load_state_dict(state)
 
 
@@ -220,7 +220,7 @@ def test_shardify_plan_resume_says_what_the_reader_does(nomlm_dataset: Path, tmp
     dropped = re.search(r"drop_last drops (\d+) persons", out)
     assert left == (int(said.group(1)) if said else 0) + (int(dropped.group(1)) if dropped else 0)
     assert code == (1 if left else 0)
-    # and counted against the split: the first layout's plan had left some of it out of the epoch already
+    # and counted against the split: the first arrangement's plan had left some of it out of the epoch already
     everyone, _ = trained_ids(nomlm_dataset, 2, 2, 0)
     split_left = len(everyone - trained - {i for b in per_rank_read for i in ids(b)})
     assert len(everyone - epoch) > 0 and f"left out of epoch 0: {split_left} of the split's {len(everyone)}" in out
@@ -252,7 +252,7 @@ def started_loader(root: Path, split: str = "train", **kw: Any) -> ShardedLoader
 @pytest.mark.parametrize("change", [{"window": 8192}, {"window": 1000}, {"window": 40_000}])
 def test_resume_in_another_window_reads_the_rest_once(nomlm_dataset: Path, change: dict[str, int]) -> None:
     """Before the window was recorded: resumed with some persons twice and as many missed. Then refused; now the
-    rest of the epoch, in the window it was begun in (tests/reader/test_elastic_resume.py has the other layout
+    rest of the epoch, in the window it was begun in (tests/reader/test_elastic_resume.py has the other arrangement
     changes)."""
     ld = ShardedLoader(ShardedDataset(nomlm_dataset, batch_size=100, world=World(0, 1)))
     it = iter(ld)

@@ -23,7 +23,7 @@ from lifeseq_shards.convert.sources.synth import synth_population
 from lifeseq_shards.device.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
-from lifeseq_shards.plan.resume import Layout, Position, Stage
+from lifeseq_shards.plan.resume import Arrangement, Leg, Position
 from lifeseq_shards.reader import World
 from lifeseq_shards.reader.state import state_digest
 
@@ -50,7 +50,7 @@ def digest(batches: Iterable[Any]) -> str:
             widths = {"width": value.width}
             if value.targets_width is not None:
                 widths["targets_width"] = value.targets_width
-            add({"packed": value.buffer, "fields": tuple((s.name, s.dtype, s.offset, s.count) for s in value.slots),
+            add({"packed": value.buffer, "fields": tuple((s.name, s.dtype, s.offset, s.count) for s in value.spans),
                  **widths})
         elif isinstance(value, PaddedBatch):
             views = {c.name for c in value.columns if compat.is_view(c.dtype)}
@@ -186,7 +186,7 @@ def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> N
     rest = make(3, 2, 16)
     with pytest.warns(UserWarning, match="epoch 1 resumes in another layout"):
         rest.load_state_dict(TODAY_STATE)
-    stage = Stage(Layout(2, 0, 32, False, 4096, 1), 3)
+    stage = Leg(Arrangement(2, 0, 32, False, 4096, 1), 3)
     assert rest.position == Position(1, 4, (stage,))  # the rest of the epoch starts at batch 4 of this layout's
     batches = iter(rest)
     first(batches, 4)

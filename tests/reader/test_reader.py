@@ -99,7 +99,7 @@ def values_of(batch: Batch | dict[str, torch.Tensor]) -> dict[str, Any]:
     if isinstance(batch, PaddedBatch):
         return {**batch.tensors, "columns": batch.columns}
     if isinstance(batch, PackedBatch):
-        return {"packed": batch.buffer, "slots": batch.slots, "width": batch.width,
+        return {"packed": batch.buffer, "spans": batch.spans, "width": batch.width,
                 "targets_width": batch.targets_width}
     return batch
 
@@ -110,7 +110,7 @@ def assert_same_batches(got: list, want: list) -> None:
         a, b = values_of(a), values_of(b)
         assert a.keys() == b.keys(), i
         for k in a:
-            if not isinstance(a[k], torch.Tensor):  # the layout: columns, slots, widths
+            if not isinstance(a[k], torch.Tensor):  # the layout: columns, spans, widths
                 assert a[k] == b[k], f"batch {i} {k}: {a[k]} != {b[k]}"
                 continue
             assert a[k].dtype == b[k].dtype, f"batch {i} field {k}: {a[k].dtype} != {b[k].dtype}"
@@ -140,11 +140,11 @@ def test_train_ranks_read_every_person_once_the_remainder_too(mlm_dataset: Path,
 
 def test_a_non_dividing_worker_count_is_said_once_on_rank_0_with_the_counts_that_divide(mlm_dataset: Path) -> None:
     """Workers that do not divide the shards as converted: rank 0 says so at construction, naming the worker counts
-    that divide them on this many ranks; the other ranks, in the same layout, say nothing (one line a job, not one a
-    rank)."""
+    that divide them on this many ranks; the other ranks, in the same arrangement, say nothing (one line a job, not one
+    a rank)."""
     shards = len(read_manifest(str(mlm_dataset)).splits["train"].shards)
     world, workers = 2, 5
-    assert shards % (world * workers), "the layout must not divide for this test"
+    assert shards % (world * workers), "the arrangement must not divide for this test"
     fits = [w for w in range(1, 17) if shards % (world * w) == 0]  # counted here, not by the reader
     with pytest.warns(UserWarning, match=rf"num_workers that divide them on {world} ranks: "
                                          rf"{', '.join(map(str, fits))};.*tune-gpu\.md") as said:
@@ -157,7 +157,7 @@ def test_a_non_dividing_worker_count_is_said_once_on_rank_0_with_the_counts_that
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world", "workers"), [(7, 0), (5, 2)])
-def test_train_non_dividing_layout_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
+def test_train_non_dividing_arrangement_warns_and_stays_balanced(mlm_dataset: Path, world: int, workers: int) -> None:
     slots = world * max(1, workers)
     shards, rem = split_ids(mlm_dataset, "train")
     total = TRAIN_READ + len(rem)

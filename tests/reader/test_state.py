@@ -91,7 +91,7 @@ def damaged(state: dict[str, Any], edit: Any) -> dict[str, Any]:
     (lambda s: s["layout"].update(mode="fast"), "has layout['mode'] 'fast', not one of"),
     (lambda s: s["layout"].update(split="train"), "has layout['split'] 'train', not a non-empty list"),
     (lambda s: s["layout"].update(shuffle="yes"), "has layout['shuffle'] 'yes', not True or False"),
-    (lambda s: s.update(history=[{"batches": 3}]), "has history[0] {'batches': 3}, not a stage"),
+    (lambda s: s.update(history=[{"batches": 3}]), "has history[0] {'batches': 3}, not a leg"),
     (lambda s: s.update(history=[{**s["layout"], "world_size": 0, "batches": 3}]),
      "has history[0]['world_size'] 0, not an integer >= 1"),
     (lambda s: s.update(version=99), "has version 99, and this lifeseq_shards reads versions 1 to 5: upgrade"),
@@ -99,7 +99,7 @@ def damaged(state: dict[str, Any], edit: Any) -> dict[str, Any]:
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_damaged_state_is_refused_naming_the_key(nomlm_dataset: Path, state: dict[str, Any], edit: Any,
                                                    needle: str) -> None:
-    """Before: KeyError: 'layout', invalid literal for int(), and a saved layout of 0 ranks read as the user's own
+    """Before: KeyError: 'layout', invalid literal for int(), and a saved arrangement of 0 ranks read as the user's own
     setting (world_size must be >= 1, got 0)."""
     for value, where in ((damaged(state, edit), ""), ({"data": {"train": damaged(state, edit)}}, " ['data']['train']")):
         said = refused(nomlm_dataset, value, needle)

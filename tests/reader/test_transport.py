@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from lifeseq_shards.reader.transport import RingReader, RingSlot, RingWriter
+from lifeseq_shards.reader.transport import RingEntry, RingReader, RingWriter
 
 RING = 64
 
@@ -19,11 +19,11 @@ def batch(value: int, nbytes: int = 24) -> np.ndarray:
     return np.full(nbytes, value, dtype=np.uint8)
 
 
-def put_in_thread(writer: RingWriter, buf: np.ndarray) -> tuple[threading.Thread, list[RingSlot]]:
-    slots: list[RingSlot] = []
-    thread = threading.Thread(target=lambda: slots.append(writer.put(buf)), daemon=True)
+def put_in_thread(writer: RingWriter, buf: np.ndarray) -> tuple[threading.Thread, list[RingEntry]]:
+    entries: list[RingEntry] = []
+    thread = threading.Thread(target=lambda: entries.append(writer.put(buf)), daemon=True)
     thread.start()
-    return thread, slots
+    return thread, entries
 
 
 @pytest.mark.timeout(30)
@@ -53,12 +53,12 @@ def test_a_new_iteration_frees_a_writer_of_an_older_one() -> None:
     writer = RingWriter(reader.rings, reader.ctl, 1)
     writer.new_pass()
     writer.put(batch(1, 40))
-    thread, slots = put_in_thread(writer, batch(2, 40))  # waits: the reader never copies the first
+    thread, entries = put_in_thread(writer, batch(2, 40))  # waits: the reader never copies the first
     thread.join(0.3)
     assert thread.is_alive()
     newer = reader.begin()  # the loader's next iteration: nobody reads the older pass's batches
     thread.join(10)
-    assert not thread.is_alive() and slots
+    assert not thread.is_alive() and entries
     reader.end(iteration)  # the older iteration ends after the newer one began: the newer one keeps its number
     assert int(reader.ctl[0]) == newer
     reader.end(newer)

@@ -1,5 +1,5 @@
 """The balance benchmark, quick: its synthetic lengths are those `shardify synth` + convert make, its shards those
-the converter cuts for each layout, and it writes its tables and plot (naming its commit, checked against what each
+the converter cuts for each arrangement, and it writes its tables and plot (naming its commit, checked against what each
 rank's reader receives) with the token-budget plan ahead of the persons plan."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from lifeseq_shards.store.remote import read_manifest
 from tools import bench_balance
 from tools.common import commit
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(900)]  # the bench reads every layout with real readers
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(900)]  # the bench reads every arrangement with real readers
 
 
 def test_synth_lengths_are_those_synth_and_convert_make(tmp_path: Path) -> None:
@@ -34,15 +34,15 @@ def test_synth_lengths_are_those_synth_and_convert_make(tmp_path: Path) -> None:
         assert abs(np.quantile(model, q) - np.quantile(real, q)) <= 0.08 * np.quantile(real, q), q
 
 
-def test_layout_shards_are_those_the_converter_cuts(sample: Path, tmp_path: Path) -> None:
+def test_arrangement_shards_are_those_the_converter_cuts(sample: Path, tmp_path: Path) -> None:
     """The shards the bench plans on are the ones `shardify convert --gpus R --workers W` writes, persons in the same
-    order whatever the layout; and the reader's batches per message are the bench's."""
+    order whatever the arrangement; and the reader's batches per message are the bench's."""
     default = bench_balance.train_lengths(bench_balance.convert_sample(sample, tmp_path / "d", ConvertOptions()))[0]
     for ranks, workers in ((8, 2), (4, 0)):
         root = bench_balance.convert_sample(sample, tmp_path / f"{ranks}x{workers}",
-                                            bench_balance.layout_options(ranks, workers))
+                                            bench_balance.arrangement_options(ranks, workers))
         lengths, sizes = bench_balance.train_lengths(root)
-        assert sizes == bench_balance.layout_shards(len(lengths), ranks, workers)
+        assert sizes == bench_balance.arrangement_shards(len(lengths), ranks, workers)
         assert np.array_equal(lengths, default)
         budget = int(round(50 * lengths.mean()))
         ds = ShardedDataset(root, "train", world=World(0, ranks), num_workers=workers, packed=True,

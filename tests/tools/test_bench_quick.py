@@ -1,7 +1,7 @@
 """Quick benchmark check: every contender of tools/bench_loader.py runs on a tiny dataset and yields the same persons.
 
 The expectation is built independently of the shards: the parquet source encoded directly (int64, unnarrowed),
-widened to the seed's (4, 512) layout. Our reader, the seed's h5 pattern and every other contender must match it
+widened to the seed's (4, 512) arrangement. Our reader, the seed's h5 pattern and every other contender must match it
 person for person (keyed by person id: the reader's order is its plan's, not the file's), so the benchmark compares
 loaders that deliver the same tensors.
 """
@@ -25,7 +25,7 @@ if not compat.unsigned_tensors():  # the benchmark prepares every contender's fi
     pytest.skip("LitData, a contender of the loader benchmark, needs torch >= 2.3 (torch.uint16); the newest stack's "
                 "suite runs this", allow_module_level=True)
 PEOPLE, MANY = 700, 24
-LAYOUTS = {"ours-w0": (1, 0), "ours-w1": (1, 1), "ours-w2": (1, 2), "ours-2x-w0": (2, 0)}  # (ranks, workers)
+ARRANGEMENTS = {"ours-w0": (1, 0), "ours-w1": (1, 1), "ours-w2": (1, 2), "ours-2x-w0": (2, 0)}  # (ranks, workers)
 SEQ = common.SEQ
 
 
@@ -77,7 +77,7 @@ def test_every_contender_yields_the_source_persons(work: Path, monkeypatch: pyte
             continue
         view = seed_view(got)
         # our reader on 2 readers leaves out what the plan names (the split's persons mod 2), as training does
-        left = trained_ids(work / "ours", *LAYOUTS[name], 0)[1] if name in LAYOUTS else set()
+        left = trained_ids(work / "ours", *ARRANGEMENTS[name], 0)[1] if name in ARRANGEMENTS else set()
         assert set(view) == train_ids - left, name
         for pid, (ids, mask) in view.items():
             want = torch.from_numpy(expected.cols["input_ids"][expected.row[pid]])

@@ -1,4 +1,4 @@
-"""The token-budget reader bench, quick: rank 0 of a 2-rank layout reads its whole epoch both ways, and the rates
+"""The token-budget reader bench, quick: rank 0 of a 2-rank arrangement reads its whole epoch both ways, and the rates
 it reports are those of the persons each mode hands that rank."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import scaled
 
-from lifeseq_shards.convert.sources.hdf5 import target_slots
+from lifeseq_shards.convert.sources.hdf5 import max_targets
 from lifeseq_shards.store.remote import read_manifest
 from tools import seed_bench as sb
 from tools.seed_bench_point import FullAttention
@@ -43,7 +43,7 @@ def test_their_h5_from_synthetic_persons_converts_and_holds_their_layout(data: P
         tpos, ttok, pid = f["target_pos"][:], f["target_tokens"][:], f["sequence_id"][:]
     # the synthesised persons the converter keeps (a few have no event in the time range)
     assert 100 <= n <= 120 and ids.shape == (n, 4, 64) and len(set(pid.tolist())) == n
-    slots = target_slots(64)
+    slots = max_targets(64)
     assert (tpos[:, slots:] == -1).all() and (ttok[:, slots:] == -1).all()
     used = ~((tpos[:, :slots] == 63) & (ttok[:, :slots] == 0))
     assert used.sum(1).min() >= 1  # every person has targets

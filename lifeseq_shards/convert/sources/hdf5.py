@@ -59,8 +59,8 @@ def h5_tasks(path: str) -> list[tuple[str, int, int]]:
     return [(path, s, min(s + ROWS_PER_TASK, n)) for s in range(0, n, ROWS_PER_TASK)]
 
 
-def target_slots(width: int) -> int:
-    """The seed keeps floor(0.3 * max_len) target slots, then pads with -1."""
+def max_targets(width: int) -> int:
+    """The seed keeps floor(0.3 * max_len) targets, then pads with -1."""
     return int(np.floor(0.3 * width))
 
 
@@ -126,7 +126,7 @@ def encode_h5_task(task: tuple[str, int, int], vocab_size: int | None = None) ->
         if vocab_size is not None:
             _check_vocab(path, start, cols, vocab_size)
         return Block(cols)
-    t = target_slots(width)
+    t = max_targets(width)
     tpos, ttok = mlm["target_pos"], mlm["target_tokens"]
     used = ~((tpos[:, :t] == width - 1) & (ttok[:, :t] == 0))
     n_targets = used.sum(axis=1)
@@ -134,8 +134,8 @@ def encode_h5_task(task: tuple[str, int, int], vocab_size: int | None = None) ->
     tail_ok = (tpos[:, t:] == -1).all(axis=1) & (ttok[:, t:] == -1).all(axis=1)
     bad = np.nonzero((used != prefix).any(axis=1) | ~tail_ok)[0]
     if len(bad):
-        raise SourceError(f"{path}: row {start + bad[0]}: target slots are not the seed's layout "
-                          f"({t} slots filled from the front, then -1)")
+        raise SourceError(f"{path}: row {start + bad[0]}: targets are not the seed's form "
+                          f"({t} targets filled from the front, then -1)")
     owner = np.repeat(np.arange(n), n_targets)
     target_pos = tpos[:, :t][prefix]
     outside = np.flatnonzero((target_pos < 0) | (target_pos >= lengths[owner]))

@@ -1,4 +1,4 @@
-"""person_slots: the most persons a batch within a token budget can hold, the person slots of a static batch shape.
+"""person_rows: the most persons a batch within a token budget can hold, the person rows of a static batch shape.
 It must bound every batch the token-budget plan makes, in every epoch, and be the least such bound over all
 batches the budget allows (the shortest persons that fit, which a plan could put together)."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeseq_shards.plan.balance import person_slots, plan_epoch
+from lifeseq_shards.plan.balance import person_rows, plan_epoch
 from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS
 
 
@@ -27,10 +27,10 @@ def budgets(draw: st.DrawFn) -> tuple[np.ndarray, int]:
 def test_every_planned_batch_fits_the_slots(case: tuple[np.ndarray, int], world: int, workers: int,
                                            epoch: int) -> None:
     lengths, budget = case
-    slots = person_slots(lengths, budget)
+    slots = person_rows(lengths, budget)
     try:
         plan = plan_epoch(lengths, [len(lengths)], budget, world, workers, seed=1, epoch=epoch, window=5)
-    except ValueError:  # a layout the plan refuses: nothing to bound
+    except ValueError:  # an arrangement the plan refuses: nothing to bound
         return
     assert plan.batch_sizes().max() <= slots
 
@@ -41,16 +41,16 @@ def test_slots_are_the_largest_subset_within_the_budget(lengths: list[int], budg
     """Against every subset of the persons (brute force): the largest whose tokens stay within the budget."""
     best = max(k for k in range(len(lengths) + 1)
                if any(sum(c) <= budget for c in itertools.combinations(lengths, k)))
-    assert person_slots(np.array(lengths), budget) == best
+    assert person_rows(np.array(lengths), budget) == best
 
 
 def test_slots_do_not_depend_on_the_order() -> None:
     lengths = np.random.default_rng(0).integers(1, 500, 10_000)
-    assert person_slots(lengths, 4096) == person_slots(lengths[::-1], 4096) == person_slots(np.sort(lengths), 4096)
+    assert person_rows(lengths, 4096) == person_rows(lengths[::-1], 4096) == person_rows(np.sort(lengths), 4096)
 
 
 def test_refusals() -> None:
     with pytest.raises(ValueError, match="tokens_per_batch=0"):
-        person_slots(np.array([3, 4]), 0)
+        person_rows(np.array([3, 4]), 0)
     with pytest.raises(ValueError, match="length 0"):
-        person_slots(np.array([3, 0]), 10)
+        person_rows(np.array([3, 0]), 10)
