@@ -3,6 +3,7 @@ input."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +13,9 @@ import click
 from .store.format import MIN_SHARD_PERSONS
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from .plan.asked import Asked
     from .store.manifest import Manifest
 
 POSITIVE, COUNT = click.IntRange(min=1), click.IntRange(min=0)
@@ -255,48 +259,43 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     (train), when validation cannot read every person of the split once in equal batches (any other split), or
     (with --resume) when someone is left out of the rest of the epoch. With --tokens-per-batch: the token-budget
     plan's steps and balance beside the persons plan's (exit 2 when the budget is refused)."""
-    from .plan.report import describe
+    from .plan.asked import Asked, Readers
+    from .plan.epoch import plan_kind
+    from .store.lengths import split_lengths
     from .store.remote import read_manifest
 
-    if attention and tokens_per_batch is None:  # it would do nothing: batches of persons are not dealt by length
-        _fail("--attention deals a token budget's persons to even out len^2: it needs --tokens-per-batch")
+    asked = Asked(batch_size, tokens_per_batch, "attention" if attention else "tokens", drop_last=drop_last)
     if checkpoint is not None and (batch_size is not None or tokens_per_batch is not None):
-        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last, tokens_per_batch,
-                     "attention" if attention else "tokens")
-    if tokens_per_batch is not None:
-        _plan_tokens(root, split, nodes, gpus, workers, tokens_per_batch, batch_size, attention)
-    if batch_size is None:
-        _fail("plan needs --batch-size (persons a rank a step) or --tokens-per-batch")
+        _refuse_flags(asked, split)  # the rest of the checkpoint's epoch: training's, whatever --split says
+        _plan_resume(root, checkpoint, nodes * gpus, workers, batch_size, drop_last, tokens_per_batch, asked.balance)
     m = read_manifest(root)
     if split not in m.splits:
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
     info = m.splits[split]
     # train is read as training reads it; any other split as validation does (every person once)
-    report = describe([s.samples for s in info.shards], info.remainder_persons, nodes, gpus, workers, batch_size,
-                      drop_last=drop_last, split=split, mode="balanced" if split == "train" else "exact")
+    asked = dataclasses.replace(asked, mode="balanced" if split == "train" else "exact")
+    _refuse_flags(asked, split)
+
+    def lengths() -> tuple[np.ndarray, list[int]]:
+        """The split's lengths (from its lengths index, or its blocks in a dataset without one) and its shards'
+        persons, the remainder last (an empty one without a remainder shard, as the plans take it)."""
+        persons, sizes = split_lengths(root, m, split)
+        return persons, sizes if info.remainder is not None else [*sizes, 0]
+
+    report = plan_kind(asked).report(asked, Readers(nodes, gpus, workers), split,
+                                     ([s.samples for s in info.shards], info.remainder_persons), lengths)
     click.echo(report.text)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(report.status)
 
 
-def _plan_tokens(root: str, split: str, nodes: int, gpus: int, workers: int, tokens_per_batch: int,
-                 batch_size: int | None, attention: bool) -> None:
-    """`shardify plan --tokens-per-batch`: the token-budget plan of the split's persons (their lengths read from its
-    lengths index, or from its blocks in a dataset without one) beside the persons plan."""
-    from .plan.report import describe_tokens
-    from .store.lengths import split_lengths
-    from .store.remote import read_manifest
+def _refuse_flags(asked: Asked, split: str) -> None:
+    """Refuse (exit 2) flags that would do nothing with the plan they ask for: `--attention` without a budget, a
+    budget on a split read as validation reads it, no batch size of either kind."""
+    from .plan.epoch import plan_kind
 
-    m = read_manifest(root)
-    if split in m.splits and split != "train":  # it would do nothing (an unknown split: split_lengths names it)
-        _fail(f"--tokens-per-batch plans training's batches, and --split {split} is read as validation reads it: in "
-              "batches of persons, never by a budget; plan it with --batch-size")
-    lengths, sizes = split_lengths(root, m, split)
-    if m.splits[split].remainder is None:
-        sizes.append(0)  # no remainder shard: an empty one, last, as the plans take it
-    report = describe_tokens(lengths, sizes, nodes, gpus, workers, tokens_per_batch, batch_size=batch_size,
-                             attention=attention, split=split)
-    click.echo(report.text)
-    sys.exit(0 if report.ok else 2)
+    said = plan_kind(asked).flag_refusal(asked, split)
+    if said:
+        _fail(said)
 
 
 @main.command("time")

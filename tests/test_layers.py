@@ -186,12 +186,31 @@ def test_no_module_outgrows_its_size() -> None:
     assert over == {}, f"over {MAX_LINES} lines: {over}"
 
 
-@pytest.mark.parametrize("init", sorted(PACKAGE.rglob("__init__.py")), ids=lambda p: str(p.relative_to(REPO)))
-def test_each_package_docstring_names_its_modules(init: Path) -> None:
-    """A package's docstring says what each of its modules and subpackages does, naming it as ``:mod:`.name```."""
+def unnamed_modules(init: Path) -> tuple[list[str], list[str]]:
+    """The modules and subpackages of ``init``'s package, and those of them its docstring does not name as
+    ``:mod:`.name```."""
     doc = ast.get_docstring(ast.parse(init.read_text())) or ""
     here = init.parent
     names = sorted(p.stem for p in here.glob("*.py") if p.name != "__init__.py")
     names += sorted(d.name for d in here.iterdir() if (d / "__init__.py").exists())
-    unnamed = [n for n in names if f":mod:`.{n}`" not in doc]
+    return names, [n for n in names if f":mod:`.{n}`" not in doc]
+
+
+@pytest.mark.parametrize("init", sorted(PACKAGE.rglob("__init__.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_each_package_docstring_names_its_modules(init: Path) -> None:
+    """A package's docstring says what each of its modules and subpackages does, naming it as ``:mod:`.name```."""
+    names, unnamed = unnamed_modules(init)
     assert names and not unnamed, f"{init.relative_to(REPO)}: its docstring does not name {unnamed}"
+
+
+def test_a_module_the_docstring_misses_is_found(tmp_path: Path) -> None:
+    """A module or subpackage the docstring leaves out, or names only in passing (not as ``:mod:``), is found."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "__init__.py").write_text("")
+    for name in ("reads", "writes"):
+        (tmp_path / f"{name}.py").write_text("")
+    init = tmp_path / "__init__.py"
+    init.write_text('"""Reading (:mod:`.reads`) and writing (writes.py)."""\n')
+    assert unnamed_modules(init) == (["reads", "writes", "sub"], ["writes", "sub"])
+    init.write_text('"""Reading (:mod:`.reads`), writing (:mod:`.writes`), the rest (:mod:`.sub`)."""\n')
+    assert unnamed_modules(init)[1] == []

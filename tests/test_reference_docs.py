@@ -160,37 +160,84 @@ def given(page: str, data: Path) -> dict[str, Any]:
     return {"torch": torch, "device": "cpu", "model": LifeSeqPretrainModule(EncoderConfig(16, 32, 1, 2), vocab).eval()}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("page", SNIPPETS, ids=lambda p: p.name)
-def test_the_reference_snippets_run(page: Path, ds8: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each python block of the page, top to bottom in one namespace, in a directory where ``ds/`` is a converted
-    dataset; a block marked ``needs gpu`` is checked instead (its imports resolve, its keywords exist)."""
+def run_snippets(page: Path, names: dict[str, Any], here: Path) -> None:
+    """Each python block of ``page``, top to bottom in one namespace (``names``: what the page takes as given), its
+    :data:`EDITS` made; a block marked ``needs gpu`` is checked instead (its imports resolve, its keywords exist, in
+    ``here``). The first block that fails raises, its traceback naming the page and line."""
     text = page.read_text()
-    blocks = [(m.group(1) or "", m.group(2), line_of(text, m.start(2))) for m in FENCE.finditer(text)]
-    (tmp_path / "ds").symlink_to(ds8)
-    monkeypatch.chdir(tmp_path)
-    names = given(page.name, ds8)
-    for directive, code, line in blocks:
-        where = f"{page.relative_to(REPO)}:{line}"
+    for m in FENCE.finditer(text):
+        directive, code = m.group(1) or "", m.group(2)
+        where = f"{page.relative_to(page.parents[2])}:{line_of(text, m.start(2))}"  # docs/reference/<page>:<line>
         if "needs gpu" in directive:
-            check_python(code, tmp_path, where)
+            check_python(code, here, where)
             continue
         for old, new in EDITS.get(page.name, []):
-            if old in code:
-                code = code.replace(old, new)
+            code = code.replace(old, new)
         exec(compile(code, where, "exec"), names)  # the page's own code, run as a reader would
     for old, _ in EDITS.get(page.name, []):
         assert old in text, f"{page.name}: the edit of {old!r} no longer matches the page"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("page", SNIPPETS, ids=lambda p: p.name)
+def test_the_reference_snippets_run(page: Path, ds8: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each python block of the page runs (:func:`run_snippets`), in a directory where ``ds/`` is a converted
+    dataset."""
+    (tmp_path / "ds").symlink_to(ds8)
+    monkeypatch.chdir(tmp_path)
+    run_snippets(page, given(page.name, ds8), tmp_path)
+
+
+def test_a_broken_snippet_fails(tmp_path: Path) -> None:
+    """A block that imports a name the package lacks, or that fails when it runs, fails the check, naming its page
+    and line; the blocks of a page share one namespace, so a later block uses what an earlier one made."""
+    pages = tmp_path / "docs" / "reference"
+    pages.mkdir(parents=True)
+    page = pages / "page.md"
+    page.write_text("```python\nfrom lifeseq_shards.reader.options import ReadOptions\n"
+                    "opts = ReadOptions(batch_size=8)\n```\ntext\n\n```python\nassert opts.batch_size == 8\n```\n")
+    run_snippets(page, {}, tmp_path)
+    page.write_text("```python\nfrom lifeseq_shards.reader.options import ReadOptions\n```\n\n"
+                    "```python\nReadOptions(batch_size=0)\n```\n")
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1") as failed:
+        run_snippets(page, {}, tmp_path)
+    assert any(str(entry.path).endswith("docs/reference/page.md:6") for entry in failed.traceback)
+    page.write_text("```python\nfrom lifeseq_shards.reader import NoSuchName\n```\n")
+    with pytest.raises(ImportError, match="NoSuchName"):
+        run_snippets(page, {}, tmp_path)
+
+
 # -- results pages ---------------------------------------------------------------------------------------------------
+def commit_problem(page: Path, repo: Path) -> str | None:
+    """What is wrong with a results page's commit: none named (``commit abc1234`` or ``at abc1234``), or none of
+    those named a commit of ``repo`` where its history is there (None: nothing)."""
+    commits = COMMIT.findall(page.read_text())
+    if not commits:
+        return f"{page.name}: names no commit (write the one it measured: `commit <hash>`)"
+    git = subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-dir"], capture_output=True)
+    if git.returncode:
+        return None  # an export without history: the hashes cannot be checked here
+    known = [c for c in commits if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{c}^{{commit}}"],
+                                                  capture_output=True).returncode == 0]
+    return None if known else f"{page.name}: {commits} are not commits of this repository"
+
+
 @pytest.mark.parametrize("page", RESULTS, ids=lambda p: str(p.relative_to(REPO / "docs" / "results")))
 def test_each_results_page_names_the_commit_it_measured(page: Path) -> None:
-    """``commit abc1234`` or ``at abc1234`` on the page, a commit of this repository where its history is here."""
-    commits = COMMIT.findall(page.read_text())
-    assert commits, f"{page.relative_to(REPO)}: names no commit (write the one it measured: `commit <hash>`)"
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-dir"], capture_output=True)
-    if git.returncode == 0:
-        known = [c for c in commits if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{c}^{{commit}}"],
-                                                      capture_output=True).returncode == 0]
-        assert known, f"{page.relative_to(REPO)}: {commits} are not commits of this repository"
+    problem = commit_problem(page, REPO)
+    assert problem is None, f"docs/results/{problem}"
+
+
+def test_a_results_page_without_its_commit_is_found(tmp_path: Path) -> None:
+    """A page naming no commit, or only hashes that are not commits here, is found; one naming a commit is not."""
+    page = tmp_path / "numbers.md"
+    page.write_text("Measured on 2026-12-03: 0.16 s.\n")
+    assert "names no commit" in (commit_problem(page, REPO) or "")
+    page.write_text("Measured at commit 0123abcd: 0.16 s.\n")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode:  # an export without history: a hash cannot be checked, only its presence
+        assert commit_problem(page, REPO) is None
+        return
+    assert "['0123abcd'] are not commits" in (commit_problem(page, REPO) or "")
+    page.write_text(f"Measured at commit {head.stdout.strip()}: 0.16 s.\n")
+    assert commit_problem(page, REPO) is None

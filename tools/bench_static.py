@@ -13,7 +13,10 @@ compiles are dynamo's own count (``counters["stats"]["unique_graphs"]``), a step
 the count grew, its compile time its wall time over the median of the steps that did not compile. The losses of the
 static and the varying batches are checked to agree step by step.
 
-    python -m tools.bench_static --sample ../shared/data/lifeseq-sample --out docs/results
+    python -m tools.bench_static --out docs/results
+
+(``--sample``: the sample to convert, by default the copy tests/data/lifeseq-sample carries; ``--data``: a dataset
+already converted.)
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from lifeseq_shards.store.format import concat_blocks, token_schema
 from lifeseq_shards.store.lengths import split_lengths
 from lifeseq_shards.store.remote import read_manifest
 from lifeseq_shards.store.shardfile import read_shard_blocks
-from tools.common import write_csv
+from tools.common import REPO, write_csv
+
+SAMPLE = REPO / "tests" / "data" / "lifeseq-sample"  # the sample carried in this repository
 
 TINY = EncoderConfig(64, 128, 2, 4)  # the compiler's work and the host's, not the model's FLOPs, are measured
 CONTENDERS = (("eager", "varying"), ("eager", "static"), ("compiled", "varying"), ("compiled", "static"))
@@ -201,7 +206,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, help="a converted dataset with a vocabulary (else --sample is converted)")
-    p.add_argument("--sample", type=Path, default=Path("../shared/data/lifeseq-sample"))
+    p.add_argument("--sample", type=Path, default=SAMPLE,
+                   help="the sample to convert (default: the copy this repository carries)")
     p.add_argument("--split", default="train")
     p.add_argument("--tokens-per-batch", type=int, default=2048)
     p.add_argument("--steps", type=int, default=24, help="the epoch's first steps only (a short epoch)")

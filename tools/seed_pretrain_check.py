@@ -8,7 +8,8 @@ REPO is their git repository (a clone or a bare mirror; ``--commit``, default 88
 WORK and the diff is applied there. PY is the Python whose torch / Lightning are checked (this checkout's
 lifeseq_shards is put first on its path); DIR holds what their code imports that PY lacks (performer-pytorch 1.1.4,
 pandas, polars...: ``pip install --no-deps --target DIR``). The data are the first ``--persons`` persons of their
-sample's encoded_mlm.h5 (and the same persons of encoded_nomlm.h5 for predict), converted by this project.
+sample's encoded_mlm.h5 (and the same persons of encoded_nomlm.h5 for predict), converted by this project: by
+default the copy tests/data/lifeseq-sample carries, another with ``--sample``.
 
 Steps: ``apply`` (git apply), ``data`` (convert), ``fit`` (uninterrupted; every train person once per epoch, ranks in
 step), ``kill`` (the same run, SIGKILLed after a checkpoint in the last epoch), ``resume`` twice (from the newest
@@ -40,7 +41,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIFF = REPO_ROOT / "docs" / "seed-pretrain.diff"
 RANK = Path(__file__).with_name("seed_pretrain_rank.py")
-SAMPLE = Path("/work/shared/data/lifeseq-sample")
+SAMPLE = REPO_ROOT / "tests" / "data" / "lifeseq-sample"  # the sample carried in this repository
 RANKS = 2
 THEIR_ARGS = ["--accelerator", "cpu", "--ddpstrategy", "gloo", "--devices", str(RANKS)]
 
@@ -423,7 +424,8 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable, help="the stack to check (default: this Python)")
     p.add_argument("--deps", required=True, help="a directory with what their code imports that PY lacks")
     p.add_argument("--work", required=True, help="a scratch directory (emptied step by step)")
-    p.add_argument("--sample", default=str(SAMPLE), help="their sample: encoded_mlm.h5, encoded_nomlm.h5, vocab.csv")
+    p.add_argument("--sample", default=str(SAMPLE),
+                   help="their sample: encoded_mlm.h5, encoded_nomlm.h5, vocab.csv (default: the carried copy)")
     p.add_argument("--persons", type=int, default=600)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)

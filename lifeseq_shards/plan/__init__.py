@@ -1,5 +1,6 @@
 """The epoch plan: one interface (:mod:`.epoch`'s ``EpochPlan``) that the reader, the loader's resume and
-``shardify plan --resume`` ask, whichever plan forms the batches (batches of persons, or of a token budget).
+``shardify plan`` ask, whichever plan forms the batches (batches of persons, or of a token budget), and what it is
+asked (:mod:`.asked`).
 The partition plan, pure arithmetic of the manifest and the arrangement (no I/O, no RNG state): the slots and their
 persons (:mod:`.slots`), windows and order (:mod:`.order`), the frozen :class:`~.partition.Partition`
 (:mod:`.partition`), exact validation (:mod:`.exact`), the rest of an epoch after a resume (:mod:`.resume`), and the

@@ -1,10 +1,14 @@
 """One interface for every way of forming an epoch's batches (:class:`EpochPlan`), so that the reader, the loader's
-resume and ``shardify plan --resume`` ask the same questions of each and never ask which plan it is: the batches each
+resume and ``shardify plan`` ask the same questions of each and never ask which plan it is: the batches each
 reader (rank x worker) yields, where a pass resumes, what is left of an epoch after a stop in another arrangement, and
 the pieces a worker reads. Two plans implement it: batches of ``batch_size`` persons (:class:`PersonsPlan`, the
 arithmetic of :mod:`.partition` and :mod:`.resume`) and batches of a token budget (:class:`BudgetPlan`, of
-:mod:`.tokens`). A new way of forming batches is one more class. Pure, like the rest of plan/: a plan keeps only the
-last rest of an epoch it computed, so that a pass asks for it once.
+:mod:`.tokens`). Which one forms the batches asked for (:class:`Asked`) is :func:`plan_kind`'s answer, from each
+class's own :meth:`EpochPlan.wanted`; the class then checks what was asked, builds the reader's plan
+(:meth:`EpochPlan.reading`) and ``shardify plan``'s report (:meth:`EpochPlan.report`). A new way of forming batches
+is one more class. Pure, like the rest of plan/: what a plan reads of a split (the persons' lengths) is handed to it
+as a function it calls only when it needs them; a plan keeps only the last rest of an epoch it computed, so that a
+pass asks for it once.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import numpy as np
 from . import order as plan_order
 from . import partition as plan_partition
 from . import resume as plan_resume
-from .balance import TokenPlan
+from .asked import Asked, Lengths, Readers
+from .balance import BALANCES, TokenPlan
 from .order import Window
 from .partition import EVEN, Partition
-from .report import describe_resume
+from .report import PlanReport, describe, describe_resume, describe_tokens
 from .resume import Arrangement, Position, RestPlan
 from .slots import dividing_workers, slot_index
 from .tokens import TokenSchedule, stream_window
@@ -54,6 +59,43 @@ class EpochPlan(ABC):
         self.partition, self.rank, self.arrangement = partition, rank, arrangement
         self.name = name  # what refusals name first (the dataset's path and split)
         self._kept: tuple[Any, Any] | None = None  # (key, value): the last rest of an epoch planned
+
+    # -- the kind of plan: which batches it forms, what it refuses, how it is built and printed -------------------
+    @classmethod
+    @abstractmethod
+    def wanted(cls, asked: Asked) -> bool:
+        """Whether this plan forms the batches ``asked`` asks for (exactly one plan does: :func:`plan_kind`)."""
+
+    @classmethod
+    def refusal(cls, asked: Asked) -> str | None:
+        """Why a reader cannot read ``asked`` with this plan, in its arguments' words (None: it can)."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def reading(cls, asked: Asked, partition: Partition, rank: int, arrangement: Arrangement, name: str,
+                lengths: Lengths) -> EpochPlan:
+        """The plan of a reader's epochs (``name``: the dataset's path and split, for refusals); ``lengths`` is
+        called only by a plan that plans from them."""
+
+    @classmethod
+    def flag_refusal(cls, asked: Asked, split: str) -> str | None:
+        """Why ``shardify plan`` refuses the flags that asked for ``asked`` on ``split``, in its flags' words: one
+        that would do nothing with this plan (None: none)."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+               lengths: Lengths) -> PlanReport:
+        """Epoch 0 of ``split`` (``shards``: its shards' persons and the remainder shard's) on ``readers``, as
+        ``shardify plan`` prints it."""
+
+    def saved_settings(self) -> dict[str, Any]:
+        """What a loader's state saves of this plan beside the partition's settings
+        (``reader.state.saved_arrangement``'s keywords): nothing, unless the plan decides more of which persons a
+        position holds."""
+        return {}
 
     def arranged(self, arrangement: Arrangement) -> EpochPlan:
         """This plan read by the readers of ``arrangement``."""
@@ -134,6 +176,29 @@ class PersonsPlan(EpochPlan):
     """Batches of ``batch_size`` persons: each reader's slots of the shards (:class:`Partition`), and after a
     resume in another arrangement the rest of the epoch (:class:`RestPlan`)."""
 
+    @classmethod
+    def wanted(cls, asked: Asked) -> bool:
+        return not asked.tokens_per_batch
+
+    @classmethod
+    def reading(cls, asked: Asked, partition: Partition, rank: int, arrangement: Arrangement, name: str,
+                lengths: Lengths) -> PersonsPlan:
+        return cls(partition, rank, arrangement, name)
+
+    @classmethod
+    def flag_refusal(cls, asked: Asked, split: str) -> str | None:
+        if asked.balance != "tokens":  # it would do nothing: batches of persons are not dealt by length
+            return "--attention deals a token budget's persons to even out len^2: it needs --tokens-per-batch"
+        if asked.batch_size is None:
+            return "plan needs --batch-size (persons a rank a step) or --tokens-per-batch"
+        return None
+
+    @classmethod
+    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+               lengths: Lengths) -> PlanReport:
+        return describe(shards[0], shards[1], readers.nodes, readers.gpus, readers.workers, asked.batch_size or 0,
+                        drop_last=asked.drop_last, split=split, mode=asked.mode)
+
     def worker_batches(self) -> list[int]:
         return self.partition.worker_batches(self.rank)
 
@@ -211,10 +276,53 @@ class BudgetPlan(EpochPlan):
     (``schedule``): nobody left out, the same steps on every rank; after a resume in another arrangement or budget,
     the persons not yet trained on, planned again (:meth:`TokenSchedule.leg`)."""
 
-    def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str, schedule: TokenSchedule
-                 ) -> None:
+    def __init__(self, partition: Partition, rank: int, arrangement: Arrangement, name: str, schedule: TokenSchedule,
+                 asked: Asked) -> None:
         super().__init__(partition, rank, arrangement, name)
-        self.schedule = schedule
+        self.schedule, self.asked = schedule, asked
+
+    @classmethod
+    def wanted(cls, asked: Asked) -> bool:
+        return bool(asked.tokens_per_batch)
+
+    @classmethod
+    def refusal(cls, asked: Asked) -> str | None:
+        if asked.mode != EVEN:
+            return (f"tokens_per_batch is for training batches (mode='balanced'), not mode={asked.mode!r}: "
+                    "validation and predict read batch_size persons a batch")
+        if asked.drop_last:
+            return ("drop_last with tokens_per_batch: a token budget's batches hold every person of the epoch, none "
+                    "is dropped; leave drop_last=False")
+        return None
+
+    @classmethod
+    def reading(cls, asked: Asked, partition: Partition, rank: int, arrangement: Arrangement, name: str,
+                lengths: Lengths) -> BudgetPlan:
+        """Planned from every person's length, read once here (in the split's order)."""
+        persons, sizes = lengths()
+        if asked.crop:  # a longer person costs the model only the tokens it sees
+            persons = np.minimum(persons, asked.crop)
+        schedule = TokenSchedule(persons, tuple(sizes), partition.seed, partition.shuffle, BALANCES[asked.balance])
+        return cls(partition, rank, arrangement, name, schedule, asked)
+
+    @classmethod
+    def flag_refusal(cls, asked: Asked, split: str) -> str | None:
+        if asked.mode != EVEN:  # it would do nothing: validation reads batches of persons
+            return (f"--tokens-per-batch plans training's batches, and --split {split} is read as validation reads "
+                    "it: in batches of persons, never by a budget; plan it with --batch-size")
+        return None
+
+    @classmethod
+    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+               lengths: Lengths) -> PlanReport:
+        persons, sizes = lengths()
+        return describe_tokens(persons, sizes, readers.nodes, readers.gpus, readers.workers,
+                               asked.tokens_per_batch or 0, batch_size=asked.batch_size,
+                               attention=asked.balance == "attention", split=split)
+
+    def saved_settings(self) -> dict[str, Any]:
+        return {"tokens_per_batch": self.asked.tokens_per_batch, "balance": self.asked.balance,
+                "crop": self.asked.crop}
 
     def worker_batches(self) -> list[int]:
         workers = self.arrangement.workers
@@ -273,3 +381,12 @@ class BudgetPlan(EpochPlan):
         window = stream_window(at.history, lay)
         return WorkerRead(lambda: schedule.ordered_windows(at.epoch, window, persons), [len(b) for b in persons],
                           False, skip)
+
+
+def plan_kind(asked: Asked, among: type[EpochPlan] = EpochPlan) -> type[EpochPlan]:
+    """The plan that forms the batches ``asked`` asks for: the one class derived from ``among`` that wants them, or
+    a class derived from it that wants them too (a subclass refines its parent's plan for the requests it wants)."""
+    kinds = [kind for kind in among.__subclasses__() if kind.wanted(asked)]
+    if len(kinds) > 1 or not kinds and among is EpochPlan:  # a plan class's wanted() is wrong
+        raise TypeError(f"{asked}: wanted by {[k.__name__ for k in kinds]}, not by exactly one plan")
+    return plan_kind(asked, kinds[0]) if kinds else among

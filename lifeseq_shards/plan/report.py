@@ -27,6 +27,12 @@ _MAX_SEGMENTS_SHOWN = 6
 class PlanReport:
     ok: bool
     text: str
+    refused: bool = False  # the plan refuses what was asked (a budget), rather than finding problems in a plan
+
+    @property
+    def status(self) -> int:
+        """`shardify plan`'s exit status: 0 ok, 1 problems found, 2 refused."""
+        return 0 if self.ok else 2 if self.refused else 1
 
 
 def _segments_text(segments: list[Segment[int]], shard_sizes: Sequence[int]) -> str:
@@ -249,7 +255,7 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost,
                           window=window)
     except ValueError as e:
-        return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]))
+        return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]), refused=True)
     sizes, tokens = plan.batch_sizes(), plan.step_costs(lengths)
     per_step = sizes.sum(axis=1)
     lines += ["", f"token-budget plan: {plan.steps} steps an epoch (every epoch; {plan.steps // max(1, workers)} a "

@@ -13,17 +13,14 @@ import warnings
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..plan import order as plan_order
-from ..plan.balance import BALANCES
-from ..plan.epoch import BudgetPlan, EpochPlan, PersonsPlan
+from ..plan.epoch import EpochPlan, plan_kind
 from ..plan.partition import EVEN, Partition
 from ..plan.resume import Arrangement, Leg, Position
-from ..plan.tokens import TokenSchedule
 from ..store.lengths import split_lengths
 from ..store.manifest import MANIFEST, Manifest, ManifestError
 from ..store.remote import dataset_url, read_manifest, require_block_checks
@@ -132,16 +129,12 @@ class ShardedDataset(IterableDataset):
         self._warn_static_balance()
 
     def _epoch_plan(self) -> EpochPlan:
-        """The plan of this dataset's epochs, the one place that chooses it: with a token budget, from every
-        person's length, read once here (in the split's order, as self.shards lists them)."""
-        options, name = self.options, f"{self.root}: split {self.split}"
-        if not options.tokens_per_batch:
-            return PersonsPlan(self.partition, self.rank, self._arrangement(), name)
-        lengths, sizes = split_lengths(self.root, self.manifest, options.splits[0])
-        if options.budget_crop:  # a longer person costs the model only the tokens it sees
-            lengths = np.minimum(lengths, options.budget_crop)
-        schedule = TokenSchedule(lengths, tuple(sizes), options.seed, options.shuffled, BALANCES[options.balance])
-        return BudgetPlan(self.partition, self.rank, self._arrangement(), name, schedule)
+        """The plan of this dataset's epochs, of the kind its options ask for; the split's lengths (in the split's
+        order, as self.shards lists them) are read only by a plan that plans from them."""
+        asked = self.options.asked
+        return plan_kind(asked).reading(asked, self.partition, self.rank, self._arrangement(),
+                                        f"{self.root}: split {self.split}",
+                                        lambda: split_lengths(self.root, self.manifest, self.options.splits[0]))
 
     @classmethod
     def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,

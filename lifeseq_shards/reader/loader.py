@@ -293,4 +293,4 @@ class ShardedLoader(DataLoader):
         """This loader's :func:`~lifeseq_shards.reader.state.saved_arrangement`."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         return saved_arrangement(ds.partition, [ds.split] if isinstance(ds.split, str) else ds.split, self._per_message,
-                            ds.tokens_per_batch or 0, ds.options.balance, ds.options.budget_crop)
+                            **ds.plan.saved_settings())

@@ -11,7 +11,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
+from ..plan.asked import Asked
 from ..plan.balance import BALANCES
+from ..plan.epoch import plan_kind
 from ..plan.partition import COMPLETE, EVEN, mode_name
 from ..store.manifest import Manifest
 
@@ -59,18 +61,19 @@ class ReadOptions:
             raise ValueError(f"seed must be an integer >= 0, not {self.seed!r}")
         if (self.skip_files or self.shard_field) and self.mode != COMPLETE:
             raise ValueError("skip_files and shard_field are for mode='complete' (embedding every person once)")
-        if self.tokens_per_batch is not None:
-            if self.mode != EVEN:
-                raise ValueError(f"tokens_per_batch is for training batches (mode='balanced'), not mode={self.mode!r}:"
-                                 " validation and predict read batch_size persons a batch")
-            if self.drop_last:
-                raise ValueError("drop_last with tokens_per_batch: a token budget's batches hold every person of "
-                                 "the epoch, none is dropped; leave drop_last=False")
+        refused = plan_kind(self.asked).refusal(self.asked)
+        if refused:
+            raise ValueError(refused)
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(map(repr, BALANCES))}, not {self.balance!r}")
         if self.packed and self.pad_to is not None:
             raise ValueError("packed batches are padded on the device "
                              "(lifeseq_shards.device.build.padded_fields): no pad_to")
+
+    @property
+    def asked(self) -> Asked:
+        """How these options ask for an epoch's batches (the plan that forms them: :func:`plan_kind`)."""
+        return Asked(self.batch_size, self.tokens_per_batch, self.balance, self.mode, self.drop_last, self.budget_crop)
 
     @property
     def budget_crop(self) -> int:
