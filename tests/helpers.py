@@ -314,3 +314,30 @@ def assert_one_line_exit_2(args: list[str], needle: str) -> None:
     code, out = shardify(*args)
     assert code == 2, out
     assert out.count("\n") == 1 and out.startswith("error: ") and needle in out, out
+
+
+def both_layouts(data: Path, persons: int = 12) -> tuple[Any, Any, int]:
+    """The first ``persons`` train persons of ``data`` (offline MLM masks) as the padded model batch (512 positions,
+    as their loader gives it) and as the packed one, and a vocabulary size that holds their tokens: the same persons
+    and targets for their model padded and packed."""
+    import torch
+
+    from lifeseq_shards.device.build import count_tokens, model_batch
+    from lifeseq_shards.reader import ShardedDataset
+
+    host = next(iter(ShardedDataset(data, "train", batch_size=persons, seed=0, packed=True)))
+    counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)))
+    padded, flat = model_batch(counted, layout="padded", max_len=512), model_batch(counted, layout="packed")
+    assert int((padded["target_tokens"] != 0).sum()) > persons and int(padded["lengths"].max()) < 512
+    return padded, flat, int(max(padded["input_ids"][:, 0].max(), padded["target_tokens"].max())) + 1
+
+
+def rezero_gains(encoder: Any, value: float = 0.5) -> None:
+    """Their encoder's ReZero gains (their init: 0, which leaves out attention) set to ``value``, so that every
+    term counts in a comparison."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            if name.endswith(".weights"):
+                p.fill_(value)

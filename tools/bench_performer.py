@@ -26,7 +26,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,7 @@ SAMPLE = REPO / "tests" / "data" / "lifeseq-sample"
 WIDTH = 512  # their max_length
 TARGET_EVERY = 7  # an MLM target every 7th token: about their 15 %
 PRECISIONS = ("fp32", "tf32", "bf16-mixed")
+POPULATIONS = ("sample", "long-tail")
 
 
 # ---- batches ----
@@ -283,14 +284,31 @@ a GPU: none was lent to this run.
 """
 
 
+def names(known: Collection[str]) -> Callable[[str], list[str]]:
+    """An argument of comma-separated names, each one of ``known`` (refused before any model is built)."""
+    def parse(text: str) -> list[str]:
+        got = text.split(",")
+        unknown = [n for n in got if n not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))}: not one of {', '.join(known)}")
+        return got
+    return parse
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", type=lambda s: s.split(","), default=["small", "medium"])
-    ap.add_argument("--populations", type=lambda s: s.split(","), default=["sample", "long-tail"])
+    ap.add_argument("--sizes", type=names(SIZES), default=["small", "medium"])
+    ap.add_argument("--populations", type=names(POPULATIONS), default=list(POPULATIONS))
     # 64 persons of the sample (mean 136 tokens) fill two 4,096-token budget batches: the packed side runs full ones
-    ap.add_argument("--persons", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=8, help="persons a padded step (their batch_size)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--persons", type=positive, default=64)
+    ap.add_argument("--batch", type=positive, default=8, help="persons a padded step (their batch_size)")
+    ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ap.add_argument("--profile", action="store_true", help="print one training step's top operators per side first")

@@ -245,29 +245,47 @@ esac
 
 case "$MODE" in their|their-cpu)  # their performer encoder padded to 512 against PackedPerformer, both precisions
   # tools/bench_performer.py: their train step and predict pass, the sides alternating round by round, on the sample's
-  # lengths and a long tail; one page per precision. Dry run (tiny dims, a few persons, the same code paths):
+  # lengths and a long tail; one page per precision, performer-<precision>.md. Sizes, each defaulting to the mode's:
+  # THEIR_SIZES (tools/their_encoder.py's SIZES, comma-separated), THEIR_POPULATIONS (sample,long-tail),
+  # THEIR_PERSONS, THEIR_BATCH (persons a padded step), THEIR_ROUNDS. Dry run (tiny dims, a few persons, the same
+  # code paths; THEIR_PERSONS=2 THEIR_BATCH=1 is tests/tools/test_bench_performer.py's, seconds):
   #   PYTHON=.venv/bin/python OUT=/tmp/dct bash tools/device_check.sh their-cpu
+  # Exit: 2 without their dependencies or with a size the bench refuses, else the first precision's failure (124: cut
+  # by the deadline), else 0.
   if [ "$MODE" = their-cpu ]; then
-    BENCH=(--device cpu --sizes tiny --populations sample --persons 6 --batch 2 --rounds 1)
+    DEFAULTS=(cpu tiny sample 6 2 1)
     DEADLINE=$((T0 + ${DEADLINE_S:-900}))
   else
-    BENCH=(--device cuda --sizes small,medium,base --persons 256 --batch 32 --rounds 3)
+    DEFAULTS=(cuda small,medium,base sample,long-tail 256 32 3)
     DEADLINE=$((T0 + ${DEADLINE_S:-90}))
   fi
+  BENCH=(--device "${DEFAULTS[0]}" --sizes "${THEIR_SIZES:-${DEFAULTS[1]}}" --populations
+    "${THEIR_POPULATIONS:-${DEFAULTS[2]}}" --persons "${THEIR_PERSONS:-${DEFAULTS[3]}}" --batch
+    "${THEIR_BATCH:-${DEFAULTS[4]}}" --rounds "${THEIR_ROUNDS:-${DEFAULTS[5]}}")
   { nvidia-smi --query-gpu=name,memory.used --format=csv || true; nproc
     $PY -c "import torch, performer_pytorch, local_attention; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   } >"$OUT/env.txt" 2>&1
+  DEPS=$?  # the import line's: the last of the group
   stamp env; cat "$OUT/env.txt"
+  if [ "$DEPS" -ne 0 ]; then
+    echo "their: $PY cannot import torch, performer_pytorch and local_attention (their model's dependencies; the" \
+      "wheels: tools/device_prep.sh puts them into .whl/)"
+    exit 2
+  fi
   SHARE=2  # the first precision gets half of the stage's time, the second what is left
+  RC=0
   for P in tf32 bf16-mixed; do  # fp32 with TF32 matmuls (their PRECISION "32-true" + "medium"), then bf16 autocast
     stamp "bench_performer $P"
     timeout "$(cap $(((DEADLINE - SECONDS) / SHARE)) 2)" $PY -m tools.bench_performer "${BENCH[@]}" --precision "$P" \
       --out "$OUT/performer-$P.md"
-    echo "their $P exit $?"
+    STATUS=$?
+    echo "their $P exit $STATUS"
+    [ "$STATUS" -eq 2 ] && exit 2  # the bench refused an argument (a size): the other precision would too
+    [ "$RC" -eq 0 ] && RC=$STATUS
     SHARE=1
   done
   stamp done
-  exit 0;;
+  exit "$RC";;
 esac
 
 case "$MODE" in base|base-cpu)

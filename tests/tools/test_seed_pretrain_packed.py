@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import REPO, scaled, their_code, their_repo
+from helpers import REPO, both_layouts, rezero_gains, scaled, their_code, their_repo
 
-from lifeseq_shards.device.build import count_tokens, model_batch
-from lifeseq_shards.reader import ShardedDataset
 from tools.seed_pretrain_check import HPARAMS, their_copy
 
 # what their code imports that the test stacks lack (docs/results/seed-pretrain.md, "DEPS"): their pins on numpy 1
@@ -54,10 +52,7 @@ def their_model(models: Any, vocab: int, packed: object) -> Any:
     torch.manual_seed(0)
     hparams = yaml.safe_load(HPARAMS.format(vocab_size=vocab, epochs=1, batch_size=12)) | {"packed": packed}
     model = models.TransformerEncoder(hparams)
-    with torch.no_grad():
-        for name, p in model.transformer.named_parameters():
-            if name.endswith(".weights"):
-                p.fill_(0.5)
+    rezero_gains(model.transformer)
     return model
 
 
@@ -72,11 +67,7 @@ def test_their_losses_on_packed_batches_mean_what_they_meant(their_models: Any, 
     """The same 12 persons, padded to 512 as before and packed: with ``packed: 512`` the MLM loss (mean over the
     masked tokens) and the CLS loss (over the persons) equal the padded ones to 1e-5, and so do the gradients (1e-4);
     with ``packed: unpadded`` (no padding keys) the losses differ (their global heads no longer count the padding)."""
-    host = next(iter(ShardedDataset(mlm_dataset, "train", batch_size=12, seed=0, packed=True)))
-    counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)))
-    padded, flat = model_batch(counted, layout="padded", max_len=512), model_batch(counted, layout="packed")
-    assert int((padded["target_tokens"] != 0).sum()) > 12 and int(padded["lengths"].max()) < 512
-    vocab = int(max(padded["input_ids"][:, 0].max(), padded["target_tokens"].max())) + 1
+    padded, flat, vocab = both_layouts(mlm_dataset)
     runs = {}
     for packed, batch in ((False, padded), (512, flat), ("unpadded", flat)):
         model = their_model(their_models, vocab, packed)
