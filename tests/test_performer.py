@@ -24,9 +24,9 @@ from helpers import THEIR_MIRROR, their_code, their_repo
 from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
-from lifeseq_shards.device.batch import PackedModelBatch
+from lifeseq_shards.device.batch import PackedModelBatch, StaticModelBatch
 from lifeseq_shards.device.build import StaticShape, count_tokens, host_sync_guard, model_batch
-from lifeseq_shards.performer import PackedPerformer, global_heads, packed_layout
+from lifeseq_shards.performer import PackedPerformer, bucket_count, global_heads, packed_layout
 from lifeseq_shards.reader import ShardedDataset
 from tools.their_encoder import SIZES, TheirEncoder
 
@@ -278,6 +278,49 @@ def test_static_batches_have_one_shape_and_no_host_sync() -> None:
             net(batch).square().sum().backward()
     layouts = [packed_layout(x["cu_seqlens"], x["input_ids"].shape[1], WINDOW, 1, 1, 128) for x in (a, b)]
     assert [t.shape for t in layouts[0]] == [t.shape for t in layouts[1]]
+
+
+@pytest.mark.parametrize("pad_to", [None, 128])
+def test_exact_buckets_equal_their_model(pad_to: int | None) -> None:
+    """static=False lays out only the buckets the persons fill (fewer than the static bound): the states are their
+    padded forward's (pad_to=L) or each person's alone (None), <= 1e-5 relative; a training loss's gradients are
+    their padded model's (<= 1e-4 relative); a filler person without rows gives no NaN."""
+    model = reference().train()
+    people = persons(LENGTHS, seed=3)
+    batch = packed(people, 128)
+    exact = packed_layout(batch["cu_seqlens"], batch["input_ids"].shape[1], WINDOW, 1, 1, pad_to,
+                          bucket_count(batch["cu_seqlens"], WINDOW))
+    bound = packed_layout(batch["cu_seqlens"], batch["input_ids"].shape[1], WINDOW, 1, 1, pad_to)
+    assert exact.key_slot.shape[0] == sum(-(-n // WINDOW) for n in LENGTHS) < bound.key_slot.shape[0]
+    net = PackedPerformer(model, pad_to=pad_to, static=False)
+    with torch.no_grad():
+        model.eval()
+        ours = split(net(batch), people)
+        theirs = model(*padded(people, 128)) if pad_to else None
+        for i, (got, p) in enumerate(zip(ours, people, strict=True)):
+            want = theirs[i, : p.shape[1]] if pad_to else model(p[None], torch.ones(1, p.shape[1], dtype=torch.long))[0]
+            assert relative(got, want) <= 1e-5, (p.shape[1], relative(got, want))
+        model.train()
+    head = nn.Linear(HIDDEN, VOCAB)
+    if pad_to:
+        _loss([s[: p.shape[1]] for s, p in zip(model(*padded(people, 128)), people, strict=True)], head).backward()
+        want = _grads(model)
+        _loss(split(net(batch), people), head).backward()
+        for name, g in _grads(model).items():
+            assert float((g - want[name]).norm()) / max(float(want[name].norm()), 1e-12) <= 1e-4, name
+    out = net(packed(people, 128, filler=[40, 0]))
+    out.square().sum().backward()
+    assert torch.isfinite(out).all() and all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_exact_buckets_read_the_host_only_without_a_static_shape() -> None:
+    """static=False reads the lengths back to the host, except on a StaticModelBatch, which keeps its one shape."""
+    net = PackedPerformer(reference().eval(), pad_to=128, static=False)
+    batch = packed(persons([3, 40, 90]), 128, filler=[7, 0])
+    with torch.no_grad(), host_sync_guard():
+        with pytest.raises(RuntimeError, match="host sync"):
+            net(batch)
+        net(StaticModelBatch(dict(batch)))
 
 
 def test_a_batch_wider_than_pad_to_is_refused() -> None:

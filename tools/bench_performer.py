@@ -8,8 +8,9 @@ embedding (predict) pass, persons/s and tokens/s, in one run, the two taking tur
 The model is their ``Transformer``'s structure built on their dependencies (tools/their_encoder.py: performer-pytorch
 1.1.4's ``SelfAttention`` with local-attention 1.9.14's window, their edits; tests/test_performer.py checks it, and
 ``PackedPerformer``, against their own modules at 884ef02) at their small and medium dims. The padded side reads
-``--batch`` persons a step, each padded to 512; the packed side (``PackedPerformer(model, pad_to=512)``, their
-padded model's numbers) the same persons in order, cut into batches of at most ``--batch`` x 512 real tokens. Both
+``--batch`` persons a step, each padded to 512; the packed side (``PackedPerformer(model, pad_to=512, static=False)``,
+their padded model's numbers, in the buckets its persons fill) the same persons in order, cut into batches of at most
+``--batch`` x 512 real tokens. Both
 decode the same MLM rows (every 7th token of each person) and the CLS of each person's first token; before timing,
 the two forwards are checked to agree. Two populations: the sample's lengths (tests/data/lifeseq-sample, their
 pipeline's output) and a long-tailed synthetic one (lognormal, capped at 512). The ratio is the median over rounds
@@ -222,7 +223,7 @@ def measure(size_name: str, pop: str, args: argparse.Namespace) -> list[Row]:
         for name, p in model.named_parameters():
             if name.endswith(".weights"):
                 p.fill_(0.5)
-    net = PackedPerformer(model, pad_to=WIDTH)
+    net = PackedPerformer(model, pad_to=WIDTH, static=False)  # eager steps: the buckets counted on the host
     heads = Heads(size).to(args.device)
     opt = torch.optim.AdamW([*model.parameters(), *heads.parameters()], lr=1e-4)
     lengths = population(pop, args.persons, seed=0)
@@ -264,8 +265,9 @@ Measured by `python -m tools.bench_performer --sizes {",".join(args.sizes)} --po
 Method: their encoder's structure on their dependencies (tools/their_encoder.py `TheirEncoder`:
 performer-pytorch 1.1.4 + local-attention 1.9.14, their edits; 10 heads of which 7 local with window
 38, 436 random features) at their dims. Padded: {args.batch} persons a step, each padded to {WIDTH},
-as their loader gives them. Packed: `PackedPerformer(model, pad_to={WIDTH})` (the same numbers as
-their padded model: checked before timing) on the same persons in order, in batches of at most
+as their loader gives them. Packed: `PackedPerformer(model, pad_to={WIDTH}, static=False)` (the same numbers
+as their padded model: checked before timing; the buckets its persons fill, counted on the host, as an eager step
+without a static shape lays them out) on the same persons in order, in batches of at most
 {args.batch} x {WIDTH} real tokens. "train" is their step (forward, an MLM decoder on every
 {TARGET_EVERY}th token and a CLS head, backward, AdamW); "predict" the forward under no_grad and a
 mean pool. After one untimed batch of each side, each round times every batch of the {args.persons}
