@@ -45,10 +45,11 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardify plan $(DEMO)/shards --nodes 1 --gpus 2 --workers 2 --tokens-per-batch 16384
 	$(PY) -m tools.demo_batches $(DEMO)/shards
 
-## Before every commit: ruff, then the fast tests on the newest stack (those marked neither slow nor bench).
+## Before every commit: ruff, then the fast tests on the newest stack (those marked neither slow nor bench). Here and
+## in `test`, --durations=25 ends each log with its 25 slowest tests and fixtures, the ones to cut next.
 check: $(VENV)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
-	$(PY) -m pytest -q -m "not slow and not bench"
+	$(PY) -m pytest -q --durations=25 -m "not slow and not bench"
 
 ## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
 ## pins' side by side, one process each (each is mostly one core's work: 59 min together on the 2-core machine,
@@ -58,8 +59,9 @@ TESTLOGS ?= .test-logs
 test: $(VENV)/.installed $(PINNED)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
 	@mkdir -p $(TESTLOGS)
-	@{ $(PY) -m pytest -q -p no:cacheprovider > $(TESTLOGS)/newest.log 2>&1; echo $$? > $(TESTLOGS)/newest.rc; } & \
-	 { $(PINNED)/bin/python -m pytest -q -p no:cacheprovider > $(TESTLOGS)/pinned.log 2>&1; \
+	@{ $(PY) -m pytest -q -p no:cacheprovider --durations=25 > $(TESTLOGS)/newest.log 2>&1; \
+	   echo $$? > $(TESTLOGS)/newest.rc; } & \
+	 { $(PINNED)/bin/python -m pytest -q -p no:cacheprovider --durations=25 > $(TESTLOGS)/pinned.log 2>&1; \
 	   echo $$? > $(TESTLOGS)/pinned.rc; }; wait; \
 	 echo "== the newest stack"; cat $(TESTLOGS)/newest.log; \
 	 echo "== the researchers' pinned stack"; cat $(TESTLOGS)/pinned.log; \

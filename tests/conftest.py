@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ddp_harness import SPAWN_CKPT, SPAWN_RUN, SPAWN_S, fit_with_checkpoints, resume
 from helpers import SMALL_SHARDS, SeedRows, copy_of, scaled
 from hypothesis import settings
 from pytest_timeout import get_env_settings
@@ -135,3 +136,18 @@ def ds7(sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def nomlm_copy(nomlm_dataset: Path, tmp_path: Path) -> Path:
     """A copy of ``nomlm_dataset`` that the test may edit."""
     return copy_of(nomlm_dataset, tmp_path)
+
+
+# The Lightning ddp_spawn fit and its resume from a mid-epoch checkpoint, launched once a session: tests/reader/
+# test_ddp.py checks the persons and batches, tests/test_compat.py what the same processes printed.
+
+
+@pytest.fixture(scope="session")
+def lightning_spawn(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("spawn") / "result.json", *SPAWN_RUN, timeout=SPAWN_S)
+
+
+@pytest.fixture(scope="session")
+def lightning_spawn_resumed(lightning_spawn: Path, ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resume(lightning_spawn, ds8, SPAWN_CKPT, tmp_path_factory.mktemp("spawn-resumed"), *SPAWN_RUN,
+                  timeout=SPAWN_S)

@@ -31,6 +31,12 @@ SNAPSHOT_AT = 5
 # the launches' own deadlines (scaled by LIFESEQ_TEST_TIME_SCALE in launch); each test's pytest timeout adds room for
 # the fixtures it builds
 TORCHRUN_S, LIGHTNING_S = 60, 90
+# the ddp_spawn run (tests/conftest.py's lightning_spawn, which tests/reader/test_ddp.py and tests/test_compat.py
+# read): the researchers' package, spawned ranks, workers started again each epoch, no sanity check, 2 val batches
+SPAWN_RUN = ("--flavour", "pytorch_lightning", "--strategy", "ddp_spawn", "--no-persistent", "--no-sanity",
+             "--limit-val", "2")
+SPAWN_S = LIGHTNING_S + 60
+SPAWN_CKPT = f"step={CKPT_STEP}.ckpt"  # the checkpoint its resume starts from, mid-epoch
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,16 +133,21 @@ def fit_with_checkpoints(data: Path, out: Path, *extra: str, timeout: float = LI
     return out
 
 
-def assert_resume_exact(full: Path, data: Path, ckpt: str, tmp_path: Path, *extra: str,
-                        timeout: float = LIGHTNING_S) -> None:
-    """fit(ckpt_path=<the full run's checkpoint ``ckpt``>) with the same configuration trains on exactly the batches
-    the uninterrupted run had left after it, batch for batch, on every rank: the rest of the epoch it stopped in
-    (none for an end-of-epoch checkpoint), then the next epochs in full."""
+def resume(full: Path, data: Path, ckpt: str, out_dir: Path, *extra: str, timeout: float = LIGHTNING_S) -> Path:
+    """fit(ckpt_path=<the full run's checkpoint ``ckpt``>) with the same configuration ``extra``, its result file and
+    log in ``out_dir``; returns the result file (assert_resumed_exact compares it with the full run's)."""
     path = full.parent / "ckpt" / ckpt
     assert path.exists(), sorted(p.name for p in path.parent.iterdir())
-    step = int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
-    out = tmp_path / "resumed.json"
-    launch([lightning(data, out, "--epochs", "2", "--resume", str(path), *extra)], tmp_path, timeout)
+    out = out_dir / "resumed.json"
+    launch([lightning(data, out, "--epochs", "2", "--resume", str(path), *extra)], out_dir, timeout)
+    return out
+
+
+def assert_resumed_exact(full: Path, ckpt: str, out: Path) -> None:
+    """The fit resumed from the full run's checkpoint ``ckpt`` (result file ``out``) trained on exactly the batches
+    the uninterrupted run had left after it, batch for batch, on every rank: the rest of the epoch it stopped in
+    (none for an end-of-epoch checkpoint), then the next epochs in full."""
+    step = int(torch.load(full.parent / "ckpt" / ckpt, map_location="cpu", weights_only=False)["global_step"])
     for f, r in zip(read_ranks(full), read_ranks(out), strict=True):
         expected, done = {}, step  # epoch -> the full run's batches of it that come after the checkpoint
         for e in sorted(f["train"], key=int):
@@ -147,3 +158,15 @@ def assert_resume_exact(full: Path, data: Path, ckpt: str, tmp_path: Path, *extr
         got = {e: len(b) for e, b in r["train"].items()}
         assert got == {e: len(b) for e, b in expected.items()}, f"rank {f['rank']}: batches per epoch after resume"
         assert r["train"] == expected, f"rank {f['rank']}: the resumed batches differ from the uninterrupted run's"
+
+
+def assert_resume_exact(full: Path, data: Path, ckpt: str, tmp_path: Path, *extra: str,
+                        timeout: float = LIGHTNING_S) -> None:
+    """Resume the full run from its checkpoint ``ckpt`` with the same configuration and check the batches
+    (assert_resumed_exact)."""
+    assert_resumed_exact(full, ckpt, resume(full, data, ckpt, tmp_path, *extra, timeout=timeout))
+
+
+def launch_log(result: Path) -> str:
+    """What a launch that wrote ``result`` printed (stdout and stderr of all its processes)."""
+    return (result.parent / "launch-0.log").read_text()

@@ -3,24 +3,19 @@ their signed view, read back on the device), in both layouts; what a torch lacks
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, repo_first
+from ddp_harness import SPAWN_S, launch_log
 
 from lifeseq_shards import compat
 from lifeseq_shards.device.build import BatchBuilder
 from lifeseq_shards.reader import BatchSpec, collate
 from lifeseq_shards.store.format import Block, make_schema
-
-SCRIPTS = REPO / "tests" / "ddp_scripts"
 
 
 def edge_block(token_dtype: str) -> tuple[Block, list[list[int]]]:
@@ -82,20 +77,14 @@ def test_a_fallback_that_costs_is_said_once_a_run_by_rank_0(monkeypatch: pytest.
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_two_rank_fit_with_workers_names_no_fallback_more_than_once(ds8: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(2 * SPAWN_S + 60)
+def test_a_two_rank_fit_with_workers_names_no_fallback_more_than_once(lightning_spawn: Path,
+                                                                      lightning_spawn_resumed: Path) -> None:
     """Their stack (torch 2.1.2: no uint16 tensors, no add_safe_globals; Lightning 2.2.2: no restart stages) loses
-    nothing by its fallbacks: a 2-rank pytorch_lightning fit with 2 workers a rank, resumed from a mid-epoch
-    checkpoint, prints no FallbackNotice more than once (before: one per process and worker, 20 in a fit). The
-    newest stack takes none."""
-    fit = [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(ds8), str(tmp_path / "r.json"), "--workers", "2",
-           "--flavour", "pytorch_lightning", "--limit-train", "6", "--limit-val", "2", "--ckpt-every", "3",
-           "--ckpt-dir", str(tmp_path / "ckpt")]
-    out = ""
-    for extra in ([], ["--resume", str(tmp_path / "ckpt" / "step=3.ckpt")]):
-        r = subprocess.run([*fit, *extra], cwd=SCRIPTS, env=repo_first(os.environ), capture_output=True, text=True,
-                           timeout=180)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        out += r.stdout + r.stderr
+    nothing by its fallbacks: a 2-rank pytorch_lightning fit with 2 workers a rank (spawned, started again each
+    epoch), resumed from a mid-epoch checkpoint, prints no FallbackNotice more than once (before: one per process and
+    worker, 20 in a fit). The newest stack takes none. The fit and its resume are tests/conftest.py's, which
+    tests/reader/test_ddp.py checks the batches of."""
+    out = launch_log(lightning_spawn) + launch_log(lightning_spawn_resumed)
     notices = re.findall(r"FallbackNotice: (.*)", out)
     assert len(notices) == len(set(notices)) <= 1, notices

@@ -13,16 +13,20 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 from ddp_harness import (
     CKPT_STEP,
     LIGHTNING_S,
     SNAPSHOT_AT,
+    SPAWN_CKPT,
+    SPAWN_S,
     TORCHRUN,
     TORCHRUN_S,
     WORKERS,
     assert_equal_batches,
     assert_exactly_once,
     assert_resume_exact,
+    assert_resumed_exact,
     fit_with_checkpoints,
     flat,
     free_port,
@@ -32,27 +36,24 @@ from ddp_harness import (
 )
 from helpers import split_ids, trained_ids
 
-# The Lightning runs: each an uninterrupted 2-epoch fit of the researcher-style model (OneCycleLR over
-# estimated_stepping_batches, which builds the train loader before a checkpoint is restored) whose checkpoints the
-# resume tests start from, each configuration repeated by its resumes. Together they cover both Lightning packages,
-# ddp and ddp_spawn, 2 and 0 workers, persistent workers on and off, the sanity check on and off, validation
-# mid-epoch, limit_train_batches and limit_val_batches, and mid-epoch and end-of-epoch checkpoints.
+# The Lightning runs (the ddp_spawn one, SPAWN_RUN, is tests/conftest.py's): each an uninterrupted 2-epoch fit of
+# the researcher-style model (OneCycleLR over estimated_stepping_batches, which builds the train loader before a
+# checkpoint is restored) whose checkpoints the resume tests start from, each configuration repeated by its resumes.
+# Together they cover both Lightning packages, ddp and ddp_spawn, 2 and 0 workers, persistent workers on and off, the
+# sanity check on and off, validation mid-epoch, limit_train_batches and limit_val_batches, and mid-epoch,
+# inside-a-step and end-of-epoch checkpoints.
 # lightning, 2 persistent workers, sanity check; the batch built ahead during each step, as on CUDA by default
 DDP_RUN = ("--masking", "dynamic", "--val-check-interval", "0.5", "--prefetch")
-SPAWN_RUN = ("--flavour", "pytorch_lightning", "--strategy", "ddp_spawn", "--no-persistent", "--no-sanity",
-             "--limit-val", "2")
 ZERO_WORKERS_RUN = ("--flavour", "pytorch_lightning", "--workers", "0", "--limit-train", "30")
-SPAWN_S = LIGHTNING_S + 60
+INSIDE_STEP = "inside-step.ckpt"
 
 
 @pytest.fixture(scope="module")
 def lightning_ddp(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("ddp") / "result.json", *DDP_RUN)
-
-
-@pytest.fixture(scope="module")
-def lightning_spawn(ds8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fit_with_checkpoints(ds8, tmp_path_factory.mktemp("spawn") / "result.json", *SPAWN_RUN, timeout=SPAWN_S)
+    """DDP_RUN's fit; beside its checkpoints, one saved inside step CKPT_STEP (INSIDE_STEP), as SLURM's requeue does."""
+    out = tmp_path_factory.mktemp("ddp") / "result.json"
+    return fit_with_checkpoints(ds8, out, *DDP_RUN, "--save-mid-step", str(CKPT_STEP),
+                                str(out.parent / "ckpt" / INSIDE_STEP))
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +175,8 @@ def test_lightning_ddp_spawn_reads_each_person_once(lightning_spawn: Path, ds8: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(SPAWN_S + 30)
-def test_lightning_ddp_spawn_resumes_mid_epoch_exactly(lightning_spawn: Path, ds8: Path, tmp_path: Path) -> None:
-    assert_resume_exact(lightning_spawn, ds8, f"step={CKPT_STEP}.ckpt", tmp_path, *SPAWN_RUN, timeout=SPAWN_S)
+def test_lightning_ddp_spawn_resumes_mid_epoch_exactly(lightning_spawn: Path, lightning_spawn_resumed: Path) -> None:
+    assert_resumed_exact(lightning_spawn, SPAWN_CKPT, lightning_spawn_resumed)
 
 
 @pytest.mark.slow
@@ -191,17 +192,14 @@ def test_lightning_zero_workers_limited_epochs_resume_exactly(lightning_zero_wor
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * LIGHTNING_S + 30)
-def test_lightning_ddp_checkpoint_inside_a_step_resumes_exactly(ds8: Path, tmp_path: Path) -> None:
+def test_lightning_ddp_checkpoint_inside_a_step_resumes_exactly(lightning_ddp: Path, ds8: Path, tmp_path: Path) -> None:
     """Lightning's SLURM auto-requeue (SIGUSR1) saves a checkpoint wherever the step stands, and the requeued job
     resumes from it by training that step's batch again: the data must resume at that batch, not after it (the
     resumed run used to stop with "loader is at batch 9 ... trainer at batch 8")."""
-    full, ckpt = tmp_path / "full" / "result.json", tmp_path / "full" / "inside-step.ckpt"
-    run = ("--epochs", "2", "--prefetch")
-    launch([lightning(ds8, full, *run, "--save-mid-step", str(CKPT_STEP), str(ckpt))], full.parent, LIGHTNING_S)
-    out = tmp_path / "resumed.json"
-    launch([lightning(ds8, out, *run, "--resume", str(ckpt))], tmp_path, LIGHTNING_S)
-    for f, r in zip(read_ranks(full), read_ranks(out), strict=True):
-        assert r["train"] == {"0": f["train"]["0"][CKPT_STEP:], "1": f["train"]["1"]}, f"rank {f['rank']}"
+    ckpt = lightning_ddp.parent / "ckpt" / INSIDE_STEP
+    assert ckpt.exists(), sorted(p.name for p in ckpt.parent.iterdir())
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == CKPT_STEP
+    assert_resume_exact(lightning_ddp, ds8, INSIDE_STEP, tmp_path, *DDP_RUN)
 
 
 @pytest.mark.slow

@@ -300,9 +300,12 @@ def take(it: Iterator[Batch], n: int) -> list[Batch]:
     ("world", "rank", "workers", "mode", "bs", "mid", "per_message"),
     [
         (1, 0, 0, "balanced", 100, 5, None),
-        (1, 0, 2, "balanced", 100, 5, 1),  # odd: the batch due next is worker 1's
-        (1, 0, 2, "balanced", 100, 5, 3),  # inside worker 1's first message of 3 (w0 w0 w0 w1 w1 | w1)
-        (1, 0, 2, "balanced", 100, 5, None),  # the default, 10 per message: inside worker 0's first
+        # the three 2-worker cases of one rank: 6-14 s each (load 2-7): make test runs them, make check not
+        pytest.param(1, 0, 2, "balanced", 100, 5, 1, marks=pytest.mark.slow),  # odd: the batch due next is worker 1's
+        # inside worker 1's first message of 3 (w0 w0 w0 w1 w1 | w1)
+        pytest.param(1, 0, 2, "balanced", 100, 5, 3, marks=pytest.mark.slow),
+        # the default, 10 per message: inside worker 0's first
+        pytest.param(1, 0, 2, "balanced", 100, 5, None, marks=pytest.mark.slow),
         (7, 3, 0, "balanced", 100, 5, None),  # pooled slices: reads start inside shards
         (3, 0, 2, "complete", 115, 13, 1),  # workers with unequal batch counts (9 and 8)
         (3, 0, 2, "complete", 115, 13, None),  # the same in messages of 8: w0's 8, w1's 8, w0's last one
