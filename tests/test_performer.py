@@ -291,7 +291,7 @@ def test_exact_buckets_equal_their_model(pad_to: int | None) -> None:
     exact = packed_layout(batch["cu_seqlens"], batch["input_ids"].shape[1], WINDOW, 1, 1, pad_to,
                           bucket_count(batch["cu_seqlens"], WINDOW))
     bound = packed_layout(batch["cu_seqlens"], batch["input_ids"].shape[1], WINDOW, 1, 1, pad_to)
-    assert exact.key_slot.shape[0] == sum(-(-n // WINDOW) for n in LENGTHS) < bound.key_slot.shape[0]
+    assert exact.key_cells.shape[0] == sum(-(-n // WINDOW) for n in LENGTHS) < bound.key_cells.shape[0]
     net = PackedPerformer(model, pad_to=pad_to, static=False)
     with torch.no_grad():
         model.eval()
