@@ -261,6 +261,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     plan's steps and balance beside the persons plan's (exit 2 when the budget is refused)."""
     from .plan.asked import Asked, Readers
     from .plan.epoch import plan_kind
+    from .plan.partition import EVEN, EXACT
     from .store.lengths import split_lengths
     from .store.remote import read_manifest
 
@@ -273,7 +274,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
         _fail(f"{root}: no split {split!r} (has {', '.join(m.splits)})")
     info = m.splits[split]
     # train is read as training reads it; any other split as validation does (every person once)
-    asked = dataclasses.replace(asked, mode="balanced" if split == "train" else "exact")
+    asked = dataclasses.replace(asked, mode=EVEN if split == "train" else EXACT)
     _refuse_flags(asked, split)
 
     def lengths() -> tuple[np.ndarray, list[int]]:

@@ -362,7 +362,7 @@ class BudgetPlan(EpochPlan):
         then, now = at.history[-1], self.arrangement
         was = then.arrangement
         return (f"{split} split, epoch {at.epoch}: saved after batch {then.batches} ({was.world_size} ranks x "
-                f"{was.num_workers} worker(s), budget {then.arrangement.tokens_per_batch}); resumed on "
+                f"{was.num_workers} worker(s), budget {was.tokens_per_batch}); resumed on "
                 f"{now.world_size} ranks x {now.num_workers} worker(s), budget {now.tokens_per_batch}\ntrained on "
                 f"before: {len(self.schedule.lengths) - len(plan.persons)} persons; the rest: {len(plan.persons)} "
                 f"persons in {plan.steps} steps a rank (all equal), batches {base}..{len(self)} of this layout's "
