@@ -151,18 +151,18 @@ class MaskingConfig:
         return round(1.0 - self.keep - self.mask, 12)
 
 
-def fill_targets(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, length: int, slots: int):
-    """(B, slots) target_pos / target_tokens: the first ``n`` of ``pos``/``tok``, the rest position L-1 / token 0.
+def fill_targets(pos: torch.Tensor, tok: torch.Tensor, n: torch.Tensor, length: int, max_targets: int):
+    """(B, max_targets) target_pos / target_tokens: the first ``n`` of ``pos``/``tok``, the rest position L-1 / token 0.
 
     The seed fills unused targets with position 511 and token 0 for L = 512; token 0 is the loss's ignore index. A
     target at or past ``length`` (outside the batch) becomes an unused target too; the reader never crops offline
     targets (it refuses a pad_to below a person's length for offline-mask data).
     """
-    if pos.shape[1] < slots:
-        pad = slots - pos.shape[1]
+    if pos.shape[1] < max_targets:
+        pad = max_targets - pos.shape[1]
         pos, tok = torch.nn.functional.pad(pos, (0, pad)), torch.nn.functional.pad(tok, (0, pad))
-    used = (torch.arange(slots, device=pos.device) < n[:, None]) & (pos[:, :slots] < length)
-    return torch.where(used, pos[:, :slots], length - 1), torch.where(used, tok[:, :slots], 0)
+    used = (torch.arange(max_targets, device=pos.device) < n[:, None]) & (pos[:, :max_targets] < length)
+    return torch.where(used, pos[:, :max_targets], length - 1), torch.where(used, tok[:, :max_targets], 0)
 
 
 def _groups(tokens: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,13 +273,14 @@ class DynamicMasker:
             target_cls = torch.zeros(B, dtype=torch.long, device=tokens.device)
 
         candidate = real & (pos >= 1) & (tokens >= cfg.n_special)
-        slots = math.floor(cfg.ratio * L)
+        max_targets = math.floor(cfg.ratio * L)
         budget = _floor_share(cfg.ratio, lengths)
         if cfg.kind == "random":
-            masked, tpos, n = self._random_targets(bits[-2, :, :L], bits[-1], tokens, candidate, budget, pos, slots)
+            masked, tpos, n = self._random_targets(
+                bits[-2, :, :L], bits[-1], tokens, candidate, budget, pos, max_targets)
         else:
-            masked, tpos, n = self._event_targets(bits[-1], tokens, candidate, budget, pos, slots)
-        target_pos, target_tokens = fill_targets(tpos, tokens.gather(1, tpos), n, L, slots)
+            masked, tpos, n = self._event_targets(bits[-1], tokens, candidate, budget, pos, max_targets)
+        target_pos, target_tokens = fill_targets(tpos, tokens.gather(1, tpos), n, L, max_targets)
         return {
             "masked_tokens": masked,
             "original": tokens,
@@ -323,13 +324,13 @@ class DynamicMasker:
         src_token, src_stamp = torch.where(real, src_token, pos), torch.where(real, src_stamp, pos)
         return tokens.gather(1, src_token), [s.gather(1, src_stamp) for s in stamps]
 
-    def _random_targets(self, bits, token_bits, tokens, candidate, budget, pos, slots):
+    def _random_targets(self, bits, token_bits, tokens, candidate, budget, pos, max_targets):
         """floor(ratio*length) candidates in random order: first ``keep`` share kept, last share random, rest [MASK]."""
         cfg = self.cfg
-        order = torch.sort(_behind(candidate, bits, pos), dim=1, stable=True).indices[:, :slots]
+        order = torch.sort(_behind(candidate, bits, pos), dim=1, stable=True).indices[:, :max_targets]
         n = torch.minimum(budget, candidate.sum(1))
         n_keep, n_random = _floor_share(cfg.keep, n)[:, None], _floor_share(cfg.random_share, n)[:, None]
-        j = torch.arange(slots, device=tokens.device)
+        j = torch.arange(max_targets, device=tokens.device)
         original = tokens.gather(1, order)
         span = cfg.vocab_size - cfg.n_special
         replacement = cfg.n_special + ((token_bits.gather(1, order) * span) >> 32)
@@ -337,7 +338,7 @@ class DynamicMasker:
         value = torch.where(j < n[:, None], value, original)  # the positions beyond n are distinct: no-op writes
         return tokens.scatter(1, order, value), order, n
 
-    def _event_targets(self, bits, tokens, candidate, budget, pos, slots):
+    def _event_targets(self, bits, tokens, candidate, budget, pos, max_targets):
         """Whole segments ([SEP]-delimited, background included) in random order while their total stays <= budget."""
         B, L = tokens.shape
         segment, size = _groups(tokens, candidate)
@@ -349,5 +350,5 @@ class DynamicMasker:
         rank = torch.empty_like(order).scatter_(1, order, k.expand(B, K).contiguous())
         target = candidate & taken.gather(1, segment)
         sort_key = _behind(target, rank.gather(1, segment) * L + pos, pos)
-        tpos = torch.sort(sort_key, dim=1, stable=True).indices[:, :slots]
+        tpos = torch.sort(sort_key, dim=1, stable=True).indices[:, :max_targets]
         return torch.where(target, MASK, tokens), tpos, target.sum(1)

@@ -1,6 +1,6 @@
 """The researchers' large model's sizes (D3-hparams-large.txt: BERT-base, 768/3072/12/12, max_length 1024) through
 the whole path on CPU: the step-4 parquet converted with --max-seq-len 1024, LifeSeqData batches padded to 1,024
-(floor(0.3 x 1024) = 307 target slots) and packed, the same masks in both layouts, and training steps of the
+(floor(0.3 x 1024) = 307 target columns) and packed, the same masks in both layouts, and training steps of the
 reference encoder at base's width on both (a tiny batch and two of its 12 layers, so the CPU runs it in seconds)."""
 
 from __future__ import annotations

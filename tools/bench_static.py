@@ -196,7 +196,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"average: {b['rows'] / b['persons_mean']:.1f} x the work that goes by person rows (on this CPU backend the "
         "padded attention's width slots a row, where FlashAttention's varlen kernel spends nothing on a person "
         "without tokens; the masker's (rows, width) draw too, outside the timed step here). The MLM head reads "
-        "floor(0.3 x tokens) target slots a static batch, against floor(0.3 x width) a person unpadded.",
+        "floor(0.3 x tokens) target columns a static batch, against floor(0.3 x width) a person unpadded.",
         "",
         "compiles: graphs dynamo compiled (forward and its backward count once); compile_s: the wall time of the "
         "steps that compiled over the median step's; steady_steps_per_s: 1 / the median step that did not compile; "

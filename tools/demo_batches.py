@@ -72,7 +72,7 @@ def main(root: str, batches: int = 3, workers: int = 2) -> None:
         print(f"  model batch on the device: input_ids {tuple(model['input_ids'].shape)} = (persons, tokens / abspos "
               f"/ age / segment, width); width {width} = the longest person, rounded up to a multiple of 8")
         target_tokens, target_pos = model["target_tokens"], model["target_pos"]
-        used = target_tokens > 0  # an unused target slot holds token 0 ([PAD])
+        used = target_tokens > 0  # an unused target column holds token 0 ([PAD])
         shown = model["input_ids"][:, 0].gather(1, target_pos)
         expected = int(torch.minimum((0.3 * lengths).floor().long(), lengths).sum())
         n, masked = int(used.sum()), int((used & (shown == MASK)).sum())

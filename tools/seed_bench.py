@@ -98,7 +98,7 @@ def write_their_h5(path: Path, block: Any, width: int, vocab_size: int, seed: in
     from lifeseq_shards.masking import DynamicMasker, MaskingConfig
     from tools.common import seed_rows
 
-    masker, slots, n = DynamicMasker(MaskingConfig(vocab_size=vocab_size, seed=seed)), max_targets(width), block.n
+    masker, max_targets, n = DynamicMasker(MaskingConfig(vocab_size=vocab_size, seed=seed)), max_targets(width), block.n
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
         def dataset(name: str, shape: tuple[int, ...]) -> Any:
@@ -114,9 +114,10 @@ def write_their_h5(path: Path, block: Any, width: int, vocab_size: int, seed: in
             ids = torch.from_numpy(rows["input_ids"])
             m = masker.draw(*ids.unbind(1), torch.from_numpy(rows["padding_mask"]).sum(1),
                             torch.from_numpy(rows["sequence_id"]), 0)
-            if m["target_pos"].shape[1] != slots:
-                raise RuntimeError(f"the masker keeps {m['target_pos'].shape[1]} target slots, their layout {slots}")
-            tail = torch.full((stop - start, width - slots), -1)
+            if m["target_pos"].shape[1] != max_targets:
+                raise RuntimeError(
+                    f"the masker keeps {m['target_pos'].shape[1]} target columns, their layout {max_targets}")
+            tail = torch.full((stop - start, width - max_targets), -1)
             out["input_ids"][start:stop] = torch.stack(
                 [m["masked_tokens"], m["abspos"], m["age"], m["segment"]], 1).numpy()
             out["padding_mask"][start:stop] = rows["padding_mask"]

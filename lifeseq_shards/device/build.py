@@ -145,9 +145,9 @@ def model_batch(
     without a host sync.
 
     With ``masker`` the masks are drawn now (dynamic masking, ``epoch`` picks the draw); else the offline MLM fields
-    are used when present (padded to max(floor(0.3 L), their T) slots, so no target is ever dropped); else there are
-    no targets. A packed batch is padded first (:func:`padded_fields`; to ``max_len`` when given, cropping longer
-    persons). Every per-person field the model batch is not built from (the predict data's ``shard``, a field the
+    are used when present (padded to max(floor(0.3 L), their T) target columns, so no target is ever dropped); else
+    there are no targets. A packed batch is padded first (:func:`padded_fields`; to ``max_len`` when given, cropping
+    longer persons). Every per-person field the model batch is not built from (the predict data's ``shard``, a field the
     dataset adds) is carried as it is; a per-token one it does not know is refused (:func:`batch.check_fields`).
 
     ``layout="packed"`` (a packed batch, its tokens counted by :func:`count_tokens`) then keeps only the real tokens,
@@ -196,13 +196,14 @@ def model_batch(
     elif all(k in fields for k in OFFLINE_MLM_FIELDS):
         shown = fields["masked_tokens"].long()
         pos, tok = fields["target_pos"].long(), fields["target_tokens"].long()
-        slots = math.floor(DEFAULT_RATIO * L)
+        max_targets = math.floor(DEFAULT_RATIO * L)
         if static is None:
-            slots = max(slots, pos.shape[1])  # the stored targets' count decides: no target dropped
-        elif pos.shape[1] > slots:
+            max_targets = max(max_targets, pos.shape[1])  # the stored targets' count decides: no target dropped
+        elif pos.shape[1] > max_targets:
             raise ValueError(f"a person of the batch has {pos.shape[1]} offline MLM targets, more than the static "
-                             f"shape's {slots} slots (floor({DEFAULT_RATIO} x max_len={L})): raise pad_to")
-        target_pos, target_tokens = fill_targets(pos, tok, fields["n_targets"].long(), L, slots)
+                             f"shape's {max_targets} target columns (floor({DEFAULT_RATIO} x max_len={L})): "
+                             "raise pad_to")
+        target_pos, target_tokens = fill_targets(pos, tok, fields["n_targets"].long(), L, max_targets)
         out.update(target_pos=target_pos, target_tokens=target_tokens, target_cls=fields["target_cls"].long())
     if static is not None and "target_cls" in out:  # the padding persons' CLS never counts
         real = torch.arange(tokens.shape[0], device=tokens.device) < persons
@@ -233,12 +234,12 @@ def model_batch(
     return PackedModelBatch(out) if static is None else StaticModelBatch(out)
 
 
-def _batch_targets(index: torch.Tensor, tokens: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1, slots) target rows and tokens of a static batch: every person's used targets (token != 0), in person order,
-    then unused ones. Each person has at most floor(ratio x its tokens) targets, so the batch at most
-    floor(ratio x static tokens) = ``slots``: none is dropped, and the MLM head reads that many slots, not
-    floor(ratio x width) for each of the (mostly padding) person rows."""
-    order = torch.sort((tokens == 0).flatten().int(), stable=True).indices[:slots]
+def _batch_targets(index: torch.Tensor, tokens: torch.Tensor, max_targets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, max_targets) target rows and tokens of a static batch: every person's used targets (token != 0), in
+    person order, then unused ones. Each person has at most floor(ratio x its tokens) targets, so the batch at most
+    floor(ratio x static tokens) = ``max_targets``: none is dropped, and the MLM head reads that many target columns,
+    not floor(ratio x width) for each of the (mostly padding) person rows."""
+    order = torch.sort((tokens == 0).flatten().int(), stable=True).indices[:max_targets]
     return index.flatten()[order][None], tokens.flatten()[order][None]
 
 

@@ -92,7 +92,7 @@ def test_static_batches_have_one_shape_and_the_unpadded_contents(vocab_dataset: 
         if masker is None:
             assert "target_index" not in got and "target_cls" not in got
             continue
-        # the batch's targets, not a person's: the used slots first, in person order, then unused ones (token 0)
+        # the batch's targets, not a person's: the used targets first, in person order, then unused ones (token 0)
         assert got["target_index"].shape == got["target_tokens"].shape == (1, math.floor(0.3 * static.tokens))
         used = plain["target_tokens"] != 0
         k = int(used.sum())
@@ -122,8 +122,8 @@ def test_static_losses_and_gradients_are_the_unpadded_ones(vocab_dataset: Path, 
 
 
 def test_offline_targets_in_a_static_batch(mlm_dataset: Path) -> None:
-    """The stored masks: floor(0.3 x 2048) target slots for the batch, the real persons' targets as unpadded; a
-    width whose slots cannot hold a person's stored targets is refused, not cropped."""
+    """The stored masks: floor(0.3 x 2048) target columns for the batch, the real persons' targets as unpadded; a
+    width whose target columns cannot hold a person's stored targets is refused, not cropped."""
     host = next(iter(ShardedDataset(mlm_dataset, "train", batch_size=5, seed=1, packed=True)))
     plain, got = _both(count_tokens(host, WIDTH), StaticShape(2048, 8))
     b = len(plain["lengths"])
@@ -134,7 +134,7 @@ def test_offline_targets_in_a_static_batch(mlm_dataset: Path) -> None:
     assert torch.equal(got["target_index"][0, :k], plain["target_index"][used])
     assert (got["target_cls"][b:] == NO_CLS).all()
     narrow = count_tokens(host, 16)
-    with pytest.raises(ValueError, match="offline MLM targets, more than the static shape's 4 slots"):
+    with pytest.raises(ValueError, match="offline MLM targets, more than the static shape's 4 target columns"):
         model_batch(to_device(narrow, "cpu"), layout=PACKED, max_len=16, static=StaticShape(2048, 8))
 
 

@@ -61,7 +61,7 @@ from lifeseq_shards.store.shardfile import read_shard_blocks, write_shard
 
 Batch = PaddedBatch | PackedBatch
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
-SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target slots
+SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target columns
 
 
 # -- reading helpers ----------------------------------------------------------------------------------------------
