@@ -259,7 +259,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
     (train), when validation cannot read every person of the split once in equal batches (any other split), or
     (with --resume) when someone is left out of the rest of the epoch. With --tokens-per-batch: the token-budget
     plan's steps and balance beside the persons plan's (exit 2 when the budget is refused)."""
-    from .plan.asked import Asked, Readers
+    from .plan.asked import Asked, Topology
     from .plan.epoch import plan_kind
     from .plan.partition import EVEN, EXACT
     from .store.lengths import split_lengths
@@ -283,7 +283,7 @@ def plan(root: str, nodes: int, gpus: int, workers: int, batch_size: int | None,
         persons, sizes = split_lengths(root, m, split)
         return persons, sizes if info.remainder is not None else [*sizes, 0]
 
-    report = plan_kind(asked).report(asked, Readers(nodes, gpus, workers), split,
+    report = plan_kind(asked).report(asked, Topology(nodes, gpus, workers), split,
                                      ([s.samples for s in info.shards], info.remainder_persons), lengths)
     click.echo(report.text)
     sys.exit(report.status)

@@ -1,5 +1,5 @@
 """What an epoch plan is asked (:class:`Asked`: how the batches are formed, by a reader's options or by
-``shardify plan``'s flags) and for which readers ``shardify plan`` plans (:class:`Readers`); :mod:`.epoch`'s plans
+``shardify plan``'s flags) and for which machines ``shardify plan`` plans (:class:`Topology`); :mod:`.epoch`'s plans
 answer them."""
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ class Asked:
 
 
 @dataclass(frozen=True)
-class Readers:
-    """The readers ``shardify plan`` plans for: ``nodes`` x ``gpus`` ranks of ``workers`` workers."""
+class Topology:
+    """The machines ``shardify plan`` plans for: ``nodes`` x ``gpus`` ranks of ``workers`` workers (an
+    :class:`~lifeseq_shards.plan.resume.Arrangement` adds how they read: batch size, window, token budget)."""
 
     nodes: int
     gpus: int

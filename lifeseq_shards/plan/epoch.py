@@ -25,7 +25,7 @@ import numpy as np
 from . import order as plan_order
 from . import partition as plan_partition
 from . import resume as plan_resume
-from .asked import Asked, Lengths, Readers
+from .asked import Asked, Lengths, Topology
 from .balance import BALANCES, TokenPlan
 from .order import Window
 from .partition import EVEN, Partition
@@ -86,9 +86,9 @@ class EpochPlan(ABC):
 
     @classmethod
     @abstractmethod
-    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+    def report(cls, asked: Asked, topology: Topology, split: str, shards: tuple[list[int], int],
                lengths: Lengths) -> PlanReport:
-        """Epoch 0 of ``split`` (``shards``: its shards' persons and the remainder shard's) on ``readers``, as
+        """Epoch 0 of ``split`` (``shards``: its shards' persons and the remainder shard's) on ``topology``, as
         ``shardify plan`` prints it."""
 
     def saved_settings(self) -> dict[str, Any]:
@@ -194,9 +194,9 @@ class PersonsPlan(EpochPlan):
         return None
 
     @classmethod
-    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+    def report(cls, asked: Asked, topology: Topology, split: str, shards: tuple[list[int], int],
                lengths: Lengths) -> PlanReport:
-        return describe(shards[0], shards[1], readers.nodes, readers.gpus, readers.workers, asked.batch_size or 0,
+        return describe(shards[0], shards[1], topology.nodes, topology.gpus, topology.workers, asked.batch_size or 0,
                         drop_last=asked.drop_last, split=split, mode=asked.mode)
 
     def worker_batches(self) -> list[int]:
@@ -313,10 +313,10 @@ class BudgetPlan(EpochPlan):
         return None
 
     @classmethod
-    def report(cls, asked: Asked, readers: Readers, split: str, shards: tuple[list[int], int],
+    def report(cls, asked: Asked, topology: Topology, split: str, shards: tuple[list[int], int],
                lengths: Lengths) -> PlanReport:
         persons, sizes = lengths()
-        return describe_tokens(persons, sizes, readers.nodes, readers.gpus, readers.workers,
+        return describe_tokens(persons, sizes, topology.nodes, topology.gpus, topology.workers,
                                asked.tokens_per_batch or 0, batch_size=asked.batch_size,
                                attention=asked.balance == "attention", split=split)
 
