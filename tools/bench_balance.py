@@ -49,6 +49,7 @@ from lifeseq_shards.convert.sources.synth import (
 from lifeseq_shards.plan.balance import ATTENTION, LOOKAHEAD, PICKS, TOKENS, balance_ratios, plan_epoch
 from lifeseq_shards.plan.compare import persons_plan_costs
 from lifeseq_shards.plan.order import default_window
+from lifeseq_shards.plan.resume import Arrangement
 from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World
 from lifeseq_shards.reader.loader import RING_MESSAGE_PERSONS
 from lifeseq_shards.store.lengths import split_lengths
@@ -149,8 +150,9 @@ def check_reader(sample: Path, work: Path, epoch: int = 0) -> int:
                                "the bench plans on")
         budget = int(round(PERSONS[0] * lengths.mean()))
         got = reader_tokens(root, ranks, workers, budget, epoch)
-        want = plan_epoch(lengths, sizes, budget, ranks, workers, epoch=epoch, window=default_window(sizes),
-                          per_message=per_message(lengths, budget, workers)).step_costs(lengths)
+        lay = Arrangement.of_budget(budget, ranks, workers, window=default_window(sizes),
+                                    batches_per_message=per_message(lengths, budget, workers))
+        want = plan_epoch(lengths, sizes, lay, epoch=epoch).step_costs(lengths)
         if not np.array_equal(got, want):
             raise RuntimeError(f"{root}: at {ranks} ranks x {workers} workers the readers gave other tokens than the "
                                "plan")
@@ -169,8 +171,9 @@ def compare(name: str, lengths: np.ndarray, epochs: int) -> tuple[list[dict[str,
         costs = {"persons": [[persons_plan_costs(lengths, sizes, ranks, workers, persons, epoch=e, window=window,
                                                  cost=c) for e in range(epochs)] for c in (TOKENS, ATTENTION)]}
         for plan, cost in PLANS.items():
-            new = [plan_epoch(lengths, sizes, budget, ranks, workers, epoch=e, window=window, cost=cost,
-                              per_message=per_message(lengths, budget, workers)) for e in range(epochs)]
+            lay = Arrangement.of_budget(budget, ranks, workers, window=window,
+                                        batches_per_message=per_message(lengths, budget, workers))
+            new = [plan_epoch(lengths, sizes, lay, epoch=e, cost=cost) for e in range(epochs)]
             costs[plan] = [[p.step_costs(lengths, c) for p in new] for c in (TOKENS, ATTENTION)]
         for plan, (tokens, attention) in costs.items():
             t = np.concatenate([balance_ratios(c) for c in tokens])
@@ -190,11 +193,13 @@ def plan_timing(persons: int, slot: bool = False) -> dict[str, float]:
     """Time (wall and CPU) and peak memory of planning one epoch of ``persons`` lengths (lognormal, median 332,
     capped at 511), 8 ranks x 4 workers at 16,384 tokens, in a fresh process: the whole epoch (``plan_epoch``), or
     with ``slot`` one worker's own slot of it (``plan_slot``, what a DataLoader worker plans for an ordinary epoch)."""
-    plan = ("b = plan_slot(L, sizes, 16384, 8, 4, 0, seed=1, epoch=3); steps = 4 * len(b)" if slot else
-            "steps = plan_epoch(L, sizes, 16384, 8, 4, seed=1, epoch=3).steps")
+    plan = ("b = plan_slot(L, sizes, lay, 0, seed=1, epoch=3); steps = 4 * len(b)" if slot else
+            "steps = plan_epoch(L, sizes, lay, seed=1, epoch=3).steps")
     code = (
         "import json, resource, time, tracemalloc, numpy as np\n"
         "from lifeseq_shards.plan.balance import plan_epoch, plan_slot\n"
+        "from lifeseq_shards.plan.resume import Arrangement\n"
+        "lay = Arrangement.of_budget(16384, 8, 4)\n"
         f"n = {persons}\n"
         "L = np.clip(np.random.default_rng(0).lognormal(np.log(332), 0.6, n), 6, 511).astype(np.uint16)\n"
         "sizes = [4096] * (n // 4096) + [n % 4096]\n"

@@ -46,6 +46,7 @@ import numpy as np
 from lifeseq_shards.plan.balance import plan_epoch
 from lifeseq_shards.plan.compare import persons_left_out
 from lifeseq_shards.plan.partition import EVEN, Partition
+from lifeseq_shards.plan.resume import Arrangement
 from lifeseq_shards.plan.slots import slot_index
 from tools.common import sample_lengths, shards_of, write_csv
 
@@ -96,7 +97,7 @@ def persons_plan_batches(lengths: np.ndarray, sizes: Sequence[int], ranks: int, 
 
 def tokens_plan_batches(lengths: np.ndarray, sizes: Sequence[int], ranks: int, workers: int, budget: int,
                         epoch: int) -> list[list[np.ndarray]]:
-    plan = plan_epoch(lengths, sizes, budget, ranks, workers, epoch=epoch)
+    plan = plan_epoch(lengths, sizes, Arrangement.of_budget(budget, ranks, workers), epoch=epoch)
     return [[plan.batch(s, r) for r in range(ranks)] for s in range(plan.steps)]
 
 

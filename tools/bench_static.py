@@ -42,6 +42,7 @@ from lifeseq_shards.encoder import EncoderConfig
 from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 from lifeseq_shards.model import LifeSeqPretrainModule
 from lifeseq_shards.plan.balance import person_rows, plan_epoch
+from lifeseq_shards.plan.resume import Arrangement
 from lifeseq_shards.reader.collate import BatchSpec, collate
 from lifeseq_shards.store.format import concat_blocks, token_schema
 from lifeseq_shards.store.lengths import split_lengths
@@ -62,7 +63,7 @@ def budget_batches(ours: Path, split: str, tokens_per_batch: int, *, seed: int =
     same lengths and budget; and that width, the longest person rounded up to a multiple of 8 (no person cropped)."""
     manifest = read_manifest(ours)
     lengths, sizes = split_lengths(str(ours), manifest, split)
-    plan = plan_epoch(lengths, sizes, tokens_per_batch, 1, 0, seed=seed, epoch=epoch)
+    plan = plan_epoch(lengths, sizes, Arrangement.of_budget(tokens_per_batch, 1, 0), seed=seed, epoch=epoch)
     schema = token_schema(manifest.schema)  # read_shard_blocks repeats the stamps over their tokens
     # the split's persons in the plan's numbering: its shards in manifest order, then the remainder
     block = concat_blocks([b for e in manifest.splits[split].entries()

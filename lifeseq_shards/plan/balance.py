@@ -62,9 +62,9 @@ import numpy as np
 
 from .budget import epoch_steps
 from .order import pass_roles
+from .resume import Arrangement
 from .stream import epoch_stream, slot_stream, split_edges, stream_places
 
-DEFAULT_WINDOW = 1 << 14  # persons shuffled together: 64 blocks of 256
 # a batch's gap to its share is filled by up to PICKS persons among the next batch's LOOKAHEAD first: enough to
 # keep the ranks of a step within ~0.5 % of each other (tests/plan/test_balance.py), few enough that a pick rarely
 # crosses a window edge (32 joined every other window of 4096 with batches of ~60 persons)
@@ -134,68 +134,68 @@ def step_of(worker: int, j: np.ndarray | int, per_worker: int, workers: int, per
     return workers * q * per_message + worker * np.minimum(per_message, per_worker - q * per_message) + j % per_message
 
 
-def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch: int, world_size: int,
-               num_workers: int, *, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW,
-               cost: tuple[float, float] = TOKENS, per_message: int = 1, shuffle: bool = True) -> TokenPlan:
+def plan_epoch(lengths: np.ndarray, shard_sizes: Sequence[int], arrangement: Arrangement, *, seed: int = 0,
+               epoch: int = 0, cost: tuple[float, float] = TOKENS, shuffle: bool = True) -> TokenPlan:
     """The token-budget plan of one epoch (module docstring).
 
     Args:
         lengths: real tokens of each person of the split, in its order (shards in manifest order, then the
             remainder), all >= 1.
         shard_sizes: persons of each of those shards, the remainder last (they add up to ``len(lengths)``).
-        tokens_per_batch: B, the most real tokens a rank's batch may hold.
-        world_size, num_workers: R ranks, K DataLoader workers a rank (0: the rank's main process reads).
+        arrangement: the readers: R ranks (``world_size``), K DataLoader workers a rank (``num_workers``, 0: the
+            rank's main process reads), B the most real tokens a rank's batch may hold (``tokens_per_batch``),
+            the stream places shuffled together (``window``) and the batches a worker sends in one message
+            (``batches_per_message``); its batch size and drop_last play no part
+            (:meth:`~lifeseq_shards.plan.resume.Arrangement.of_budget` builds one from these alone).
         seed, epoch: the reshuffle; the plan is a function of these and the other arguments alone.
-        window: stream places shuffled together.
         cost: (a, b) of the cost a len + b len^2 that the deal evens out across the ranks of a step
             (:data:`TOKENS`, :data:`ATTENTION`); the budget is kept in tokens either way.
-        per_message: batches a worker sends in one message (the loader's batches per message).
         shuffle: False reads the shards in manifest order and each window in order (no reshuffle by epoch).
     """
     lengths = np.asarray(lengths)
-    _check(lengths, shard_sizes, window, per_message)
-    order = epoch_stream(shard_sizes, seed, epoch, window, shuffle)
+    _check(lengths, shard_sizes, arrangement)
+    order = epoch_stream(shard_sizes, seed, epoch, arrangement.window, shuffle)
     if not cost[1]:  # slots: each reads only its own part of a window an edge cuts
-        order = split_edges(order, stream_places(order, shard_sizes, seed, epoch, shuffle), lengths, window,
-                            world_size * max(1, num_workers))
-    return plan_persons(order, lengths, tokens_per_batch, world_size, num_workers, cost=cost,
-                        per_message=per_message)
+        order = split_edges(order, stream_places(order, shard_sizes, seed, epoch, shuffle), lengths,
+                            arrangement.window, arrangement.slots)
+    return plan_persons(order, lengths, arrangement, cost=cost)
 
 
-def plan_slot(lengths: np.ndarray, shard_sizes: Sequence[int], tokens_per_batch: int, world_size: int,
-              num_workers: int, slot: int, *, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW,
-              shuffle: bool = True) -> list[np.ndarray]:
+def plan_slot(lengths: np.ndarray, shard_sizes: Sequence[int], arrangement: Arrangement, slot: int, *,
+              seed: int = 0, epoch: int = 0, shuffle: bool = True) -> list[np.ndarray]:
     """The batches of one slot of :func:`plan_epoch`'s plan (cost in tokens): slot r K + w is rank r's worker w, and
     its batch j is ``plan.batch(step_of(w, j, ...), r)``, the same persons in the same order, but planned from the
     slot's own windows (:func:`~lifeseq_shards.plan.stream.slot_stream`) rather than the whole epoch: a worker of
     one of many ranks plans an ordinary epoch in a fraction of the time. The arguments as :func:`plan_epoch` takes
-    them; ``per_message`` only numbers the steps, so it is not needed."""
+    them; the batches per message only number the steps, so they play no part."""
     lengths = np.asarray(lengths)
-    _check(lengths, shard_sizes, window, 1)
-    k = max(1, num_workers)
-    steps = epoch_steps(int(lengths.sum(dtype=np.int64)), int(lengths.max()), tokens_per_batch, world_size,
-                        num_workers)
-    persons = slot_stream(lengths, shard_sizes, slot, world_size * k, seed, epoch, window, shuffle)
+    _check(lengths, shard_sizes, arrangement)
+    steps = epoch_steps(int(lengths.sum(dtype=np.int64)), int(lengths.max()), arrangement.tokens_per_batch,
+                        arrangement.world_size, arrangement.num_workers)
+    k = arrangement.workers
+    persons = slot_stream(lengths, shard_sizes, slot, arrangement.slots, seed, epoch, arrangement.window, shuffle)
     lens = lengths[persons].astype(np.int32)
     batch = _slot_batches(lens, int(lens.sum(dtype=np.int64)), 1, steps // k)
     persons, ends = persons[_stable_order(batch)], np.cumsum(np.bincount(batch, minlength=steps // k)).tolist()
     return [persons[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]  # slices: np.split is ~10x slower
 
 
-def plan_persons(order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, world_size: int, num_workers: int,
-                 *, cost: tuple[float, float] = TOKENS, per_message: int = 1) -> TokenPlan:
+def plan_persons(order: np.ndarray, lengths: np.ndarray, arrangement: Arrangement, *,
+                 cost: tuple[float, float] = TOKENS) -> TokenPlan:
     """The token-budget steps of the persons ``order`` (indices into ``lengths``, in the order they are read: an
     epoch's stream, or the rest of one, :mod:`lifeseq_shards.plan.tokens`): cut into slots and batches (a cost in
     tokens) or into steps dealt to the ranks (a cost with a len^2 term), as the module docstring says; the other
     arguments as :func:`plan_epoch` takes them."""
     person_cost(lengths[:0], cost)  # a bad cost refused before any work
+    world_size, num_workers = arrangement.world_size, arrangement.num_workers
+    per_message = arrangement.batches_per_message
     stream = order
     if not len(stream):  # the rest of an epoch resumed after its last step
         return TokenPlan(stream, np.zeros(1, dtype=np.int64), world_size, num_workers, per_message)
     lens = lengths[stream].astype(np.int32, copy=False)  # a new array already: no second copy
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
-    steps = epoch_steps(total, longest, tokens_per_batch, world_size, num_workers)
-    k = max(1, num_workers)
+    steps = epoch_steps(total, longest, arrangement.tokens_per_batch, world_size, num_workers)
+    k = arrangement.workers
     per = steps // k
     # the (step, rank) batch of rank r's worker w's batch j, at r G + w n + j (n = G / K): batch j of a worker is
     # yielded at the rank's step step_of
@@ -257,14 +257,15 @@ def _slot_batches(lens: np.ndarray, total: int, slots: int, per: int) -> np.ndar
     return batch
 
 
-def _check(lengths: np.ndarray, shard_sizes: Sequence[int], window: int, per_message: int) -> None:
+def _check(lengths: np.ndarray, shard_sizes: Sequence[int], arrangement: Arrangement) -> None:
     if sum(shard_sizes) != len(lengths) or any(s < 0 for s in shard_sizes):
         raise ValueError(f"shard sizes {list(shard_sizes)[:8]}... add up to {sum(shard_sizes)}, not the "
                          f"{len(lengths)} lengths")
     if not len(lengths) or lengths.min() < 1:
         raise ValueError("every person needs a length >= 1 (and the split at least one person)")
-    if window < 1 or per_message < 1:
-        raise ValueError(f"window ({window}) and per_message ({per_message}) must be >= 1")
+    if arrangement.window < 1 or arrangement.batches_per_message < 1:
+        raise ValueError(f"window ({arrangement.window}) and batches per message "
+                         f"({arrangement.batches_per_message}) must be >= 1")
 
 
 def _deal(group: np.ndarray, lens: np.ndarray, counts: np.ndarray, world_size: int, longest: int,

@@ -252,8 +252,8 @@ def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int,
         f"tokens a rank a step, {BALANCED_BY[attention]}; epoch 0, seed {seed}",
     ]
     try:
-        plan = plan_epoch(lengths, shard_sizes, tokens_per_batch, world, workers, seed=seed, epoch=0, cost=cost,
-                          window=window)
+        plan = plan_epoch(lengths, shard_sizes, Arrangement.of_budget(tokens_per_batch, world, workers, window=window),
+                          seed=seed, epoch=0, cost=cost)
     except ValueError as e:
         return PlanReport(ok=False, text="\n".join([*lines, "", f"REFUSED: {e}"]), refused=True)
     sizes, tokens = plan.batch_sizes(), plan.step_costs(lengths)

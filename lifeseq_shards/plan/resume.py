@@ -43,6 +43,7 @@ from .slots import num_batches, num_slots, slot_index, slot_persons
 # the settings a leg may change; the others (dataset, split, seed, mode, shuffle) fix which persons an epoch holds
 ARRANGEMENT_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "window", "batches_per_message",
                "tokens_per_batch")
+DEFAULT_WINDOW = 1 << 14  # a token budget's stream places shuffled together: 64 blocks of 256
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,15 @@ class Arrangement:
         """The readers of ``partition`` (whose fields name them), with the loader's batches per message and the
         token budget."""
         return cls(*(getattr(partition, k) for k in ARRANGEMENT_KEYS[:5]), batches_per_message, tokens_per_batch)
+
+    @classmethod
+    def of_budget(cls, tokens_per_batch: int, world_size: int, num_workers: int, *, window: int = DEFAULT_WINDOW,
+                  batches_per_message: int = 1) -> Arrangement:
+        """Readers of batches of ``tokens_per_batch`` real tokens (the token-budget plan's arrangement: batch size
+        and drop_last play no part, 1 and False here)."""
+        if tokens_per_batch < 1:
+            raise ValueError(f"tokens_per_batch={tokens_per_batch}: a token budget's arrangement needs >= 1")
+        return cls(world_size, num_workers, 1, False, window, batches_per_message, tokens_per_batch)
 
     @property
     def slots(self) -> int:

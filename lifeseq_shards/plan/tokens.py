@@ -24,6 +24,7 @@ only its own places.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -103,18 +104,15 @@ class TokenSchedule:
         (:func:`~lifeseq_shards.plan.balance.plan_slot`). A cost in tokens only: the deal pools the ranks' persons."""
         if self.cost[1]:
             raise ValueError("a cost with a len^2 term deals every step's persons to the ranks: plan the leg whole")
-        return plan_slot(self.lengths, self.shard_sizes, arrangement.tokens_per_batch, arrangement.world_size,
-                         arrangement.num_workers, slot, seed=self.seed, epoch=epoch, window=arrangement.window,
+        return plan_slot(self.lengths, self.shard_sizes, arrangement, slot, seed=self.seed, epoch=epoch,
                          shuffle=self.shuffle)
 
     def _plan(self, epoch: int, order: np.ndarray, arrangement: Arrangement, window: int) -> TokenPlan:
         if not self.cost[1]:  # slots (not the deal): each reads only its own part of a window an edge cuts
-            order = split_edges(order, self.places(epoch, order), self.lengths, window,
-                                arrangement.world_size * max(1, arrangement.num_workers))
-        return plan_persons(order, self.lengths, arrangement.tokens_per_batch, arrangement.world_size,
-        arrangement.num_workers,
-                            cost=self.cost, per_message=arrangement.batches_per_message if arrangement.num_workers else
-                            1)
+            order = split_edges(order, self.places(epoch, order), self.lengths, window, arrangement.slots)
+        if not arrangement.num_workers:  # the rank's main process reads: no messages
+            arrangement = dataclasses.replace(arrangement, batches_per_message=1)
+        return plan_persons(order, self.lengths, arrangement, cost=self.cost)
 
     def places(self, epoch: int, persons: np.ndarray) -> np.ndarray:
         """Each person's place in the epoch's unshuffled stream (the shards in ``epoch_shard_order``)."""

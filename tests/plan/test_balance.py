@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from lifeseq_shards.plan.balance import ATTENTION, TOKENS, TokenPlan, _stable_order, plan_epoch
 from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS, epoch_steps
+from lifeseq_shards.plan.resume import Arrangement
 
 ADVICE = re.compile(r"use tokens_per_batch >= (\d+)$")
 
@@ -71,9 +72,9 @@ def arrangements(draw: st.DrawFn) -> tuple[np.ndarray, list[int], int, int, int,
 @given(arrangements())
 def test_every_person_once_equal_steps_budget_kept(case: tuple[np.ndarray, list[int], int, int, int, int, int]) -> None:
     lengths, sizes, world, workers, per_message, budget, epoch = case
+    lay = Arrangement.of_budget(budget, world, workers, window=7, batches_per_message=per_message)
     try:
-        plans = [plan_epoch(lengths, sizes, budget, world, workers, seed=3, epoch=e, window=7, per_message=per_message)
-                 for e in (epoch, epoch + 1)]
+        plans = [plan_epoch(lengths, sizes, lay, seed=3, epoch=e) for e in (epoch, epoch + 1)]
     except ValueError as e:  # refused, whatever the epoch, only when a step might not give every rank a person
         assert "too few to give each" in str(e)
         with pytest.raises(ValueError, match="too few"):
@@ -92,9 +93,9 @@ def test_small_arrangements_exhaustively(world: int, workers: int, per_message: 
     the invariants, and each worker's batches at the steps the DataLoader's round robin returns them."""
     lengths = lognormal_lengths(3000, seed=world * 16 + workers, median=40, cap=120)
     budget = 16 * 40
+    lay = Arrangement.of_budget(budget, world, workers, window=100, batches_per_message=per_message)
     for epoch in range(3):
-        plan = plan_epoch(lengths, split_sizes(3000, 256), budget, world, workers, seed=1, epoch=epoch, window=100,
-                          per_message=per_message)
+        plan = plan_epoch(lengths, split_sizes(3000, 256), lay, seed=1, epoch=epoch)
         check_plan(plan, lengths, budget, world)
         k = max(1, workers)
         per = plan.steps // k
@@ -109,7 +110,8 @@ def test_balance_bars() -> None:
     lengths = lognormal_lengths(60_000, seed=7)
     for world, persons, cost, workers in itertools.product((2, 4, 8), (50, 256), (TOKENS, ATTENTION), (0, 3)):
         budget = int(persons * lengths.mean())
-        plan = plan_epoch(lengths, split_sizes(60_000, 1000), budget, world, workers, seed=0, epoch=1, cost=cost)
+        lay = Arrangement.of_budget(budget, world, workers)
+        plan = plan_epoch(lengths, split_sizes(60_000, 1000), lay, seed=0, epoch=1, cost=cost)
         work = plan.step_costs(lengths, cost)
         ratio = work.max(axis=1) / work.mean(axis=1)
         assert ratio.mean() <= 1.01 and np.quantile(ratio, 0.99) <= 1.02, (world, persons, cost, ratio.mean())
@@ -121,10 +123,10 @@ def test_balance_bars() -> None:
 def test_deterministic_by_seed_and_epoch() -> None:
     lengths = lognormal_lengths(5000, seed=2)
     sizes = split_sizes(5000, 300)
-    a, b = (plan_epoch(lengths, sizes, 8000, 4, 2, seed=5, epoch=2) for _ in range(2))
+    a, b = (plan_epoch(lengths, sizes, Arrangement.of_budget(8000, 4, 2), seed=5, epoch=2) for _ in range(2))
     assert np.array_equal(a.persons, b.persons) and np.array_equal(a.bounds, b.bounds)
     for seed, epoch in ((5, 3), (6, 2)):
-        c = plan_epoch(lengths, sizes, 8000, 4, 2, seed=seed, epoch=epoch)
+        c = plan_epoch(lengths, sizes, Arrangement.of_budget(8000, 4, 2), seed=seed, epoch=epoch)
         assert c.steps == a.steps and not np.array_equal(c.persons, a.persons)
         # another shuffle, not the same batches in another order
         assert {tuple(np.sort(c.batch(0, r))) for r in range(4)} != {tuple(np.sort(a.batch(0, r))) for r in range(4)}
@@ -136,7 +138,7 @@ def test_nobody_left_out_any_epoch() -> None:
     lengths = lognormal_lengths(2000, seed=4, median=30, cap=90)
     first_steps = []
     for epoch in range(4):
-        plan = plan_epoch(lengths, split_sizes(2000, 128), 600, 3, 1, seed=0, epoch=epoch)
+        plan = plan_epoch(lengths, split_sizes(2000, 128), Arrangement.of_budget(600, 3, 1), seed=0, epoch=epoch)
         check_plan(plan, lengths, 600, 3)
         first_steps.append(set(np.concatenate([plan.batch(0, r) for r in range(3)]).tolist()))
     assert all(a != b for a, b in itertools.pairwise(first_steps))
@@ -146,7 +148,8 @@ def test_a_worker_reads_a_run_of_the_stream() -> None:
     """Worker w's persons come from ~1/K of the shards (its run of the stream and the windows around it)."""
     shard, window, workers = 500, 250, 4
     lengths = lognormal_lengths(20_000, seed=9)
-    plan = plan_epoch(lengths, split_sizes(20_000, shard), 30_000, 2, workers, seed=0, epoch=0, window=window)
+    lay = Arrangement.of_budget(30_000, 2, workers, window=window)
+    plan = plan_epoch(lengths, split_sizes(20_000, shard), lay, seed=0, epoch=0)
     for w in range(workers):
         persons = np.concatenate([plan.batch(int(s), r) for s in plan.worker_steps(w) for r in range(2)])
         shards = np.unique(persons // shard)
@@ -158,7 +161,8 @@ def test_resume_point(per_message: int) -> None:
     """After d steps: the persons left are those of steps >= d, and each worker's batches not yet given (counted
     from the DataLoader's round robin, simulated) are exactly those steps."""
     lengths = lognormal_lengths(4000, seed=1, median=50, cap=150)
-    plan = plan_epoch(lengths, split_sizes(4000, 200), 900, 3, 3, seed=2, epoch=1, per_message=per_message)
+    lay = Arrangement.of_budget(900, 3, 3, batches_per_message=per_message)
+    plan = plan_epoch(lengths, split_sizes(4000, 200), lay, seed=2, epoch=1)
     per = plan.steps // 3
     returned = round_robin(3, per, per_message)
     for done in sorted({0, 1, 2, per_message + 1, plan.steps // 2, plan.steps - 1, plan.steps}):
@@ -178,17 +182,18 @@ def test_refusals() -> None:
     lengths = np.array([10, 20, 30, 500])
     with pytest.raises(ValueError, match=r"under 4 x the longest person \(500 tokens\).*no budget gives a person at "
                                          r"every step of so small a split: use batch_size"):
-        plan_epoch(lengths, [4], 1999, 1, 0)
+        plan_epoch(lengths, [4], Arrangement.of_budget(1999, 1, 0))
     with pytest.raises(ValueError, match=r"under 4 x the longest person \(500 tokens\).*>= 2000$"):
-        plan_epoch(np.array([500] * 8), [8], 1999, 1, 0)  # 4 steps of 2 persons need 4,000 tokens: there
+        # 4 steps of 2 persons need 4,000 tokens: there
+        plan_epoch(np.array([500] * 8), [8], Arrangement.of_budget(1999, 1, 0))
     with pytest.raises(ValueError, match="too few to give each of 2 ranks a person"):
-        plan_epoch(np.array([5, 5, 5, 5, 5]), [5], 20, 2, 3)
+        plan_epoch(np.array([5, 5, 5, 5, 5]), [5], Arrangement.of_budget(20, 2, 3))
     with pytest.raises(ValueError, match="add up to"):
-        plan_epoch(lengths, [3], 5000, 1, 0)
+        plan_epoch(lengths, [3], Arrangement.of_budget(5000, 1, 0))
     with pytest.raises(ValueError, match="length >= 1"):
-        plan_epoch(np.array([3, 0]), [2], 5000, 1, 0)
+        plan_epoch(np.array([3, 0]), [2], Arrangement.of_budget(5000, 1, 0))
     with pytest.raises(ValueError, match="cost"):
-        plan_epoch(lengths, [4], 5000, 1, 0, cost=(0.0, 0.0))
+        plan_epoch(lengths, [4], Arrangement.of_budget(5000, 1, 0), cost=(0.0, 0.0))
 
 
 def test_the_issues_refusal_at_one_rank_suggests_a_budget_that_is_accepted() -> None:
@@ -244,8 +249,8 @@ def test_pinned_plan() -> None:
     (before, both slots read the window's places around a shorter new first person; loader state version 4)."""
     lengths = np.arange(5000) * 7919 % 119 + 2
     digest = hashlib.sha256()
+    lay = Arrangement.of_budget(1000, 4, 3, window=500, batches_per_message=2)
     for cost, epoch in itertools.product((TOKENS, ATTENTION), range(3)):
-        plan = plan_epoch(lengths, [300] * 16 + [200], 1000, 4, 3, seed=7, epoch=epoch, window=500, cost=cost,
-                          per_message=2)
+        plan = plan_epoch(lengths, [300] * 16 + [200], lay, seed=7, epoch=epoch, cost=cost)
         digest.update(plan.persons.astype("<i8").tobytes() + plan.bounds.astype("<i8").tobytes())
     assert digest.hexdigest()[:16] == "b6be12afe1ab22cf"

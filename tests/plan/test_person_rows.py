@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from lifeseq_shards.plan.balance import person_rows, plan_epoch
 from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS
+from lifeseq_shards.plan.resume import Arrangement
 
 
 @st.composite
@@ -29,7 +30,8 @@ def test_every_planned_batch_fits_the_slots(case: tuple[np.ndarray, int], world:
     lengths, budget = case
     slots = person_rows(lengths, budget)
     try:
-        plan = plan_epoch(lengths, [len(lengths)], budget, world, workers, seed=1, epoch=epoch, window=5)
+        lay = Arrangement.of_budget(budget, world, workers, window=5)
+        plan = plan_epoch(lengths, [len(lengths)], lay, seed=1, epoch=epoch)
     except ValueError:  # an arrangement the plan refuses: nothing to bound
         return
     assert plan.batch_sizes().max() <= slots

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lifeseq_shards.plan.balance import TokenPlan, plan_epoch, plan_slot, step_of
 from lifeseq_shards.plan.budget import MIN_BUDGET_PERSONS
+from lifeseq_shards.plan.resume import Arrangement
 from lifeseq_shards.plan.stream import epoch_stream, stream_offsets, stream_persons, window_tokens
 from lifeseq_shards.plan.tokens import TokenSchedule
 
@@ -38,17 +39,18 @@ def slot_of_plan(plan: TokenPlan, rank: int, worker: int) -> list[np.ndarray]:
 @settings(max_examples=300, deadline=None)
 @given(cases())
 def test_a_slot_planned_alone_is_the_whole_plans_slot(c: dict) -> None:
-    kw = {"seed": c["seed"], "epoch": c["epoch"], "window": c["window"], "shuffle": c["shuffle"]}
+    kw = {"seed": c["seed"], "epoch": c["epoch"], "shuffle": c["shuffle"]}
+    lay = Arrangement.of_budget(c["budget"], c["world"], c["workers"], window=c["window"], batches_per_message=2)
     try:
-        plan = plan_epoch(c["lengths"], c["sizes"], c["budget"], c["world"], c["workers"], per_message=2, **kw)
+        plan = plan_epoch(c["lengths"], c["sizes"], lay, **kw)
     except ValueError:  # an arrangement the plan refuses (too few tokens for the ranks): plan_slot refuses it too
         with pytest.raises(ValueError):
-            plan_slot(c["lengths"], c["sizes"], c["budget"], c["world"], c["workers"], 0, **kw)
+            plan_slot(c["lengths"], c["sizes"], lay, 0, **kw)
         return
     k = max(1, c["workers"])
     for rank in range(c["world"]):
         for worker in range(k):
-            alone = plan_slot(c["lengths"], c["sizes"], c["budget"], c["world"], c["workers"], rank * k + worker, **kw)
+            alone = plan_slot(c["lengths"], c["sizes"], lay, rank * k + worker, **kw)
             whole = slot_of_plan(plan, rank, worker)
             assert len(alone) == len(whole)
             for a, b in zip(alone, whole, strict=True):
@@ -74,17 +76,17 @@ def test_many_slots_of_a_large_split() -> None:
     lengths = np.clip(rng.lognormal(np.log(332), 0.6, 30_000), 6, 511).astype(np.int64)
     sizes = [1_000] * 29 + [1_000 - 7, 7]
     for world, workers, window in ((8, 2, 4096), (3, 1, 64)):
-        plan = plan_epoch(lengths, sizes, 20_000, world, workers, seed=5, epoch=2, window=window)
+        lay = Arrangement.of_budget(20_000, world, workers, window=window)
+        plan = plan_epoch(lengths, sizes, lay, seed=5, epoch=2)
         for rank in range(world):
             for worker in range(workers):
-                alone = plan_slot(lengths, sizes, 20_000, world, workers, rank * workers + worker, seed=5, epoch=2,
-                                  window=window)
+                alone = plan_slot(lengths, sizes, lay, rank * workers + worker, seed=5, epoch=2)
                 assert all(np.array_equal(a, b) for a, b in zip(alone, slot_of_plan(plan, rank, worker), strict=True))
 
 
 def test_a_slot_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="slot 4 out of range for 4 slots"):
-        plan_slot(np.full(400, 5), [400], 100, 2, 2, 4)
+        plan_slot(np.full(400, 5), [400], Arrangement.of_budget(100, 2, 2), 4)
 
 
 @settings(max_examples=200, deadline=None)

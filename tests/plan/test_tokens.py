@@ -73,7 +73,7 @@ def test_an_ordinary_epoch_is_plan_epochs_plan() -> None:
     sched = TokenSchedule(lengths, sizes, seed=4)
     lay = arrangement(3, 2, 1200, per_message=2, window=128)
     plan, base = sched.leg(5, (), lay)
-    want = plan_epoch(lengths, sizes, 1200, 3, 2, seed=4, epoch=5, window=128, per_message=2)
+    want = plan_epoch(lengths, sizes, lay, seed=4, epoch=5)
     assert base == 0 and np.array_equal(plan.persons, want.persons) and np.array_equal(plan.bounds, want.bounds)
 
 
