@@ -42,6 +42,10 @@ from .device.index import starts
 
 FIRST_UNTIMED = 5  # their embeddings zero the age and abspos terms of each person's first 5 tokens
 KERNEL_EPS = 1e-4  # performer-pytorch's softmax_kernel eps, added after the stabiliser
+# the features' exponents are clamped here: exp(-30) + KERNEL_EPS is KERNEL_EPS in fp32 and bf16 (under half its ulp),
+# so the features are the same bits, and the CPU's exp never takes its slow path for results that underflow (10-25x
+# slower a value; most of the keys' values at their person's stabiliser: docs/results/performer.md)
+MIN_EXPONENT = -30.0
 
 
 class PackedLayout(NamedTuple):
@@ -162,7 +166,7 @@ def global_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, projecti
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (W, h, window, d)
     filled = layout.cell_filled.view(w, 1, s, 1)
     dash_q, diag_q = feature_logits(q, projection)
-    qf = torch.exp(dash_q - (diag_q + dash_q.detach().amax(-1, keepdim=True))) + KERNEL_EPS
+    qf = torch.exp((dash_q - (diag_q + dash_q.detach().amax(-1, keepdim=True))).clamp(min=MIN_EXPONENT)) + KERNEL_EPS
     dash_k, diag_k = feature_logits(k, projection)
     # the key stabiliser: the maximum over the person's keys and features, a padding key's projections (0) included
     bucket_max = dash_k.detach().amax(-1).masked_fill(~filled[..., 0], -torch.inf).amax(-1)  # (W, h)
@@ -170,7 +174,8 @@ def global_heads(q: Tensor, k: Tensor, v: Tensor, layout: PackedLayout, projecti
         0, layout.bucket_person[:, None].expand_as(bucket_max), bucket_max, "amax", include_self=False)
     stab = stab.nan_to_num(neginf=0.0)  # a person without tokens (its empty buckets' -inf): no key to stabilise
     stab = torch.where(layout.padding[:, None] > 0, stab.clamp(min=0.0), stab)
-    kf = torch.exp(dash_k - (diag_k + stab[layout.bucket_person][:, :, None, None])) + KERNEL_EPS
+    exponent = (dash_k - (diag_k + stab[layout.bucket_person][:, :, None, None])).clamp(min=MIN_EXPONENT)
+    kf = torch.exp(exponent) + KERNEL_EPS
     # the values beside a 1 (the denominator's key sum), 0 in an empty cell: an empty cell is no key
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1) * filled
     per_person = SegmentSum.apply(kf.transpose(-1, -2) @ v1, layout.person_buckets, layout.bucket_person)

@@ -24,6 +24,7 @@ from helpers import THEIR_MIRROR, their_code, their_repo
 from performer_pytorch import FastAttention
 from torch import Tensor, nn
 
+from lifeseq_shards import performer
 from lifeseq_shards.device.batch import PackedModelBatch, StaticModelBatch
 from lifeseq_shards.device.build import StaticShape, count_tokens, host_sync_guard, model_batch
 from lifeseq_shards.performer import PackedPerformer, bucket_count, global_heads, packed_layout
@@ -238,6 +239,27 @@ def test_global_heads_key_stabiliser_counts_the_padding_keys_zero(pad_to: int | 
         qp, kp, vp = (F.pad(t[start:start + n], (0, 0, 0, 0, 0, width - n)).transpose(0, 1)[None] for t in (q, k, v))
         want = fast(qp, kp, vp)[0].transpose(0, 1)[:n]
         assert relative(ours[start:start + n], want) <= 1e-5, (n, relative(ours[start:start + n], want))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_clamped_exponents_change_no_bit(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
+    """performer.MIN_EXPONENT clamps the features' exponents (the CPU's exp is 10-25x slower where it underflows):
+    with keys and queries wide enough that many exponents fall below it, the global heads' output is the same bits
+    as without the clamp (fp32, and under bf16 autocast, their precisions)."""
+    g = torch.Generator().manual_seed(3)
+    counts = [30, 77, 5]
+    projection = torch.randn(FEATURES, 8, generator=g)
+    q, k, v = (torch.randn(sum(counts), 3, 8, generator=g).mul(s) for s in (6.0, 6.0, 1.0))
+    layout = packed_layout(F.pad(torch.tensor(counts).cumsum(0), (1, 0)).int(), sum(counts), WINDOW, 1, 1, 128)
+    buckets = layout.key_cells.shape[0]
+    q, k, v = (t[layout.cell_row].unflatten(0, (buckets, -1)) for t in (q, k, v))
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        clamped = global_heads(q, k, v, layout, projection)
+        monkeypatch.setattr(performer, "MIN_EXPONENT", -math.inf)
+        unclamped = global_heads(q, k, v, layout, projection)
+    dash, diag = performer.feature_logits(k, projection)
+    assert float((dash - diag - dash.amax()).lt(-30).float().mean()) > 0.3  # the clamp acted on many
+    assert torch.equal(unclamped, clamped)
 
 
 def test_the_devices_batches_padded_static_and_packed(nomlm_dataset: Path) -> None:

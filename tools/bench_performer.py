@@ -18,7 +18,10 @@ of packed persons/s over padded persons/s; the bar is 0.8 x 1 / (1 - padding fra
 of the padded batches. Beside it, the cost per token: packed seconds per real token over padded seconds per padded
 slot (1.0: packed reaches 1 / (1 - padding); the bar is <= 1.25). ``--device cuda`` with ``--precision`` fp32, tf32
 (their ``set_float32_matmul_precision("medium")``) or bf16-mixed (autocast) is tools/device_check.sh's ``their``
-stage; ``--profile`` prints the top operators of one training step of each side first.
+stage; ``--profile`` prints the top operators of one training step of each side first. ``--their-exp clamped``
+gives their FAVOR+ features' exponents the clamp that ``lifeseq_shards.performer.MIN_EXPONENT`` gives ours (the
+same bits): the like-for-like comparison on a CPU, whose exp takes a slow path 10-25x longer where it underflows (a
+GPU's has none); ``as-is`` (the default) times their model as they run it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lifeseq_shards.device.batch import PackedModelBatch
-from lifeseq_shards.performer import PackedPerformer
+from lifeseq_shards.performer import MIN_EXPONENT, PackedPerformer
 from tools.common import REPO, commit, sample_lengths
 from tools.their_encoder import SIZES, TheirEncoder, TheirSize
 
@@ -260,7 +264,8 @@ def page(rows: list[Row], args: argparse.Namespace, measured: str, load: tuple[f
 
 Measured by `python -m tools.bench_performer --sizes {",".join(args.sizes)} --populations \
 {",".join(args.populations)} --persons {args.persons} --batch {args.batch} --rounds {args.rounds} --device \
-{args.device} --precision {args.precision}` at commit {measured}, torch {torch.__version__}, on {where}.
+{args.device} --precision {args.precision} --their-exp {args.their_exp}` at commit {measured}, torch \
+{torch.__version__}, on {where}.
 
 Method: their encoder's structure on their dependencies (tools/their_encoder.py `TheirEncoder`:
 performer-pytorch 1.1.4 + local-attention 1.9.14, their edits; 10 heads of which 7 local with window
@@ -284,6 +289,18 @@ persons); `long-tail`, lognormal (median 90) capped at {WIDTH}.
 The GPU numbers (fp32 + TF32 and bf16-mixed, small / medium / base: tools/device_check.sh's `their` stage) wait for
 a GPU: none was lent to this run.
 """
+
+
+class ClampedExp:
+    """torch, as performer-pytorch's module sees it, with exp's argument clamped at ``MIN_EXPONENT`` (``--their-exp
+    clamped``): their features are the same bits (exp(-30) + their eps is their eps), without the slow path."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def exp(x: Tensor) -> Tensor:
+        return torch.exp(x.clamp(min=MIN_EXPONENT))
 
 
 def names(known: Collection[str]) -> Callable[[str], list[str]]:
@@ -314,12 +331,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ap.add_argument("--profile", action="store_true", help="print one training step's top operators per side first")
+    ap.add_argument("--their-exp", default="as-is", choices=("as-is", "clamped"),
+                    help="clamped: their features' exponents clamped as ours are (the same bits, no slow path)")
     ap.add_argument("--out", type=Path, default=None, help="the results page to write (docs/results/performer.md)")
     args = ap.parse_args(argv)
     measured = commit()  # before the run: a commit made while it runs is not what it measured
     load = os.getloadavg()[0]
     print(HEADER, flush=True)
-    rows = [r for size in args.sizes for pop in args.populations for r in measure(size, pop, args)]
+    import performer_pytorch.performer_pytorch as theirs
+
+    kept = theirs.torch
+    theirs.torch = ClampedExp() if args.their_exp == "clamped" else kept
+    try:
+        rows = [r for size in args.sizes for pop in args.populations for r in measure(size, pop, args)]
+    finally:  # their module as it was, for whatever runs next in this process
+        theirs.torch = kept
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(page(rows, args, measured, (load, os.getloadavg()[0])))

@@ -32,6 +32,18 @@ def test_bench_writes_a_row_per_population_and_pass(tmp_path: Path) -> None:
         assert float(r[4]) > 0 and float(r[5]) > 0
 
 
+def test_their_exp_clamped_is_named_and_undone(tmp_path: Path) -> None:
+    """``--their-exp clamped`` times their model with the clamped exponents (its agreement check still passes: the
+    same bits), says so on the page, and leaves performer-pytorch's module as it found it."""
+    import performer_pytorch.performer_pytorch as theirs
+
+    out = tmp_path / "performer.md"
+    bench_performer.main(["--sizes", "tiny", "--populations", "sample", "--persons", "4", "--batch", "2", "--rounds",
+                          "1", "--their-exp", "clamped", "--out", str(out)])
+    assert "--their-exp clamped`" in out.read_text()
+    assert theirs.torch is __import__("torch")
+
+
 def test_budget_batches_keep_the_order_and_the_budget() -> None:
     people = bench_performer.person_ids([5, 9, 3, 12, 1], vocab=50, seed=0)
     batches = bench_performer.budget_batches(people, 14)
@@ -62,7 +74,7 @@ def test_their_stage_dry_run_at_the_smallest_sizes(tmp_path: Path) -> None:
     for precision in ("tf32", "bf16-mixed"):
         text = (tmp_path / "out" / f"performer-{precision}.md").read_text()
         assert (f"--sizes tiny --populations sample --persons 2 --batch 1 --rounds 1 --device cpu --precision "
-                f"{precision}`") in text
+                f"{precision} --their-exp as-is`") in text
         rows = [line.strip("|").split(" | ")[:3] for line in text.splitlines() if line.startswith("| tiny")]
         assert [[c.strip() for c in row] for row in rows] == [["tiny", "sample", "train"],
                                                                ["tiny", "sample", "predict"]], text
