@@ -258,7 +258,7 @@ def measure(size_name: str, pop: str, args: argparse.Namespace) -> list[Row]:
 
 def page(rows: list[Row], args: argparse.Namespace, measured: str, load: tuple[float, float]) -> str:
     where = f"CUDA ({torch.cuda.get_device_name()})" if args.device == "cuda" else (
-        f"the CPU ({torch.get_num_threads()} threads; load average {load[0]:.1f} at the start, {load[1]:.1f} at "
+        f"the CPU ({torch.get_num_threads()} thread(s); load average {load[0]:.1f} at the start, {load[1]:.1f} at "
         "the end)")
     return f"""# Their performer encoder, padded against packed (issue 39)
 
