@@ -60,7 +60,8 @@ class Tally:
     its file and rows, the rows dropped by reason, and the kept persons' ids and lengths."""
 
     def __init__(self) -> None:
-        self.ids: list[np.ndarray] = []  # the persons kept, by task
+        self.ids: list[np.ndarray] = []  # the persons kept, by task (given up by found())
+        self.counts: list[int] = []  # how many persons each task kept
         self.seen: list[np.ndarray] = []
         self.rows: list[tuple[str, np.ndarray]] = []
         self.hist = np.zeros(1, dtype=np.int64)
@@ -69,13 +70,14 @@ class Tally:
 
     @property
     def persons(self) -> int:
-        return sum(len(i) for i in self.ids)
+        return sum(self.counts)
 
     def add(self, path: str, row: np.ndarray, every_id: np.ndarray, why: dict[str, int], block: Block) -> None:
         self.seen.append(every_id)
         self.rows.append((path, row))
         self.dropped.update(why)
         self.ids.append(block.columns["person_id"].astype(np.int64))
+        self.counts.append(block.n)
         if block.n == 0:
             return
         lengths = block.columns["length"].astype(np.int64)
@@ -88,24 +90,35 @@ class Tally:
     def found(self, source: Source) -> tuple[np.ndarray, np.ndarray, int, dict[str, int], str]:
         """(the kept persons' ids, their length histogram by :data:`HISTOGRAM_BIN`, their tokens, the input rows
         dropped by reason, the sha256 of every input row's person id); a person id that occurs twice, or no person
-        left, is a ConvertError."""
+        left, is a ConvertError. The per-task id and row arrays are let go once used (the pass's only per-person
+        arrays: a conversion holds them no longer than this; ``counts`` stays)."""
         all_ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+        self.ids = []
         if len(all_ids) == 0:
             raise ConvertError(f"{source.tasks[0][0] if source.tasks else '?'}: no person left to convert "
                                "(empty input, or every person filtered out)")
-        uniq, counts = np.unique(np.concatenate(self.seen), return_counts=True)
-        if (counts > 1).any():
-            pid = uniq[counts > 1][0]
+        # every input row's id, sorted in place: without duplicates it is np.unique's result, with none of its
+        # copies (a sorted copy, an index and the counts, each 8 bytes a person)
+        seen = np.concatenate(self.seen)
+        seen.sort()
+        twice = seen[1:] == seen[:-1]
+        if twice.any():
+            pid = seen[1:][twice][0]
             at = [f"{path}: row {r}" for chunk, (path, row) in zip(self.seen, self.rows, strict=True)
                   for r in row[chunk == pid]]
             raise ConvertError(f"{at[0]}: person id {pid} occurs {len(at)} times (also {', '.join(at[1:])})")
-        return (all_ids, self.hist, self.tokens, dict(self.dropped),
-                hashlib.sha256(uniq.astype("<i8").tobytes()).hexdigest())
+        del twice
+        self.seen, self.rows = [], []
+        # the digest of the ids' little-endian int64 bytes, read in place (no copy of them)
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(seen, dtype="<i8"))).hexdigest()
+        return all_ids, self.hist, self.tokens, dict(self.dropped), digest
 
 
 def bucket_of(pid: np.ndarray, seed: int, buckets: int) -> np.ndarray:
     """Each person's spill bucket: a seeded hash of the id, so a bucket's persons are known from the ids alone."""
-    return (mix64(pid, seed * 2 + 1) % np.uint64(buckets)).astype(np.int64)
+    h = mix64(pid, seed * 2 + 1)
+    np.remainder(h, np.uint64(buckets), out=h)
+    return h.view(np.int64)  # < buckets: the same values as int64, without a copy
 
 
 def _ordered_map(pool: ProcessPoolExecutor, fn: Any, items: Iterator[Any], inflight: int) -> Iterator[Any]:
@@ -187,8 +200,12 @@ def _unpack(task: Any, block: Block) -> tuple[str, np.ndarray, np.ndarray, dict[
 
 def mix64(x: np.ndarray, salt: int) -> np.ndarray:
     """splitmix64 of (x + salt): a seeded hash of person ids, the same on every machine."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    with np.errstate(over="ignore"):  # in place: one copy of x and one temporary, each 8 bytes an id
+        z = x.astype(np.uint64)
+        z += np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return z

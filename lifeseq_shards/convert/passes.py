@@ -223,7 +223,7 @@ def _build(source: Source, staging: Path, schema: list[Field], opts: ConvertOpti
         if surveyed:
             wanted = np.concatenate([c.wanted for cut in cuts(ids, members, opts.seed, buckets, spans)
                                      for c in cut.values()])
-            select = selection(ids, [len(i) for i in tally.ids], wanted)
+            select = selection(ids, tally.counts, wanted)
             encoded = encode_pass(source, schema, spill, buckets, opts.seed, opts.processes, pool, opts.progress,
                                   select).persons
         splits = _pass2(writers, spill, cuts(ids, members, opts.seed, buckets, spans), schema, opts)

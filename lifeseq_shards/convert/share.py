@@ -36,7 +36,10 @@ def cuts(ids: np.ndarray, members: Mapping[str, np.ndarray], seed: int, buckets:
     split's mask over them, ``spans`` each split's [start, end) of its stream that the writer writes."""
     bucket = bucket_of(ids, seed, buckets)
     order = np.argsort(bucket, kind="stable")  # by bucket, in input order within one
-    bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(bucket, minlength=buckets))])
+    del bucket  # what pass 2 holds a person while it writes: its id, its split masks and its place in ``order``
+    if len(ids) < 2**31:
+        order = order.astype(np.int32)
     seen = dict.fromkeys(spans, 0)
     for b in range(buckets):
         mine = order[bounds[b] : bounds[b + 1]]
