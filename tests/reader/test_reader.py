@@ -61,7 +61,7 @@ from lifeseq_shards.store.shardfile import read_shard_blocks, write_shard
 
 Batch = PaddedBatch | PackedBatch
 SHARDS, PER_SHARD, TRAIN_READ = 48, 115, 48 * 115  # the train split of both fixtures (seed 0)
-SEED_WIDTH, SEED_SLOTS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target columns
+SEED_WIDTH, SEED_TARGETS = 512, 153  # the seed's h5 rows: 512 positions, floor(0.3 * 512) target columns
 
 
 # -- reading helpers ----------------------------------------------------------------------------------------------
@@ -448,7 +448,7 @@ def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
         rows = check_batch(b, mlm_rows)
         width = b.tensors["tokens"].shape[1]
         np.testing.assert_array_equal(b.tensors["masked_tokens"].numpy(), c["input_ids"][rows, 0, :width])
-        n = (c["target_pos"][rows, :SEED_SLOTS] != SEED_WIDTH - 1).sum(axis=1)  # the seed fills unused slots with 511
+        n = (c["target_pos"][rows, :SEED_TARGETS] != SEED_WIDTH - 1).sum(axis=1)  # unused targets: position 511
         np.testing.assert_array_equal(b.tensors["n_targets"].numpy(), n)
         assert b.tensors["target_pos"].shape == b.tensors["target_tokens"].shape == (len(rows), n.max())
         used = np.arange(n.max())[None, :] < n[:, None]
@@ -468,8 +468,8 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
         assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
         for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
                            ("original_sequence", c["original_sequence"][rows]),
-                           ("target_pos", c["target_pos"][rows, :SEED_SLOTS]),
-                           ("target_tokens", c["target_tokens"][rows, :SEED_SLOTS]),
+                           ("target_pos", c["target_pos"][rows, :SEED_TARGETS]),
+                           ("target_tokens", c["target_tokens"][rows, :SEED_TARGETS]),
                            ("target_cls", c["target_cls"][rows])):
             np.testing.assert_array_equal(out[name].numpy(), want, name)
 
