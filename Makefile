@@ -52,7 +52,7 @@ check: $(VENV)/.installed
 	$(PY) -m pytest -q --durations=25 -m "not slow and not bench"
 
 ## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
-## pins' side by side, one process each (each is mostly one core's work: 59 min together on the 2-core machine,
+## pins' side by side, one process each (each is mostly one core's work: 46 min together on the 2-core machine,
 ## against about 70 one after the other, estimated); each one's output is printed whole once both are done, and
 ## either failing fails. First, as best effort, a single-node SLURM from Debian's packages (root and apt-get: about
 ## 14 s to install and start, instant once up), so that the guide's array and merge scripts are submitted to a real
