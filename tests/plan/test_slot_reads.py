@@ -18,7 +18,7 @@ def test_each_place_is_decoded_once(seed: int, ranks: int, workers: int, window:
     rng = np.random.default_rng(seed)
     sizes = tuple(int(s) for s in rng.integers(20, 200, 12))
     sched = TokenSchedule(rng.integers(1, 61, sum(sizes)), sizes, seed=seed % 7)
-    lay = Arrangement(ranks, workers, 1, False, window, 1, 8 * 60)
+    lay = Arrangement.of_budget(8 * 60, ranks, workers, window=window)
     try:
         plan, _ = sched.leg(epoch, (), lay)
     except ValueError:  # a split too small for the arrangement: refused

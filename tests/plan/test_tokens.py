@@ -17,7 +17,7 @@ LONGEST = 60
 
 
 def arrangement(ranks: int, workers: int, budget: int, per_message: int = 1, window: int = 64) -> Arrangement:
-    return Arrangement(ranks, workers, 1, False, window, per_message, budget)
+    return Arrangement.of_budget(budget, ranks, workers, window=window, batches_per_message=per_message)
 
 
 arrangements = st.builds(arrangement, st.integers(1, 4), st.integers(0, 3), st.integers(4 * LONGEST, 12 * LONGEST),
