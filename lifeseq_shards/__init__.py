@@ -8,9 +8,9 @@ arithmetic), :mod:`.reader` (the DDP reader and its loader), :mod:`.device` (hos
 plain loop; :mod:`.timing`, ``shardify time``), the reference model (:mod:`.encoder`, :mod:`.model`), the
 researchers' performer encoder on packed batches (:mod:`.performer`), the MLM masks drawn on the device
 (:mod:`.masking`, replayed as CUDA graphs by :mod:`.cudagraph`), the command line (:mod:`.cli`), and leaves every
-part may use: :mod:`.compat` (what this torch and Lightning can do), :mod:`.progress` (progress bars),
-:mod:`.schedule` (a restored OneCycleLR fitted to another arrangement) and :mod:`.signals` (SIGTERM ends a DDP
-fit). docs/architecture.md says who may import whom.
+part may use: :mod:`.compat` (what this torch and Lightning can do), :mod:`.deprecation` (old call forms that
+warn), :mod:`.progress` (progress bars), :mod:`.schedule` (a restored OneCycleLR fitted to another arrangement) and
+:mod:`.signals` (SIGTERM ends a DDP fit). docs/architecture.md says who may import whom.
 
 The public classes load on first use (PEP 562), so that ``shardify`` and the converter start without torch,
 webdataset or Lightning.

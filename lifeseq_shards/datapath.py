@@ -96,7 +96,7 @@ class Reading:
 
     def loader(self, manifest: Manifest, world: World, **changes: Any) -> ShardedLoader:
         """A loader for ``world``'s rank, over the manifest read once, of the training options with ``changes``."""
-        ds = ShardedDataset.of(self.data_dir, dataclasses.replace(self.options, **changes), world, manifest)
+        ds = ShardedDataset(self.data_dir, self.options, world=world, manifest=manifest, **changes)
         extra: dict[str, Any] = {"persistent_workers": self.persistent_workers} if ds.num_workers else {}
         return ShardedLoader(ds, pin_memory=self.pin_memory and torch.cuda.is_available(),
                              batches_per_message=self.batches_per_message, **extra)

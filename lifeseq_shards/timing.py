@@ -47,7 +47,7 @@ def time_pass(root: str, split: str, batch_size: int, workers: int, world: World
     dataset's, already read (else read here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance warning: a timing reads any arrangement
-        ds = ShardedDataset(root, split, batch_size, world=world, num_workers=workers, packed=True,
+        ds = ShardedDataset(root, split=split, batch_size=batch_size, world=world, num_workers=workers, packed=True,
                             manifest=manifest)
     start = time.perf_counter()
     first_s, batches, persons, first_persons, rest_tokens = 0.0, 0, 0, 0, 0

@@ -306,7 +306,7 @@ def read_all(root: Path | str, split: str = "train") -> list[dict[str, Any]]:
     """One reader's whole epoch of ``split`` in batches of 100."""
     from lifeseq_shards.reader import ShardedDataset, World
 
-    return list(ShardedDataset(root, split, batch_size=100, world=World(0, 1)))
+    return list(ShardedDataset(root, split=split, batch_size=100, world=World(0, 1)))
 
 
 def assert_one_line_exit_2(args: list[str], needle: str) -> None:
@@ -325,7 +325,7 @@ def both_layouts(data: Path, persons: int = 12) -> tuple[Any, Any, int]:
     from lifeseq_shards.device.build import count_tokens, model_batch
     from lifeseq_shards.reader import ShardedDataset
 
-    host = next(iter(ShardedDataset(data, "train", batch_size=persons, seed=0, packed=True)))
+    host = next(iter(ShardedDataset(data, split="train", batch_size=persons, seed=0, packed=True)))
     counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)))
     padded, flat = model_batch(counted, layout="padded", max_len=512), model_batch(counted, layout="packed")
     assert int((padded["target_tokens"] != 0).sum()) > persons and int(padded["lengths"].max()) < 512

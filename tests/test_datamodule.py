@@ -253,7 +253,7 @@ def test_dynamic_cls_task_on_an_offline_mlm_dataset_is_refused(mlm_dataset: Path
     ways out; dynamic MLM without the CLS task is fine (the seed's own masks are drawn on those sequences too)."""
     from lifeseq_shards.reader import ShardedDataset
 
-    stored_cls = [int(c) for b in ShardedDataset(mlm_dataset, "train", batch_size=256, pad_to=512)
+    stored_cls = [int(c) for b in ShardedDataset(mlm_dataset, split="train", batch_size=256, pad_to=512)
                   for c in b.tensors["target_cls"]]
     assert sum(c != 0 for c in stored_cls) > 0.05 * len(stored_cls)  # what a new CLS task would mislabel
     for masking in (MaskingConfig(vocab_size=SAMPLE_IDS), MaskingConfig(vocab_size=SAMPLE_IDS, p_reverse=0.0)):

@@ -20,7 +20,7 @@ MAX_LINES = 400
 
 # each module's part: a subpackage, or a group of top-level modules that belong together
 PARTS = {
-    "compat": "leaves", "progress": "leaves", "schedule": "leaves", "signals": "leaves",
+    "compat": "leaves", "deprecation": "leaves", "progress": "leaves", "schedule": "leaves", "signals": "leaves",
     "store": "store", "plan": "plan", "convert": "convert",
     "device": "device", "masking": "device", "cudagraph": "device",
     "reader": "reader",

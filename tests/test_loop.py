@@ -215,7 +215,7 @@ def test_each_rank_of_the_world_reads_its_own_share(vocab_dataset: Path) -> None
     shares = []
     for rank in range(2):
         world = World(rank, 2)
-        reader = ShardedLoader(ShardedDataset(vocab_dataset, "train", BATCH, world=world))
+        reader = ShardedLoader(ShardedDataset(vocab_dataset, split="train", batch_size=BATCH, world=world))
         got = ids(data(vocab_dataset, world=world, masking=None).train())
         assert got == [b["person_id"].tolist() for b in reader] and got
         shares.append({p for batch in got for p in batch})

@@ -26,7 +26,7 @@ def _trainer() -> pl.Trainer:
 def test_first_mlm_loss_is_a_uniform_guess(vocab_dataset: Path, size: str) -> None:
     """ln(vocab) is the loss of a uniform guess; the decoder tied to N(0, 1) embeddings started at 41.3 (small)."""
     torch.manual_seed(0)
-    ds = ShardedDataset(vocab_dataset, "train", batch_size=64, world=World(0, 1), packed=True)
+    ds = ShardedDataset(vocab_dataset, split="train", batch_size=64, world=World(0, 1), packed=True)
     vocab = int(ds.manifest.vocab_size)
     batch = BatchBuilder(DynamicMasker(MaskingConfig(vocab_size=vocab)))(next(iter(ShardedLoader(ds))), "cpu", 0)
     model = LifeSeqPretrainModule(size, vocab).encoder.eval()
@@ -58,7 +58,7 @@ def test_a_trainer_validates_and_predicts_with_it(vocab_dataset: Path) -> None:
 
 def test_the_mean_embedding_is_the_mean_of_the_real_tokens_states(vocab_dataset: Path) -> None:
     torch.manual_seed(0)
-    ds = ShardedDataset(vocab_dataset, "val", batch_size=16, world=World(0, 1), mode="complete", packed=True)
+    ds = ShardedDataset(vocab_dataset, split="val", batch_size=16, world=World(0, 1), mode="complete", packed=True)
     model = LifeSeqPretrainModule(EncoderConfig(32, 64, 1, 4), int(ds.manifest.vocab_size)).eval()
     batch = BatchBuilder()(next(iter(ShardedLoader(ds))), "cpu", 0)
     with torch.no_grad():

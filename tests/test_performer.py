@@ -266,7 +266,7 @@ def test_the_devices_batches_padded_static_and_packed(nomlm_dataset: Path) -> No
     """A batch read from shards and built by device.build.model_batch: packed, and packed to a StaticShape (filler
     persons), through PackedPerformer(pad_to=128) equal the padded model batch of the same persons through their
     model (the fields' order and the crop as the device lays them out)."""
-    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=12, seed=0, packed=True)))
+    host = next(iter(ShardedDataset(nomlm_dataset, split="train", batch_size=12, seed=0, packed=True)))
     counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)), 128)
     vocab = 3000
     model = reference(vocab=vocab).eval()

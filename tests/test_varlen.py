@@ -157,7 +157,7 @@ def test_cuda_packed_step_never_syncs(nomlm_dataset: Path) -> None:
     """The padding-free step on CUDA, from the copied packed batch to the gradients: no host sync anywhere (CUDA's
     sync debug mode "error" and the Python-level pulls, device.host_sync_guard). Only the host-side plan (the token
     count, read from the pinned buffer before the copy) runs outside the guard."""
-    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=64, seed=0, packed=True)))
+    host = next(iter(ShardedDataset(nomlm_dataset, split="train", batch_size=64, seed=0, packed=True)))
     counted = count_tokens(host.with_buffer(torch.from_numpy(host.buffer)).pin_memory(), 128)
     model = LifeSeqEncoder(EncoderConfig(64, 128, 2, 4), 2970, dropout=0.1).cuda()
     masker = DynamicMasker(MaskingConfig(vocab_size=2970))

@@ -129,7 +129,7 @@ def reader_tokens(root: Path, ranks: int, workers: int, budget: int, epoch: int)
     for rank in range(ranks):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an arrangement's start-up notes: not what is measured
-            ds = ShardedDataset(root, "train", world=World(rank, ranks), num_workers=workers, packed=True,
+            ds = ShardedDataset(root, split="train", world=World(rank, ranks), num_workers=workers, packed=True,
                                 tokens_per_batch=budget)
         loader = ShardedLoader(ds)
         loader.set_epoch(epoch)

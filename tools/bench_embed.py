@@ -100,7 +100,8 @@ class InMemory(Dataset):
     def __init__(self, root: str, width: int) -> None:
         from lifeseq_shards import ShardedDataset, ShardedLoader
 
-        ds = ShardedDataset(root, ("train", "val"), batch_size=4096, mode="complete", pad_to=width, world=World(0, 1))
+        ds = ShardedDataset(root, split=("train", "val"), batch_size=4096, mode="complete", pad_to=width,
+                            world=World(0, 1))
         parts = list(ShardedLoader(ds))
         self.input_ids = torch.cat([torch.stack([b[k].long() for k in ("tokens", "abspos", "age", "segment")], 1)
                                     for b in parts])

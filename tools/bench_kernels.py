@@ -76,7 +76,7 @@ class Rows:
 
 
 def host_batches(data: Path, batch_size: int, n: int, pin: bool) -> list[PackedBatch]:
-    ds = ShardedDataset(data, "train", batch_size, seed=0, packed=True)
+    ds = ShardedDataset(data, split="train", batch_size=batch_size, seed=0, packed=True)
     out = []
     for batch in ds:
         batch = batch.with_buffer(torch.from_numpy(batch.buffer))

@@ -126,7 +126,7 @@ def job_read(root: str) -> dict[str, Any]:
     from lifeseq_shards.reader import World
 
     start, persons = time.perf_counter(), 0
-    for batch in ShardedLoader(ShardedDataset(root, "train", batch_size=BATCH, world=World(0, 1))):
+    for batch in ShardedLoader(ShardedDataset(root, split="train", batch_size=BATCH, world=World(0, 1))):
         persons += len(batch["person_id"])
     return {"seconds": time.perf_counter() - start, "persons": persons}
 

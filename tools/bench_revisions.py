@@ -40,7 +40,7 @@ try:
     world = {"world": World(0, 1)}
 except ImportError:
     world = {"rank": 0, "world_size": 1}
-loader = ShardedLoader(ShardedDataset(sys.argv[1], "train", 256, num_workers=0, packed=True, **world))
+loader = ShardedLoader(ShardedDataset(sys.argv[1], split="train", batch_size=256, num_workers=0, packed=True, **world))
 times = []
 for epoch in range(int(sys.argv[2]) + 1):
     loader.set_epoch(epoch)

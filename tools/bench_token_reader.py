@@ -28,8 +28,8 @@ def warm_loader(root: Path, ranks: int, workers: int, batch: int, budget: int | 
     that starts its (persistent) workers, as in training."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance warning of arrangements that do not divide
-        ds = ShardedDataset(root, "train", batch, world=World(0, ranks), num_workers=workers, packed=True,
-                            tokens_per_batch=budget)
+        ds = ShardedDataset(root, split="train", batch_size=batch, world=World(0, ranks), num_workers=workers,
+                            packed=True, tokens_per_batch=budget)
     loader = ShardedLoader(ds)
     loader.set_epoch(0)
     for _ in loader:

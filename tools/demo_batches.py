@@ -44,7 +44,7 @@ class Tally:
 def main(root: str, batches: int = 3, workers: int = 2) -> None:
     """Rank 0 of 2 with ``workers`` workers: packed host batches, then the model's batch built from each."""
     ranks, batch_size = 2, 64
-    ds = ShardedDataset(root, "train", batch_size=batch_size, world=World(0, ranks), num_workers=workers,
+    ds = ShardedDataset(root, split="train", batch_size=batch_size, world=World(0, ranks), num_workers=workers,
                         packed=True)
     cfg = MaskingConfig(vocab_size=int(ds.manifest.vocab_size), seed=0)
     masker = DynamicMasker(cfg)

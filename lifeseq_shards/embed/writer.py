@@ -140,7 +140,7 @@ class EmbeddingWriterHooks:
         person's shard in its batch); ``kwargs`` go to ``ShardedDataset`` (batch_size, num_workers, world, ...)."""
         done = self.open(data, split, model, kwargs.get("world"), manifest=kwargs.pop("manifest", None))
         assert self.spec is not None
-        return ShardedDataset(data, self.spec.splits, mode="complete", skip_files=done, shard_field=True,
+        return ShardedDataset(data, split=self.spec.splits, mode="complete", skip_files=done, shard_field=True,
                               manifest=self.manifest, **kwargs)
 
     # -- writing -----------------------------------------------------------------------------------------------

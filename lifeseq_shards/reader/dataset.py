@@ -7,10 +7,9 @@ DataLoader workers (where ``torch.distributed`` is not initialised and RANK is u
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from ..store.remote import dataset_url, read_manifest, require_block_checks
 from .collate import BatchSpec
 from .control import EpochControl
 from .launch import World
-from .options import ReadOptions
+from .options import ReadOptions, read_options
 from .stages import load_windows, messages, sized_batches, slot_windows, with_shard_field
 from .transport import RingWriter, WorkerLink, exit_with
 
@@ -59,24 +58,19 @@ class ShardedDataset(IterableDataset):
     of the split once an epoch (nobody left out), the same steps on every rank. ``batch_size`` then plays no part in
     this dataset (a front end's validation and predict loaders still read ``batch_size`` persons a batch).
 
-    The arguments but ``path``, ``world`` and ``manifest`` are one frozen :class:`~.options.ReadOptions`
-    (:attr:`options`); code that builds several datasets builds it once and calls :meth:`of`.
+    What it reads and how is one frozen :class:`~.options.ReadOptions` (:attr:`options`): ``options``, default
+    ``ReadOptions()``, with ``settings`` (its fields by name, e.g. ``split="val", batch_size=64``) replacing what they
+    name; code that builds several datasets builds the options once. ``ShardedDataset(path, "train", 256)`` (split
+    and batch size by position) still reads so, warning: name them.
 
     Use with :class:`ShardedLoader` (or ``DataLoader(ds, batch_size=None, num_workers=ds.num_workers)``).
     ``len()`` is the exact number of batches this rank yields per epoch.
     """
 
-    def __init__(self, path: str | os.PathLike[str], split: str | Sequence[str] = "train", batch_size: int = 256, *,
-                 world: World | None = None, num_workers: int = 0, mode: str = EVEN,
-                 shuffle: bool | None = None, seed: int = 0, drop_last: bool = False, window: int | None = None,
-                 pad_multiple: int = 8, pad_to: int | None = None, packed: bool = False,
-                 skip_files: Collection[str] = (), shard_field: bool = False, manifest: Manifest | None = None,
-                 tokens_per_batch: int | None = None, balance: str = "tokens", crop: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], options: ReadOptions | None = None, *legacy: Any,
+                 world: World | None = None, manifest: Manifest | None = None, **settings: Any) -> None:
         super().__init__()
-        options = ReadOptions(split=split, batch_size=batch_size, num_workers=num_workers, mode=mode, shuffle=shuffle,
-                              seed=seed, drop_last=drop_last, window=window, pad_multiple=pad_multiple,
-                              pad_to=pad_to, packed=packed, skip_files=skip_files, shard_field=shard_field,
-                              tokens_per_batch=tokens_per_batch, balance=balance, crop=crop)
+        options = read_options(options, legacy, settings)
         self.options = options
         self.root = str(path) if str(path).startswith("pipe:") else str(path).rstrip("/")
         if world is not None and not isinstance(world, World):
@@ -135,14 +129,6 @@ class ShardedDataset(IterableDataset):
         return plan_kind(asked).reading(asked, self.partition, self.rank, self._arrangement(),
                                         f"{self.root}: split {self.split}",
                                         lambda: split_lengths(self.root, self.manifest, self.options.splits[0]))
-
-    @classmethod
-    def of(cls, path: str | os.PathLike[str], options: ReadOptions, world: World | None = None,
-           manifest: Manifest | None = None) -> ShardedDataset:
-        """The dataset of ``options``: what ``ShardedDataset(path, ...)`` builds from its arguments. A front end
-        builds its options once and passes the manifest it has read."""
-        settings = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
-        return cls(path, **settings, world=world, manifest=manifest)
 
     # -- the plan: its settings are the partition's, stored there only -------------------------------------------
     @property

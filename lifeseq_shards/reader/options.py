@@ -1,16 +1,19 @@
 """What a :class:`~lifeseq_shards.reader.ShardedDataset` reads and how, as one frozen value checked once
-(:class:`ReadOptions`). ``ShardedDataset(...)`` builds it from its arguments; a front end builds its training
-loader's once and varies only what differs per loader (``dataclasses.replace``: the split, the mode, ...). The one
+(:class:`ReadOptions`). ``ShardedDataset(path, options, **settings)`` takes one (:func:`read_options`); a front end
+builds its training loader's once and varies only what differs per loader (the split, the mode, ...). The one
 default that needs the manifest (the shuffle window) is resolved where the manifest is read: the dataset's
 :class:`~lifeseq_shards.plan.partition.Partition`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from numbers import Integral
+from typing import Any
 
+from ..deprecation import warn
 from ..plan.asked import Asked
 from ..plan.balance import BALANCES
 from ..plan.epoch import plan_kind
@@ -89,6 +92,29 @@ class ReadOptions:
     def shuffled(self) -> bool:
         """Whether the persons are shuffled: by default in balanced mode, and never in the others."""
         return self.mode == EVEN and (self.shuffle is None or bool(self.shuffle))
+
+
+def read_options(options: ReadOptions | str | Sequence[str] | None, legacy: tuple[Any, ...],
+                 settings: dict[str, Any]) -> ReadOptions:
+    """The options of ``ShardedDataset(path, options, *legacy, **settings)``: ``options`` (default
+    ``ReadOptions()``) with ``settings`` (its fields by name) replacing what they name. The old form
+    ``ShardedDataset(path, split, batch_size, ...)`` (a split where the options stand, a batch size after it) still
+    reads as ``split=`` / ``batch_size=``, warning (:class:`~lifeseq_shards.deprecation.LifeSeqDeprecationWarning`)."""
+    if options is not None and not isinstance(options, ReadOptions):
+        legacy = (options, *legacy)
+        options = None
+    if legacy:
+        if options is not None or len(legacy) > 2:
+            raise TypeError("ShardedDataset(path, options=None, *, world=None, manifest=None, **settings) takes no "
+                            "positional argument after the options; name them (split=, batch_size=, ...)")
+        named = dict(zip(("split", "batch_size")[:len(legacy)], legacy, strict=True))
+        twice = sorted(set(named) & set(settings))
+        if twice:
+            raise TypeError(f"ShardedDataset() got {', '.join(twice)} both by position and by name")
+        warn("ShardedDataset(path, " + ", ".join(named) + ", ...) by position",
+             "ShardedDataset(path, " + ", ".join(f"{k}=..." for k in named) + ", ...) or ReadOptions", stacklevel=4)
+        settings = {**named, **settings}
+    return dataclasses.replace(options, **settings) if options is not None else ReadOptions(**settings)
 
 
 def predict_splits(manifest: Manifest, splits: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ def rest_of_epoch(root: str, checkpoint: str, world: int, workers: int, batch_si
     then = state.arrangement
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the static-balance and resume warnings: the report says it all
-        ds = ShardedDataset(root, state.split, batch_size or then["batch_size"], world=World(0, world),
+        ds = ShardedDataset(root, split=state.split, batch_size=batch_size or then["batch_size"], world=World(0, world),
                             num_workers=workers, seed=then["seed"], shuffle=then["shuffle"], drop_last=drop_last,
                             tokens_per_batch=tokens_per_batch, balance=balance, crop=then.get("crop") or None)
         loader = ShardedLoader(ds)

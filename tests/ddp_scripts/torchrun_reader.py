@@ -28,8 +28,8 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     # rank and world size are deliberately not passed: the dataset must take them from torch.distributed
-    loader = ShardedLoader(ShardedDataset(args.data, "train", args.batch_size, num_workers=args.workers,
-                                          tokens_per_batch=args.tokens_per_batch))
+    loader = ShardedLoader(ShardedDataset(args.data, split="train", batch_size=args.batch_size,
+                                          num_workers=args.workers, tokens_per_batch=args.tokens_per_batch))
     if args.resume:
         with open(args.resume) as fh:
             # rank 0's, as Lightning's checkpoint holds: the state has no per-rank part, and the world may differ

@@ -90,7 +90,7 @@ def model_batches(nomlm_dataset: Path) -> dict[str, object]:
     from lifeseq_shards import ShardedDataset
     from lifeseq_shards.masking import DynamicMasker, MaskingConfig
 
-    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True)))
+    host = next(iter(ShardedDataset(nomlm_dataset, split="train", batch_size=16, seed=1, packed=True)))
     masker = DynamicMasker(MaskingConfig(vocab_size=2970))
     return {layout: BatchBuilder(masker, layout, 64)(host, "cpu", 0) for layout in ("padded", "packed")}
 
@@ -148,7 +148,7 @@ def test_torch_pin_memory_keeps_the_host_batch_types(nomlm_dataset: Path) -> Non
     from lifeseq_shards import ShardedDataset
     from lifeseq_shards.device.batch import PackedBatch
 
-    hosts = list(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True))[:2]
+    hosts = list(ShardedDataset(nomlm_dataset, split="train", batch_size=16, seed=1, packed=True))[:2]
     pinned = pin_memory(hosts)
     assert [type(b) for b in pinned] == [PackedBatch, PackedBatch] and all(a is b for a, b in zip(pinned, hosts,
                                                                                                    strict=True))
@@ -162,7 +162,7 @@ def test_torch_pin_memory_pins_the_host_batches(nomlm_dataset: Path, packed: boo
     from lifeseq_shards import ShardedDataset
     from lifeseq_shards.device.batch import PackedBatch
 
-    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=packed)))
+    host = next(iter(ShardedDataset(nomlm_dataset, split="train", batch_size=16, seed=1, packed=packed)))
     if packed:
         host = host.with_buffer(torch.from_numpy(host.buffer))
     (pinned,) = pin_memory([host])

@@ -194,8 +194,8 @@ def test_packed_batches_unpack_to_the_padded_ones(fixture: str, request: pytest.
     from lifeseq_shards.reader import ShardedDataset
 
     root = request.getfixturevalue(fixture)
-    padded = ShardedDataset(root, "train", batch_size=48, seed=5)
-    packed = ShardedDataset(root, "train", batch_size=48, seed=5, packed=True)
+    padded = ShardedDataset(root, split="train", batch_size=48, seed=5)
+    packed = ShardedDataset(root, split="train", batch_size=48, seed=5, packed=True)
     n = 0
     for host, compact in zip(padded, packed, strict=True):
         assert isinstance(compact, PackedBatch) and isinstance(host, PaddedBatch)
@@ -242,8 +242,8 @@ def test_packed_layout_has_the_padded_masks(nomlm_dataset: Path, kind: str) -> N
 
     L = 64  # below the longest persons of the sample: some are cropped
     masker = DynamicMasker(MaskingConfig(vocab_size=2970, kind=kind, p_reverse=0.3, p_shuffle=0.3, seed=3))
-    padded = ShardedDataset(nomlm_dataset, "train", batch_size=32, seed=2, pad_to=L)
-    packed = ShardedDataset(nomlm_dataset, "train", batch_size=32, seed=2, packed=True)
+    padded = ShardedDataset(nomlm_dataset, split="train", batch_size=32, seed=2, pad_to=L)
+    packed = ShardedDataset(nomlm_dataset, split="train", batch_size=32, seed=2, packed=True)
     cropped = 0
     for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
         counted = count_tokens(host_packed, L)
@@ -289,7 +289,7 @@ class _Counting:
 def _prefetch_case(dataset: Path, device: str, graph: bool = False) -> tuple[list, BatchBuilder]:
     from lifeseq_shards.reader import ShardedDataset
 
-    hosts = list(ShardedDataset(dataset, "train", batch_size=40, seed=4, packed=True))[:4]
+    hosts = list(ShardedDataset(dataset, split="train", batch_size=40, seed=4, packed=True))[:4]
     if device == "cuda":
         hosts = [h.with_buffer(torch.from_numpy(h.buffer)).pin_memory() for h in hosts]
     return hosts, _prefetch_builder(graph)
@@ -336,7 +336,7 @@ def test_prefetcher_forwards_lightnings_loader_attributes_by_name(nomlm_dataset:
     loader's others are not forwarded (AttributeError)."""
     from lifeseq_shards.reader import ShardedDataset, ShardedLoader
 
-    loader = ShardedLoader(ShardedDataset(nomlm_dataset, "train", batch_size=40, seed=4, packed=True))
+    loader = ShardedLoader(ShardedDataset(nomlm_dataset, split="train", batch_size=40, seed=4, packed=True))
     prefetcher = DevicePrefetcher(loader, lambda h: h, "cpu")
     assert prefetcher.dataset is loader.dataset and prefetcher.sampler is loader.sampler
     assert prefetcher.batch_sampler is loader.batch_sampler and prefetcher.worker_init_fn is None
@@ -409,7 +409,7 @@ def test_packed_layout_carries_the_offline_masks(mlm_dataset: Path) -> None:
     """Offline masks (encoded_mlm.h5's) in the packed layout: the same per person as the padded model batch."""
     from lifeseq_shards.reader import ShardedDataset
 
-    for i, host in enumerate(ShardedDataset(mlm_dataset, "train", batch_size=32, seed=1, packed=True)):
+    for i, host in enumerate(ShardedDataset(mlm_dataset, split="train", batch_size=32, seed=1, packed=True)):
         counted = count_tokens(host)
         with host_sync_guard():
             want = model_batch(to_device(host, "cpu"))
@@ -427,8 +427,8 @@ def test_no_masking_drops_the_offline_masks_of_packed_batches(mlm_dataset: Path,
     the buffer, not as keys of the batch)."""
     from lifeseq_shards.reader import ShardedDataset
 
-    padded = ShardedDataset(mlm_dataset, "train", batch_size=16, seed=1, pad_to=512)
-    packed = ShardedDataset(mlm_dataset, "train", batch_size=16, seed=1, packed=True)
+    padded = ShardedDataset(mlm_dataset, split="train", batch_size=16, seed=1, pad_to=512)
+    packed = ShardedDataset(mlm_dataset, split="train", batch_size=16, seed=1, packed=True)
     for i, (host_padded, host_packed) in enumerate(zip(padded, packed, strict=True)):
         want = BatchBuilder(None)(host_padded, "cpu", 0)
         got = BatchBuilder(None, layout)(host_packed, "cpu", 0)
@@ -450,7 +450,7 @@ def test_packed_layout_refuses_a_count_for_another_max_len(nomlm_dataset: Path) 
     of rows (on CUDA, unchecked): refused in one line naming both, before any kernel."""
     from lifeseq_shards.reader import ShardedDataset
 
-    host = next(iter(ShardedDataset(nomlm_dataset, "train", batch_size=16, seed=1, packed=True)))
+    host = next(iter(ShardedDataset(nomlm_dataset, split="train", batch_size=16, seed=1, packed=True)))
     for counted_for, asked in ((None, 32), (32, None), (32, 48)):
         batch = to_device(count_tokens(host, counted_for), "cpu")
         with pytest.raises(ValueError, match=f"counted for max_len={counted_for}.*max_len={asked}"):

@@ -28,7 +28,7 @@ WIDTH = 344  # the sample's longest person (340) rounded up to 8: nobody cropped
 
 def _hosts(root: Path, sizes: tuple[int, ...]) -> list[PackedBatch]:
     """One packed host batch of each size (persons), counted for WIDTH."""
-    return [count_tokens(next(iter(ShardedDataset(root, "train", batch_size=k, seed=k, packed=True))), WIDTH)
+    return [count_tokens(next(iter(ShardedDataset(root, split="train", batch_size=k, seed=k, packed=True))), WIDTH)
             for k in sizes]
 
 
@@ -124,7 +124,7 @@ def test_static_losses_and_gradients_are_the_unpadded_ones(vocab_dataset: Path, 
 def test_offline_targets_in_a_static_batch(mlm_dataset: Path) -> None:
     """The stored masks: floor(0.3 x 2048) target columns for the batch, the real persons' targets as unpadded; a
     width whose target columns cannot hold a person's stored targets is refused, not cropped."""
-    host = next(iter(ShardedDataset(mlm_dataset, "train", batch_size=5, seed=1, packed=True)))
+    host = next(iter(ShardedDataset(mlm_dataset, split="train", batch_size=5, seed=1, packed=True)))
     plain, got = _both(count_tokens(host, WIDTH), StaticShape(2048, 8))
     b = len(plain["lengths"])
     assert got["target_index"].shape == (1, math.floor(0.3 * 2048))

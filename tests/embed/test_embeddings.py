@@ -217,7 +217,7 @@ def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path,
     assert len(skip) == 2
     seen = []
     for rank in range(2):
-        dataset = ShardedDataset(ds, ("train", "val"), batch_size=40, world=World(rank, 2), num_workers=1,
+        dataset = ShardedDataset(ds, split=("train", "val"), batch_size=40, world=World(rank, 2), num_workers=1,
                                  mode="complete", packed=packed, pad_to=None if packed else 64, skip_files=skip,
                                  shard_field=True)
         for batch in ShardedLoader(dataset):
@@ -227,7 +227,7 @@ def test_each_person_carries_its_shard_and_skipped_shards_are_not_read(ds: Path,
     assert sorted(p for p, _ in seen) == sorted(p for p, i in owner.items() if files[i] not in skip)
     assert all(owner[p] == shard for p, shard in seen)
     with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
-        ShardedDataset(ds, "train", world=World(0, 1), shard_field=True)
+        ShardedDataset(ds, split="train", world=World(0, 1), shard_field=True)
 
 
 def test_a_full_disk_leaves_neither_a_finished_nor_a_temporary_file(ds: Path, done: Path, tmp_path: Path,

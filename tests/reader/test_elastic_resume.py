@@ -242,7 +242,7 @@ def test_shardify_plan_resume_refuses_what_cannot_continue(nomlm_dataset: Path, 
 
 # -- resume only into the same order, split and state -----------------------------------------------------------------
 def started_loader(root: Path, split: str = "train", **kw: Any) -> ShardedLoader:
-    ld = ShardedLoader(ShardedDataset(root, split, batch_size=100, world=World(0, 1), **kw))
+    ld = ShardedLoader(ShardedDataset(root, split=split, batch_size=100, world=World(0, 1), **kw))
     it = iter(ld)
     for _ in range(3):
         next(it)
@@ -273,7 +273,8 @@ def test_resume_refuses_another_split(nomlm_dataset: Path) -> None:
     state = started_loader(nomlm_dataset).state_dict()
     said = re.escape(f"{nomlm_dataset}: cannot resume exactly: split ['train'] -> ['val']")
     with pytest.raises(ValueError, match=said + ".*checkpoint's settings, or start the epoch over: restart_epoch=True"):
-        ShardedLoader(ShardedDataset(nomlm_dataset, "val", batch_size=100, world=World(0, 1))).load_state_dict(state)
+        val = ShardedDataset(nomlm_dataset, split="val", batch_size=100, world=World(0, 1))
+        ShardedLoader(val).load_state_dict(state)
 
 
 def test_resume_refuses_a_state_that_predates_the_window(nomlm_dataset: Path) -> None:

@@ -17,7 +17,7 @@ from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.convert.sources.synth import synth_population
 
 RUN_S = 180  # one script, at most (a hang fails)
-READ = "ds = ShardedDataset({root!r}, 'train', batch_size=32, num_workers=2, world=World(0, 1))\n"
+READ = "ds = ShardedDataset({root!r}, split='train', batch_size=32, num_workers=2, world=World(0, 1))\n"
 LOOP = "print(sum(1 for _ in ShardedLoader(ds)), 'batches')\n"
 IMPORTS = "from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World\n"
 

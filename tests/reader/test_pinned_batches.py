@@ -89,12 +89,12 @@ def first(loader: Iterable[Any], n: int) -> list[Any]:
 
 
 def test_converted_dataset_is_pinned(synth_dataset: Path) -> None:
-    ds = ShardedDataset(synth_dataset, "train", batch_size=32, world=World(0, 1))
+    ds = ShardedDataset(synth_dataset, split="train", batch_size=32, world=World(0, 1))
     assert ds.fingerprint == "22b3c1834b3b4748beb9644e359aac84"
 
 
 def test_padded_batches_and_resume_state_are_pinned(synth_dataset: Path) -> None:
-    ds = ShardedDataset(synth_dataset, "train", batch_size=32, world=World(1, 2), seed=3)
+    ds = ShardedDataset(synth_dataset, split="train", batch_size=32, world=World(1, 2), seed=3)
     loader = ShardedLoader(ds)
     loader.set_epoch(2)
     got = first(loader, 4)
@@ -108,7 +108,7 @@ def test_padded_batches_and_resume_state_are_pinned(synth_dataset: Path) -> None
 
 
 def test_packed_batches_through_worker_rings_are_pinned(synth_dataset: Path) -> None:
-    ds = ShardedDataset(synth_dataset, "train", batch_size=16, world=World(0, 2), num_workers=2, packed=True)
+    ds = ShardedDataset(synth_dataset, split="train", batch_size=16, world=World(0, 2), num_workers=2, packed=True)
     loader = ShardedLoader(ds, batches_per_message=2)
     got = first(loader, 6)
     assert digest(got) == "ab1b9724fb16bb32"
@@ -120,12 +120,12 @@ def test_packed_batches_through_worker_rings_are_pinned(synth_dataset: Path) -> 
 
 
 def test_inference_over_all_splits_is_pinned(synth_dataset: Path) -> None:
-    ds = ShardedDataset(synth_dataset, ("train", "val"), batch_size=50, world=World(0, 3), mode="complete")
+    ds = ShardedDataset(synth_dataset, split=("train", "val"), batch_size=50, world=World(0, 3), mode="complete")
     assert digest(ShardedLoader(ds)) == "a3eebef6a26dc293"
 
 
 def test_offline_mlm_batches_are_pinned(mlm_dataset: Path) -> None:
-    ds = ShardedDataset(mlm_dataset, "train", batch_size=8, world=World(0, 1), pad_to=512)
+    ds = ShardedDataset(mlm_dataset, split="train", batch_size=8, world=World(0, 1), pad_to=512)
     got = first(ShardedLoader(ds), 2)
     assert digest(got) == "f306543c9e0c7330"
     assert digest([BatchBuilder("offline")(b, "cpu", epoch=0) for b in got]) == "b0976c2228b02e2d"
@@ -141,7 +141,7 @@ SAVED_STATE = {"fingerprint": "22b3c1834b3b4748beb9644e359aac84", "split": "trai
 
 def test_a_saved_checkpoint_resumes_where_it_stopped(synth_dataset: Path) -> None:
     def make() -> ShardedLoader:
-        return ShardedLoader(ShardedDataset(synth_dataset, "train", batch_size=32, world=World(1, 2), seed=3))
+        return ShardedLoader(ShardedDataset(synth_dataset, split="train", batch_size=32, world=World(1, 2), seed=3))
 
     whole = make()
     whole.set_epoch(2)
@@ -169,7 +169,7 @@ TODAY_REST_STATE = {"fingerprint": "22b3c1834b3b4748beb9644e359aac84", "split": 
 
 def test_checkpoints_of_the_code_before_resume_exactly(synth_dataset: Path) -> None:
     def make(world: int, rank: int, batch_size: int) -> ShardedLoader:
-        ds = ShardedDataset(synth_dataset, "train", batch_size=batch_size, world=World(rank, world), seed=3)
+        ds = ShardedDataset(synth_dataset, split="train", batch_size=batch_size, world=World(rank, world), seed=3)
         return ShardedLoader(ds)
 
     whole = make(2, 1, 32)

@@ -48,11 +48,13 @@ from helpers import (
 from torch.utils.data import DataLoader
 
 from lifeseq_shards import reader
+from lifeseq_shards.deprecation import LifeSeqDeprecationWarning
 from lifeseq_shards.device.batch import PackedBatch, PaddedBatch
 from lifeseq_shards.device.build import model_batch, padded_fields
 from lifeseq_shards.plan.resume import Position
 from lifeseq_shards.plan.slots import Segment
 from lifeseq_shards.reader import DatasetChanged, ShardedDataset, ShardedLoader, World, read_segment
+from lifeseq_shards.reader.options import ReadOptions
 from lifeseq_shards.reader.transport import PIPE_BYTES
 from lifeseq_shards.store.format import token_schema
 from lifeseq_shards.store.manifest import ManifestError, ShardEntry, fingerprint, write_manifest
@@ -72,7 +74,7 @@ def ids_of(batches: Iterable[Batch]) -> np.ndarray:
 def rank_pass(root: Path | str, world: int, rank: int, workers: int, epoch: int = 0, split: str = "train",
               batches_per_message: int | None = None, **kw: Any) -> tuple[list[Batch], int]:
     """One epoch of one rank as a DDP rank reads it (through its own DataLoader workers when workers > 0)."""
-    ds = ShardedDataset(root, split, world=World(rank, world), num_workers=workers, **kw)
+    ds = ShardedDataset(root, split=split, world=World(rank, world), num_workers=workers, **kw)
     ds.set_epoch(epoch)
     source: Iterable[Batch] = (ShardedLoader(ds, persistent_workers=False, batches_per_message=batches_per_message)
                                if workers else ds)
@@ -271,23 +273,48 @@ def test_inference_over_several_splits_embeds_everyone(nomlm_dataset: Path, samp
                                            batch_size=128)[0]) for rank in range(3)])
     assert len(got) == len(np.unique(got)) == len(everyone) and set(got.tolist()) == everyone
     with pytest.raises(ValueError, match="only in mode='complete'"):
-        ShardedDataset(nomlm_dataset, ("train", "val"))
+        ShardedDataset(nomlm_dataset, split=("train", "val"))
 
 
 def test_a_dataset_of_options_reads_as_the_dataset_of_the_same_arguments(nomlm_dataset: Path) -> None:
-    """``ShardedDataset.of(root, options)`` (what a front end builds each loader with) is the dataset the same
-    arguments build: the same frozen options, plan and batches; options varied by ``dataclasses.replace`` are
-    checked again, as the arguments are."""
+    """``ShardedDataset(root, options, **changes)`` (what a front end builds each loader with) is the dataset the
+    same settings by name build: the same frozen options, plan and batches; the changes are checked again, as the
+    settings are."""
     world = World(0, 1)
-    made = ShardedDataset(nomlm_dataset, "train", 100, world=world, seed=3, pad_to=48)
-    again = ShardedDataset.of(nomlm_dataset, made.options, world, made.manifest)
+    made = ShardedDataset(nomlm_dataset, split="train", batch_size=100, world=world, seed=3, pad_to=48)
+    options = ReadOptions(batch_size=100, seed=3, pad_to=48)
+    again = ShardedDataset(nomlm_dataset, options, world=world, manifest=made.manifest)
     assert again.options == made.options and again.partition == made.partition and again.spec == made.spec
     assert [b.tensors["person_id"].tolist() for b in again] == [b.tensors["person_id"].tolist() for b in made]
-    val = ShardedDataset.of(nomlm_dataset, dataclasses.replace(made.options, split="val", mode="exact"), world)
-    assert val.partition == ShardedDataset(nomlm_dataset, "val", 100, world=world, seed=3, mode="exact",
-                                           pad_to=48).partition
+    val = ShardedDataset(nomlm_dataset, options, world=world, split="val", mode="exact")
+    assert val.options == dataclasses.replace(options, split="val", mode="exact") and options.split == "train"
+    assert val.partition == ShardedDataset(nomlm_dataset, split="val", batch_size=100, world=world, seed=3,
+                                           mode="exact", pad_to=48).partition
     with pytest.raises(ValueError, match="skip_files and shard_field are for mode='complete'"):
-        dataclasses.replace(made.options, shard_field=True)
+        ShardedDataset(nomlm_dataset, options, world=world, shard_field=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        ShardedDataset(nomlm_dataset, world=world, batchsize=100)
+
+
+def test_the_split_and_batch_size_by_position_still_read_and_warn(nomlm_dataset: Path) -> None:
+    """The old call ``ShardedDataset(root, "val", 64)`` (the guides' form until December 2026) reads what the
+    settings by name read, warning once with the form to use; what cannot be meant is refused in one line."""
+    world = World(0, 1)
+    named = ShardedDataset(nomlm_dataset, split="val", batch_size=64, world=world, mode="exact")
+    with pytest.warns(LifeSeqDeprecationWarning, match=r"ShardedDataset\(path, split, batch_size, \.\.\.\) by "
+                      r"position is deprecated: use ShardedDataset\(path, split=\.\.\., batch_size=\.\.\.") as said:
+        both = ShardedDataset(nomlm_dataset, "val", 64, world=world, mode="exact")
+    assert len(said) == 1 and said[0].filename == __file__  # the caller's line, not the package's
+    assert both.options == named.options and both.partition == named.partition
+    with pytest.warns(LifeSeqDeprecationWarning, match=r"\(path, split, \.\.\.\) by position"):
+        one = ShardedDataset(nomlm_dataset, ("val",), world=world, batch_size=64, mode="exact")
+    assert one.partition == named.partition
+    with pytest.raises(TypeError, match="batch_size both by position and by name"):
+        ShardedDataset(nomlm_dataset, "val", 64, world=world, batch_size=32)
+    with pytest.raises(TypeError, match="no positional argument after the options; name them"):
+        ShardedDataset(nomlm_dataset, ReadOptions(), 64, world=world)
+    with pytest.raises(TypeError, match="no positional argument after the options"):
+        ShardedDataset(nomlm_dataset, "val", 64, False, world=world)
 
 
 # -- 4. exact resume ----------------------------------------------------------------------------------------------
@@ -443,7 +470,7 @@ def test_pad_to_crops_and_pads(nomlm_dataset: Path, nomlm_rows: SeedRows) -> Non
 
 def test_offline_mlm_fields(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
     c = mlm_rows.cols
-    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1))
+    ds = ShardedDataset(mlm_dataset, split="val", batch_size=64, world=World(0, 1))
     for b in ds:
         rows = check_batch(b, mlm_rows)
         width = b.tensors["tokens"].shape[1]
@@ -463,7 +490,7 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
     """pad_to=512 on an offline-mask dataset: model_batch gives the seed's h5 rows exactly (width 512, 153 target
     slots: unused ones position 511 and token 0)."""
     c = mlm_rows.cols
-    for b in ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1), pad_to=SEED_WIDTH):
+    for b in ShardedDataset(mlm_dataset, split="val", batch_size=64, world=World(0, 1), pad_to=SEED_WIDTH):
         out, rows = model_batch(b), mlm_rows.rows(b.tensors["person_id"])
         assert out["input_ids"].shape == (len(rows), 4, SEED_WIDTH)
         for name, want in (("input_ids", c["input_ids"][rows]), ("padding_mask", c["padding_mask"][rows]),
@@ -475,7 +502,7 @@ def test_offline_mlm_pad_to_gives_the_seeds_batch(mlm_dataset: Path, mlm_rows: S
 
 
 def test_offline_mlm_pad_to_refuses_to_crop_naming_the_person(mlm_dataset: Path, mlm_rows: SeedRows) -> None:
-    ds = ShardedDataset(mlm_dataset, "val", batch_size=64, world=World(0, 1), pad_to=128)
+    ds = ShardedDataset(mlm_dataset, split="val", batch_size=64, world=World(0, 1), pad_to=128)
     with pytest.raises(ValueError, match=r"person (\d+) has (\d+) tokens, more than pad_to=128") as err:
         list(ds)
     person, n = (int(x) for x in re.search(r"person (\d+) has (\d+)", str(err.value)).groups())  # type: ignore[union-attr]

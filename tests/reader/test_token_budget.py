@@ -209,7 +209,7 @@ def test_a_budget_is_checked_up_front(nomlm_dataset: Path) -> None:
     with pytest.raises(ValueError, match="tokens_per_batch=100 is under 4 x the longest person"):
         make(nomlm_dataset, 2, 0, 0, budget=100)
     with pytest.raises(ValueError, match="tokens_per_batch is for training batches"):
-        ShardedDataset(nomlm_dataset, "val", mode="exact", tokens_per_batch=BUDGET)
+        ShardedDataset(nomlm_dataset, split="val", mode="exact", tokens_per_batch=BUDGET)
     with pytest.raises(ValueError, match="drop_last with tokens_per_batch"):
         make(nomlm_dataset, 1, 0, 0, drop_last=True)
     with pytest.raises(ValueError, match="balance must be one of 'tokens', 'attention'"):

@@ -68,7 +68,7 @@ def test_parsing_is_pure_and_names_the_source(mlm_dataset: Path) -> None:
 
 def test_the_manifest_is_no_dict(mlm_dataset: Path) -> None:
     """Its attributes, or to_json() for the JSON: the dict-style reads fail as on any object without them."""
-    m = ShardedDataset(mlm_dataset, "train", batch_size=8, world=World(0, 1)).manifest
+    m = ShardedDataset(mlm_dataset, split="train", batch_size=8, world=World(0, 1)).manifest
     assert m.to_json()["splits"]["train"]["persons"] == m.splits["train"].persons
     with pytest.raises(TypeError, match="'Manifest' object is not subscriptable"):
         m["splits"]  # noqa: B018

@@ -45,7 +45,7 @@ def test_arrangement_shards_are_those_the_converter_cuts(sample: Path, tmp_path:
         assert sizes == bench_balance.arrangement_shards(len(lengths), ranks, workers)
         assert np.array_equal(lengths, default)
         budget = int(round(50 * lengths.mean()))
-        ds = ShardedDataset(root, "train", world=World(0, ranks), num_workers=workers, packed=True,
+        ds = ShardedDataset(root, split="train", world=World(0, ranks), num_workers=workers, packed=True,
                             tokens_per_batch=budget)
         ShardedLoader(ds)  # attaches: the dataset then knows the loader's batches per message
         assert ds.batches_per_message == bench_balance.per_message(lengths, budget, workers)

@@ -78,7 +78,7 @@ def test_wheels_install_offline_beside_the_pins(tmp_path: Path) -> None:
     read = ("from lifeseq_shards import ShardedDataset, ShardedLoader\n"
             "from lifeseq_shards.reader import World\n"
             "from lifeseq_shards.store.remote import read_manifest\n"
-            "ds = ShardedDataset('shards', 'train', batch_size=16, world=World(0, 1), mode='complete')\n"
+            "ds = ShardedDataset('shards', split='train', batch_size=16, world=World(0, 1), mode='complete')\n"
             "n = sum(len(b['person_id']) for b in ShardedLoader(ds))\n"
             "print(n, read_manifest('shards').splits['train'].persons)")
     got, want = map(int, subprocess.run([py, "-c", read], check=True, capture_output=True, text=True,

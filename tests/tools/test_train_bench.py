@@ -130,7 +130,7 @@ def test_tiny_sweep_end_to_end(shards: Path, tmp_path: Path, monkeypatch: pytest
         assert 0.8 * step_ms <= sum(phases) + float(r["data_wait_frac"]) * step_ms <= step_ms * 1.0001
         # The measured steps are batches warmup..steps-1 of epoch 0: replay them and sum their real lengths.
         # Read with the reader the DataModule wraps (rank 0 of 1, shuffled with the same seed, cropped to max_len).
-        ds = ShardedDataset(shards, "train", p.batch_size, world=World(0, 1), seed=0, pad_to=p.max_len)
+        ds = ShardedDataset(shards, split="train", batch_size=p.batch_size, world=World(0, 1), seed=0, pad_to=p.max_len)
         seen = list(zip(range(pre.steps), ShardedLoader(ds), strict=False))
         lengths = torch.cat([b["lengths"] for _, b in seen[pre.warmup:]])
         assert int(r["real_tokens"]) == int(lengths.sum())
