@@ -104,6 +104,7 @@ def job_merge(out: str) -> dict[str, Any]:
 
 
 def job_plan(root: str) -> dict[str, Any]:
+    from lifeseq_shards.plan.asked import Topology
     from lifeseq_shards.plan.report import describe, describe_tokens
     from lifeseq_shards.store.lengths import split_lengths
     from lifeseq_shards.store.remote import read_manifest
@@ -111,11 +112,12 @@ def job_plan(root: str) -> dict[str, Any]:
     start = time.perf_counter()
     m = read_manifest(root)
     info = m.splits["train"]
-    persons = describe([s.samples for s in info.shards], info.remainder_persons, 4, 4, 2, BATCH, split="train")
+    topology = Topology(4, 4, 2)
+    persons = describe([s.samples for s in info.shards], info.remainder_persons, topology, BATCH, split="train")
     lengths, sizes = split_lengths(root, m, "train")
     if info.remainder is None:
         sizes.append(0)
-    tokens = describe_tokens(lengths, sizes, 4, 4, 2, TOKENS_PER_BATCH, batch_size=BATCH)
+    tokens = describe_tokens(lengths, sizes, topology, TOKENS_PER_BATCH, batch_size=BATCH)
     if not (persons.ok and tokens.ok):
         raise RuntimeError(f"plan refused:\n{persons.text}\n{tokens.text}")
     return {"seconds": time.perf_counter() - start, "persons": info.persons}

@@ -196,8 +196,8 @@ class PersonsPlan(EpochPlan):
     @classmethod
     def report(cls, asked: Asked, topology: Topology, split: str, shards: tuple[list[int], int],
                lengths: Lengths) -> PlanReport:
-        return describe(shards[0], shards[1], topology.nodes, topology.gpus, topology.workers, asked.batch_size or 0,
-                        drop_last=asked.drop_last, split=split, mode=asked.mode)
+        return describe(shards[0], shards[1], topology, asked.batch_size or 0, drop_last=asked.drop_last, split=split,
+                        mode=asked.mode)
 
     def worker_batches(self) -> list[int]:
         return self.partition.worker_batches(self.rank)
@@ -316,8 +316,7 @@ class BudgetPlan(EpochPlan):
     def report(cls, asked: Asked, topology: Topology, split: str, shards: tuple[list[int], int],
                lengths: Lengths) -> PlanReport:
         persons, sizes = lengths()
-        return describe_tokens(persons, sizes, topology.nodes, topology.gpus, topology.workers,
-                               asked.tokens_per_batch or 0, batch_size=asked.batch_size,
+        return describe_tokens(persons, sizes, topology, asked.tokens_per_batch or 0, batch_size=asked.batch_size,
                                attention=asked.balance == "attention", split=split)
 
     def saved_settings(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .asked import Topology
 from .balance import ATTENTION, TOKENS, balance_ratios, plan_epoch
 from .compare import persons_left_out, persons_plan_costs
 from .order import default_window
@@ -60,9 +61,7 @@ def _span(values: Iterable[int]) -> str:
 def describe(
     shard_sizes: Sequence[int],
     remainder: int,
-    nodes: int,
-    gpus: int,
-    workers: int,
+    topology: Topology,
     batch_size: int,
     *,
     drop_last: bool = False,
@@ -77,6 +76,7 @@ def describe(
     shards and an equal share of the remainder, and fewer than N persons, named, are left out (others each epoch).
     Exact: ok when every person is read once in equal batches per rank (else validation refuses the arrangement too).
     """
+    nodes, gpus, workers = topology.nodes, topology.gpus, topology.workers
     world = nodes * gpus
     slots = num_slots(world, workers)
     num_shards = len(shard_sizes)
@@ -228,20 +228,21 @@ def describe_resume(rest: RestPlan, old: Leg, epoch: int, epoch_batches: int, sp
     return PlanReport(ok=not lost, text="\n".join(lines))
 
 
-def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], nodes: int, gpus: int, workers: int,
-                    tokens_per_batch: int, *, batch_size: int | None = None, attention: bool = False, seed: int = 0,
-                    split: str = "train", window: int | None = None) -> PlanReport:
+def describe_tokens(lengths: np.ndarray, shard_sizes: Sequence[int], topology: Topology, tokens_per_batch: int, *,
+                    batch_size: int | None = None, attention: bool = False, seed: int = 0, split: str = "train",
+                    window: int | None = None) -> PlanReport:
     """The epoch-0 token-budget plan as `shardify plan --tokens-per-batch` prints it: steps, persons a step, the
     balance across the ranks of a step (tokens and len^2), who is left out; beside the persons plan of
     ``batch_size`` persons a rank (default: as many as the budget holds on average). ok: False when refused.
 
     Args:
         lengths, shard_sizes: the split's lengths and shards, the remainder last (:func:`plan_epoch`'s).
-        nodes, gpus, workers: the arrangement. tokens_per_batch: the budget a rank a step.
+        topology: the machines. tokens_per_batch: the budget a rank a step.
         attention: the deal evens out len^2 (attention's cost) across the ranks of a step rather than tokens.
         window: the shuffle window; default the reader's (:func:`~.order.default_window`), so that the numbers are
             those a reader of this arrangement gets.
     """
+    nodes, gpus, workers = topology.nodes, topology.gpus, topology.workers
     world = nodes * gpus
     window = window if window is not None else default_window(shard_sizes[:-1])
     cost = ATTENTION if attention else TOKENS

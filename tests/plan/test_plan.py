@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from small_inputs import assert_refused
 
 from lifeseq_shards.plan import partition as plan_module
+from lifeseq_shards.plan.asked import Topology
 from lifeseq_shards.plan.exact import exact_slot_persons
 from lifeseq_shards.plan.order import (
     batch_places,
@@ -324,7 +325,7 @@ def test_bad_arguments_raise(call):
 
 
 def test_describe_exact_split():
-    report = describe([100] * 8, 37, 1, 2, 2, 32)
+    report = describe([100] * 8, 37, Topology(1, 2, 2), 32)
     assert report.ok
     assert "no overlap" in report.text and "all equal" in report.text
     assert "37" in report.text  # the remainder is mentioned
@@ -336,28 +337,28 @@ def test_describe_exact_split():
 
 
 def test_describe_validation_reads_everyone_or_refuses():
-    report = describe([1] * 120, 80, 1, 2, 2, 32, split="val", mode=EXACT)  # --shards 120 --num-val 200
+    report = describe([1] * 120, 80, Topology(1, 2, 2), 32, split="val", mode=EXACT)  # --shards 120 --num-val 200
     assert report.ok and "200 read + 0 left out = 200 of 200" in report.text
     assert "EXACT: every person once, 4 batches on every rank." in report.text
-    refused = describe([1] * 4, 3, 2, 4, 0, 32, split="val", mode=EXACT)  # 7 persons, 8 ranks
+    refused = describe([1] * 4, 3, Topology(2, 4, 0), 32, split="val", mode=EXACT)  # 7 persons, 8 ranks
     assert not refused.ok and "REFUSED: 7 persons cannot each be read once" in refused.text
 
 
 def test_describe_inexact_split_names_the_loss_and_the_fixes():
     # 10 shards over 1 x 3 GPUs, 0 workers: N=3, 9 whole shards, pool of 100 persons, q=33, and a remainder of 6:
     # 1006 persons, 1 left out.
-    report = describe([100] * 10, 6, 1, 3, 0, 16)
+    report = describe([100] * 10, 6, Topology(1, 3, 0), 16)
     assert not report.ok
     assert "1 persons per epoch are left out" in report.text
     assert "10 % 3 = 1" in report.text
     # K with 10 % (3K) == 0 for K in 1..16: none.
     assert "divide exactly for 1 x 3: none" in report.text
     # 10 shards over 2 ranks: K in {1, 5}.
-    assert "divide exactly for 1 x 2: 1, 5" in describe([100] * 10, 0, 1, 2, 2, 32).text
+    assert "divide exactly for 1 x 2: 1, 5" in describe([100] * 10, 0, Topology(1, 2, 2), 32).text
 
 
 def test_describe_stays_short_for_many_slots():
-    report = describe([50] * 256, 0, 2, 8, 8, 32)  # 128 slots
+    report = describe([50] * 256, 0, Topology(2, 8, 8), 32)  # 128 slots
     assert report.ok
     assert len(report.text.splitlines()) < 40
     assert "112 more slots" in report.text
@@ -476,7 +477,7 @@ def test_old_mode_names_are_refused_naming_the_new_ones():
 
 def test_describe_counts_what_drop_last_drops():
     # 8 shards of 100 over 2 ranks x 2 workers: 200 persons a slot, 6 batches of 32 (192), 8 dropped a slot
-    report = describe([100] * 8, 0, 1, 2, 2, 32, drop_last=True)
+    report = describe([100] * 8, 0, Topology(1, 2, 2), 32, drop_last=True)
     assert report.ok
     assert "batches per rank: 12" in report.text
     assert "drop_last drops 32 persons" in report.text
@@ -485,7 +486,7 @@ def test_describe_counts_what_drop_last_drops():
 
 def test_describe_refuses_a_batch_larger_than_every_slot_with_drop_last():
     # 200 persons a slot, batch 300 with drop_last: every rank's epoch is empty (the reader yields no batch)
-    report = describe([100] * 8, 0, 1, 2, 2, 300, drop_last=True)
+    report = describe([100] * 8, 0, Topology(1, 2, 2), 300, drop_last=True)
     assert not report.ok
     assert "batches per rank: 0" in report.text
     assert "NO BATCHES" in report.text and "--batch-size <= 200" in report.text
