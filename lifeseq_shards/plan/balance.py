@@ -76,22 +76,21 @@ BALANCES = {"tokens": TOKENS, "attention": ATTENTION}
 
 @dataclass(frozen=True)
 class TokenPlan:
-    """One epoch's steps: batch (step s, rank r) is ``persons[bounds[s R + r] : bounds[s R + r + 1]]`` (person
-    indices into the split's lengths, in stream order); steps in the order every rank yields them."""
+    """One epoch's steps for ``arrangement``'s readers: batch (step s, rank r) is ``persons[bounds[s R + r] :
+    bounds[s R + r + 1]]`` (person indices into the split's lengths, in stream order); steps in the order every rank
+    yields them."""
 
     persons: np.ndarray
     bounds: np.ndarray
-    world_size: int
-    num_workers: int
-    per_message: int
+    arrangement: Arrangement
+
+    @property
+    def world_size(self) -> int:
+        return self.arrangement.world_size
 
     @property
     def steps(self) -> int:
         return (len(self.bounds) - 1) // self.world_size
-
-    @property
-    def workers(self) -> int:
-        return max(1, self.num_workers)
 
     def batch(self, step: int, rank: int) -> np.ndarray:
         """The persons rank ``rank`` trains on at step ``step``."""
@@ -109,14 +108,16 @@ class TokenPlan:
 
     def worker_steps(self, worker: int) -> np.ndarray:
         """The steps worker ``worker`` of each rank produces, in the order it yields them."""
-        per = self.steps // self.workers
-        return step_of(worker, np.arange(per), per, self.workers, self.per_message)
+        workers = self.arrangement.workers
+        per = self.steps // workers
+        return step_of(worker, np.arange(per), per, workers, self.arrangement.batches_per_message)
 
     def pass_roles(self, steps_done: int) -> list[tuple[int, int]]:
         """(role, batches of it given) of each worker of a rank's pass that resumes after ``steps_done`` steps of the
         epoch (:func:`~lifeseq_shards.plan.order.pass_roles`): worker k yields the role's batches from there on."""
-        return pass_roles(steps_done, self.num_workers, [self.steps // self.workers] * self.workers,
-                          self.per_message)
+        lay = self.arrangement
+        return pass_roles(steps_done, lay.num_workers, [self.steps // lay.workers] * lay.workers,
+                          lay.batches_per_message)
 
     def remaining(self, steps_done: int) -> np.ndarray:
         """The persons not trained on after ``steps_done`` steps of the epoch (sorted): those of the later steps."""
@@ -191,7 +192,7 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, arrangement: Arrangemen
     per_message = arrangement.batches_per_message
     stream = order
     if not len(stream):  # the rest of an epoch resumed after its last step
-        return TokenPlan(stream, np.zeros(1, dtype=np.int64), world_size, num_workers, per_message)
+        return TokenPlan(stream, np.zeros(1, dtype=np.int64), arrangement)
     lens = lengths[stream].astype(np.int32, copy=False)  # a new array already: no second copy
     total, longest = int(lens.sum(dtype=np.int64)), int(lens.max(initial=0))
     steps = epoch_steps(total, longest, arrangement.tokens_per_batch, world_size, num_workers)
@@ -211,7 +212,7 @@ def plan_persons(order: np.ndarray, lengths: np.ndarray, arrangement: Arrangemen
         batch = batch_of[_slot_batches(lens, total, world_size * k, per)]  # slot r K + w: rank r's worker w
     bounds = np.zeros(steps * world_size + 1, dtype=np.int64)
     np.cumsum(np.bincount(batch, minlength=steps * world_size), out=bounds[1:])
-    return TokenPlan(stream[_stable_order(batch)], bounds, world_size, num_workers, per_message)
+    return TokenPlan(stream[_stable_order(batch)], bounds, arrangement)
 
 
 def _runs(end: np.ndarray, total: int, parts: int) -> np.ndarray:

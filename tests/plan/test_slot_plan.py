@@ -32,8 +32,9 @@ def cases(draw: st.DrawFn) -> dict:
 
 def slot_of_plan(plan: TokenPlan, rank: int, worker: int) -> list[np.ndarray]:
     """Batch j of rank ``rank``'s worker ``worker`` as the whole plan has it: at the rank's step step_of(worker, j)."""
-    per = plan.steps // plan.workers
-    return [plan.batch(int(step_of(worker, j, per, plan.workers, plan.per_message)), rank) for j in range(per)]
+    lay = plan.arrangement
+    per = plan.steps // lay.workers
+    return [plan.batch(int(step_of(worker, j, per, lay.workers, lay.batches_per_message)), rank) for j in range(per)]
 
 
 @settings(max_examples=300, deadline=None)
