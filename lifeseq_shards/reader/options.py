@@ -100,13 +100,15 @@ def read_options(options: ReadOptions | str | Sequence[str] | None, legacy: tupl
     ``ReadOptions()``) with ``settings`` (its fields by name) replacing what they name. The old form
     ``ShardedDataset(path, split, batch_size, ...)`` (a split where the options stand, a batch size after it) still
     reads as ``split=`` / ``batch_size=``, warning (:class:`~lifeseq_shards.deprecation.LifeSeqDeprecationWarning`)."""
-    if options is not None and not isinstance(options, ReadOptions):
-        legacy = (options, *legacy)
-        options = None
-    if legacy:
-        if options is not None or len(legacy) > 2:
+    if options is None or isinstance(options, ReadOptions):
+        if legacy:
             raise TypeError("ShardedDataset(path, options=None, *, world=None, manifest=None, **settings) takes no "
                             "positional argument after the options; name them (split=, batch_size=, ...)")
+    else:  # the old form: a split where the options stand
+        legacy, options = (options, *legacy), None
+        if len(legacy) > 2:
+            raise TypeError("ShardedDataset(path, split, batch_size) takes no third positional argument (and is "
+                            "deprecated): name them all (split=, batch_size=, ...)")
         named = dict(zip(("split", "batch_size")[:len(legacy)], legacy, strict=True))
         twice = sorted(set(named) & set(settings))
         if twice:

@@ -314,6 +314,8 @@ def test_the_split_and_batch_size_by_position_still_read_and_warn(nomlm_dataset:
     with pytest.raises(TypeError, match="no positional argument after the options; name them"):
         ShardedDataset(nomlm_dataset, ReadOptions(), 64, world=world)
     with pytest.raises(TypeError, match="no positional argument after the options"):
+        ShardedDataset(nomlm_dataset, None, 64, world=world)  # not a split of 64
+    with pytest.raises(TypeError, match="no third positional argument"):
         ShardedDataset(nomlm_dataset, "val", 64, False, world=world)
 
 
