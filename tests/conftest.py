@@ -3,10 +3,12 @@ small converted datasets."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from ddp_harness import SPAWN_CKPT, SPAWN_RUN, SPAWN_S, fit_with_checkpoints, resume
 from helpers import SMALL_SHARDS, SeedRows, copy_of, scaled
 from hypothesis import settings
@@ -19,6 +21,14 @@ from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 # unchanged plan function missed it. The properties and example counts stay as written.
 settings.register_profile("lifeseq", deadline=None)
 settings.load_profile("lifeseq")
+
+# One OpenMP thread per test process, and in the processes the tests start (they inherit it). `make test` runs two
+# stacks side by side on 2 cores and many tests start ranks of their own: torch's second OpenMP thread then spins at
+# every barrier for a core that is taken. Measured under `make test`'s load: tests/test_performer.py and
+# test_model.py took 41 s (21 s of CPU) with torch's default of 2 threads, 23 s (12 s) with one. A value set outside
+# the suite is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
