@@ -96,7 +96,8 @@ class ShardedLoader(DataLoader):
             # DataLoader then waits for it while the other workers idle: keep a window's batches in flight
             window_messages = -(-dataset.window // (dataset.batch_persons * self._per_message))
             kwargs.setdefault("prefetch_factor", min(MAX_PREFETCH, window_messages + 2))
-            kwargs.setdefault("multiprocessing_context", worker_context())
+            if "multiprocessing_context" not in kwargs:  # not built otherwise: it sets the forkserver's preload
+                kwargs["multiprocessing_context"] = worker_context()
         # identity collate: DataLoader's default would turn the packed numpy buffer into a tensor inside the worker
         kwargs.setdefault("collate_fn", _as_is)
         super().__init__(dataset, batch_size=None, num_workers=dataset.num_workers, **kwargs)

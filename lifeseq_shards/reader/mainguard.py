@@ -59,16 +59,53 @@ def _main_module_frame() -> FrameType | None:
     return None
 
 
+def main_imports() -> list[str]:
+    """The modules the main script imports where its workers run it again (outside its ``__main__`` block and its
+    functions) that this process holds: the forkserver imports them once, before it starts any worker, so that a
+    worker running the script finds them imported. Without them each worker imports them itself: 4-10 s of CPU
+    for a script that imports Lightning, as the researchers' pretrain.py and the plain-loop guide's do
+    (docs/results/worker-start.md). Empty where there is no script file."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or path.startswith("<"):
+        return []
+    tree = _parsed(path)
+    return [] if tree is None else [m for m in dict.fromkeys(_imports(tree.body)) if m in sys.modules]
+
+
+def _imports(body: list[ast.stmt]) -> list[str]:
+    """The absolute imports of ``body`` outside functions, classes and the branches only ``__main__`` takes: each
+    module named, and each name imported from a module that is itself a module (``from a import b``: ``a.b``)."""
+    found: list[str] = []
+    for node in body:
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.If):
+            for branch, holds in ((node.body, True), (node.orelse, False)):
+                if not _implies_main(node.test, holds):
+                    found += _imports(branch)
+        elif isinstance(node, ast.Try):
+            for branch in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                found += _imports(branch)
+    return found
+
+
 @functools.lru_cache(maxsize=8)
+def _parsed(path: str) -> ast.Module | None:
+    """The script at ``path`` parsed (None if it cannot be read or parsed)."""
+    try:
+        with open(path, "rb") as fh:
+            return ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
 def _guarded_lines(path: str) -> tuple[tuple[int, int], ...] | None:
     """The line ranges of the script at ``path`` that run only when ``__name__ == "__main__"`` (None if it cannot
     be read or parsed: then nothing is refused)."""
-    try:
-        with open(path, "rb") as fh:
-            tree = ast.parse(fh.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    return tuple(_main_only(tree.body))
+    tree = _parsed(path)
+    return None if tree is None else tuple(_main_only(tree.body))
 
 
 def _main_only(body: list[ast.stmt]) -> list[tuple[int, int]]:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .mainguard import main_imports
+
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
 
 
@@ -163,9 +165,10 @@ def _exit_when_readable(fd: int) -> None:
 class _WorkerContext(multiprocessing.context.ForkServerContext):
     """Workers start from a clean forkserver process, not forked from a training process whose thread pools, gloo
     threads or pin-memory thread may hold a lock at the moment of the fork (a rare, random deadlock of the new
-    worker: pytorch/pytorch#130610). The server imports torch and the reader once, so a worker starts in a
-    fraction of a second. Like spawn, it needs the training script's ``if __name__ == "__main__":`` guard; pass
-    ``multiprocessing_context="fork"`` to ShardedLoader to choose otherwise.
+    worker: pytorch/pytorch#130610). The server imports torch, the reader and what the main script imports
+    (:func:`~.mainguard.main_imports`) once, so a worker starts in a fraction of a second. Like spawn, it needs
+    the training script's ``if __name__ == "__main__":`` guard; pass ``multiprocessing_context="fork"`` to
+    ShardedLoader to choose otherwise.
 
     Its queues' pipes hold ``PIPE_BYTES`` instead of 64 KiB, so a packed batch crosses from a worker in one write
     and one read, not in several handovers that hold the queue's lock against the other workers."""
@@ -179,5 +182,5 @@ class _WorkerContext(multiprocessing.context.ForkServerContext):
 
 def worker_context() -> multiprocessing.context.BaseContext:
     ctx = _WorkerContext()
-    ctx.set_forkserver_preload(["torch", "webdataset", "lifeseq_shards.reader"])
+    ctx.set_forkserver_preload(["torch", "webdataset", "lifeseq_shards.reader", *main_imports()])
     return ctx

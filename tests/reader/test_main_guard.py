@@ -5,6 +5,9 @@ refuses before any worker starts, and the last line says what to do. Real script
 
 from __future__ import annotations
 
+import ast
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from helpers import repo_first, scaled
 
 from lifeseq_shards.convert.passes import ConvertOptions, convert_dataset
 from lifeseq_shards.convert.sources.synth import synth_population
+from lifeseq_shards.reader import ShardedDataset, ShardedLoader, World, mainguard
 
 RUN_S = 180  # one script, at most (a hang fails)
 READ = "ds = ShardedDataset({root!r}, split='train', batch_size=32, num_workers=2, world=World(0, 1))\n"
@@ -100,3 +104,53 @@ def test_a_script_from_stdin_is_refused_whatever_context_it_names(root: Path, co
     last = last_line(r.stderr)
     assert last.startswith("ValueError:") and f"start by {context}" in last and "stdin" in last, r.stderr[-3000:]
     assert "exited unexpectedly" not in r.stderr
+
+
+# -- what the workers' forkserver imports for them ------------------------------------------------------------------
+HEAVY = "import os\nwith open(os.path.join(os.path.dirname(__file__), 'imported.txt'), 'a') as f:\n" \
+        "    print(os.getpid(), file=f)\n"
+
+
+def test_a_workers_rerun_of_the_script_imports_nothing_the_forkserver_imported(root: Path, tmp_path: Path) -> None:
+    """The script's top-level imports (here a module that notes each process importing it, standing in for
+    Lightning's seconds) are imported by the training process and once by the workers' forkserver: not again by
+    each of the 4 workers of 2 passes, which run the script again. Before, each worker imported them itself (4-10
+    s of CPU a worker for a script importing Lightning)."""
+    (tmp_path / "heavy.py").write_text(HEAVY)
+    body = ("import os\nimport heavy\n"
+            'if __name__ == "__main__":\n    ' + READ.format(root=str(root))
+            + "    for _ in range(2):\n        " + LOOP + "    print('main', os.getpid())\n")
+    r = run_script(tmp_path, body)
+    assert r.returncode == 0 and r.stdout.count("batches") == 2, r.stderr[-3000:]
+    main = int(r.stdout.split("main ")[1])
+    importers = [int(line) for line in (tmp_path / "imported.txt").read_text().split()]
+    assert len(importers) == 2 and importers[0] == main and importers[1] != main, importers
+
+
+def test_the_imports_a_worker_reaches_are_those_outside_functions_and_the_main_block() -> None:
+    source = ("import os, json as j\n"
+              "from collections import abc, OrderedDict\n"
+              "from . import sibling\n"
+              "try:\n    import tomllib\nexcept ImportError:\n    import csv\n"
+              "if os.name == 'nt':\n    import ntpath\nelse:\n    import posixpath\n"
+              "def f():\n    import shutil\n"
+              "class C:\n    import glob\n"
+              'if __name__ == "__main__":\n    import argparse\nelse:\n    import textwrap\n')
+    found = mainguard._imports(ast.parse(source).body)
+    assert found == ["os", "json", "collections", "collections.abc", "collections.OrderedDict", "tomllib", "csv",
+                     "ntpath", "posixpath", "textwrap"]
+
+
+def test_a_context_the_caller_passes_keeps_its_forkservers_preload(root: Path) -> None:
+    """The loader built its own context, setting the (process-wide) forkserver's preload list, even when the caller
+    passed one."""
+    server = multiprocessing.forkserver._forkserver
+    before = server._preload_modules
+    ctx = multiprocessing.get_context("forkserver")
+    try:
+        ctx.set_forkserver_preload(["json"])
+        ds = ShardedDataset(root, split="train", batch_size=32, num_workers=2, world=World(0, 1))
+        ShardedLoader(ds, multiprocessing_context=ctx)
+        assert server._preload_modules == ["json"]
+    finally:
+        server._preload_modules = before
