@@ -31,13 +31,14 @@ import {flavour}  # the researchers' pretrain.py imports it at its top
 
 from lifeseq_shards import ShardedDataset, ShardedLoader
 from lifeseq_shards.reader import World
+from lifeseq_shards.reader.transport import PRELOAD
 
 if __name__ == "__main__":
     root, how, workers, passes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     ctx = None  # the loader's own forkserver
     if how == "each worker":
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "webdataset", "lifeseq_shards.reader"])
+        ctx.set_forkserver_preload(list(PRELOAD))  # the loader's before: not the script's imports
     ds = ShardedDataset(root, split="train", batch_size=64, num_workers=workers, world=World(0, 1))
     for _ in range(passes):
         start = time.perf_counter()

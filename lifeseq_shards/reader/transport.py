@@ -25,6 +25,7 @@ import torch
 
 from .mainguard import main_imports
 
+PRELOAD = ("torch", "webdataset", "lifeseq_shards.reader")  # what the workers' forkserver imports for any script
 PIPE_BYTES = 1 << 20  # the workers' result pipe; Linux's default /proc/sys/fs/pipe-max-size
 
 
@@ -182,5 +183,5 @@ class _WorkerContext(multiprocessing.context.ForkServerContext):
 
 def worker_context() -> multiprocessing.context.BaseContext:
     ctx = _WorkerContext()
-    ctx.set_forkserver_preload(["torch", "webdataset", "lifeseq_shards.reader", *main_imports()])
+    ctx.set_forkserver_preload([*PRELOAD, *main_imports()])
     return ctx
