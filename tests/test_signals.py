@@ -47,7 +47,10 @@ def sigterm_mid_fit(data: Path, tmp_path: Path, flavour: str,
         t0 = time.monotonic()
         os.killpg(fit.pid, signal.SIGTERM)
         wait_for(lambda: not group_pids(fit.pid), ENDS_WITHIN_S)
-        took, survivors, code = time.monotonic() - t0, group_pids(fit.pid), fit.poll()
+        took, survivors = time.monotonic() - t0, group_pids(fit.pid)
+        # its threads can outlive a zombie main thread by a moment (exit_group), which is reaped only after them
+        wait_for(lambda: fit.poll() is not None, 5)
+        code = fit.poll()
         wait_for(lambda: not any(p.exists() for p in mapped), 5)
         return took, survivors, {p for p in mapped if p.exists()}, code, log.read_text()
     finally:
