@@ -52,19 +52,22 @@ check: $(VENV)/.installed
 	$(PY) -m pytest -q --durations=25 -m "not slow and not bench"
 
 ## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
-## pins' side by side, one process each (each is mostly one core's work: 46 min together on the 2-core machine,
-## against about 70 one after the other, estimated); each one's output is printed whole once both are done, and
-## either failing fails. First, as best effort, a single-node SLURM from Debian's packages (root and apt-get: about
-## 14 s to install and start, instant once up), so that the guide's array and merge scripts are submitted to a real
-## SLURM; without it that one test skips, and `make test` goes on.
+## pins' side by side, each in TEST_WORKERS pytest-xdist processes that take whole test files (so that a module's
+## fixtures, such as the 2x2 torchrun launch, run once). Many tests wait on processes they start: with one process a
+## stack `make test` took 29 min 30 s on the 2-core machine (84ae6df), with two 20 min 46 s. Each stack's output is
+## printed whole once both are done, and either failing fails. First, as best effort, a single-node SLURM from
+## Debian's packages (root and apt-get: about 14 s to install and start, instant once up), so that the guide's array
+## and merge scripts are submitted to a real SLURM; without it that one test skips, and `make test` goes on.
 TESTLOGS ?= .test-logs
+TEST_WORKERS ?= 2
+SUITE := -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 test: $(VENV)/.installed $(PINNED)/.installed
 	$(VENV)/bin/ruff check lifeseq_shards tools tests
 	@timeout 300 tools/slurm_single_node.sh || echo "make test: no SLURM (exit $$?): the real-SLURM test will skip"
 	@mkdir -p $(TESTLOGS)
-	@{ $(PY) -m pytest -q -p no:cacheprovider --durations=25 > $(TESTLOGS)/newest.log 2>&1; \
+	@{ $(PY) -m pytest $(SUITE) > $(TESTLOGS)/newest.log 2>&1; \
 	   echo $$? > $(TESTLOGS)/newest.rc; } & \
-	 { $(PINNED)/bin/python -m pytest -q -p no:cacheprovider --durations=25 > $(TESTLOGS)/pinned.log 2>&1; \
+	 { $(PINNED)/bin/python -m pytest $(SUITE) > $(TESTLOGS)/pinned.log 2>&1; \
 	   echo $$? > $(TESTLOGS)/pinned.rc; }; wait; \
 	 echo "== the newest stack"; cat $(TESTLOGS)/newest.log; \
 	 echo "== the researchers' pinned stack"; cat $(TESTLOGS)/pinned.log; \
