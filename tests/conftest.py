@@ -31,6 +31,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's pytest-xdist groups: tests/xdist_groups.py."""
+    config.pluginmanager.import_plugin("xdist_groups")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked ``cuda`` is skipped where there is no CUDA device (pyproject's marker says so)."""
     if item.get_closest_marker("cuda") is not None:
