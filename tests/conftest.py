@@ -3,7 +3,9 @@ small converted datasets."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rest, extra = marker.args[1:], {k: v for k, v in marker.kwargs.items() if k != "timeout"}
         if limit:  # None or 0: no limit, which scales to none
             item.add_marker(pytest.mark.timeout(scaled(float(limit)), *rest, **extra), append=False)
+
+
+@pytest.fixture(scope="session")
+def start_method() -> str:
+    return multiprocessing.get_start_method()
+
+
+@pytest.fixture(autouse=True)
+def start_method_kept(start_method: str) -> Iterator[None]:
+    """A test that leaves the process-wide multiprocessing start method changed, or whose fixtures do, fails (and
+    the method is put back): `make test`'s processes run many test files each, and a later file's DataLoader
+    workers would start another way (litdata.optimize left spawn behind, and a persistent-worker test two files
+    later failed to pickle its dataset)."""
+    yield
+    now = multiprocessing.get_start_method()
+    if now != start_method:
+        multiprocessing.set_start_method(start_method, force=True)
+        pytest.fail(f"this test or its fixtures left the multiprocessing start method {now!r} (it was "
+                    f"{start_method!r})")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -125,8 +126,14 @@ def write_litdata(out: Path, npz: Path, n: int) -> None:
     import litdata
 
     tasks = [(str(npz), s, min(s + 2000, n)) for s in range(0, n, 2000)]
-    litdata.optimize(fn=_litdata_items, inputs=tasks, output_dir=str(out), chunk_bytes="32MB", compression="zstd",
-                     num_workers=2, mode="overwrite")
+    # litdata.optimize sets the process-wide start method to spawn (force=True) and leaves it: every DataLoader
+    # started later in this process would then pickle its dataset (a test's lambda collate_fn failed so).
+    before = multiprocessing.get_start_method()
+    try:
+        litdata.optimize(fn=_litdata_items, inputs=tasks, output_dir=str(out), chunk_bytes="32MB",
+                         compression="zstd", num_workers=2, mode="overwrite")
+    finally:
+        multiprocessing.set_start_method(before, force=True)
 
 
 def prepare(work: Path, people: int, many_shards: int) -> None:
