@@ -54,9 +54,9 @@ check: $(VENV)/.installed
 ## The whole test suite on both stacks (installs first): ruff, then the newest stack's suite and the researchers'
 ## pins' side by side, each in TEST_WORKERS pytest-xdist processes that take whole test files, so that a module's
 ## fixtures run once (tests/xdist_groups.py: the files reading one of the session's shared launches, such as the 2x2
-## torchrun run, go to one process together). Many tests wait on processes they start: with one process a stack the
-## suites took 29 min 30 s on the 2-core machine (84ae6df), with two 20 min 24 s (9232eb0). Each stack's output is
-## printed whole once both are done, and either failing fails. First, as best effort, a single-node SLURM from
+## torchrun run, go to one process together). Many tests wait on processes they start, and a second process a stack
+## fills the core a wait leaves idle (the times: README, CHANGELOG). Each stack's output is printed whole once both
+## are done, and either failing fails. First, as best effort, a single-node SLURM from
 ## Debian's packages (root and apt-get: about 14 s to install and start, instant once up), so that the guide's array
 ## and merge scripts are submitted to a real SLURM; without it that one test skips, and `make test` goes on.
 TESTLOGS ?= .test-logs
